@@ -1,0 +1,43 @@
+"""One distribution, three packages: the replica program, the job launcher and the predictor.
+
+This is the file `python -m submit` builds into the sdist that every job stages.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="mljob",
+    version="0.1.0",
+    description="Run distributed TensorFlow training jobs the way Cloud ML Engine did, "
+    "locally or on a cluster.",
+    packages=find_packages(include=["trainer", "trainer.*", "submit", "submit.*",
+                                    "predict", "predict.*"]),
+    package_data={"trainer": ["sample/*.gz", "sample/README.md"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow-cpu==2.21.*",
+        "fsspec>=2024.2",
+        "gcsfs>=2024.2",
+        "click>=8.1",
+        "PyYAML>=6",
+        "psutil>=5.9",
+        "starlette>=0.37",
+        "uvicorn>=0.29",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "hypothesis>=6.100",
+            "httpx>=0.27",
+            "gcp-storage-emulator>=2024.8",
+            "tensorboard==2.21.*",
+        ],
+        "bench": ["matplotlib>=3.8"],
+    },
+    entry_points={
+        "console_scripts": [
+            "mljob-submit=submit.__main__:main",
+            "mljob-predict=predict.__main__:main",
+        ],
+    },
+)

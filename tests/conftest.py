@@ -1,0 +1,166 @@
+"""Shared fixtures: free ports, a reaper that stops every process a test starts (by PID),
+a real GCS emulator on 127.0.0.1, and a clean memory:// store."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Every process the tests start inherits these: quiet TensorFlow, fast failure detection,
+# no network probes from gcsfs, and a job index that never touches the user's home.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("MLJOB_HOME", str(tmp_path_factory.mktemp("mljob-home")))
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class Reaper:
+    """Starts processes in their own process group and stops every one by PID at teardown:
+    SIGTERM, a grace period, then SIGKILL to the group."""
+
+    def __init__(self):
+        self.procs: list[subprocess.Popen] = []
+
+    def popen(self, args, **kwargs) -> subprocess.Popen:
+        kwargs.setdefault("start_new_session", True)
+        proc = subprocess.Popen(args, **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    def python(self, *args, **kwargs) -> subprocess.Popen:
+        return self.popen([sys.executable, *args], **kwargs)
+
+    def stop(self, proc: subprocess.Popen, grace: float = 5.0) -> None:
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(proc.pid, signal.SIGKILL)  # children the process may have left
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            self.stop(proc)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@pytest.fixture
+def reaper():
+    r = Reaper()
+    try:
+        yield r
+    finally:
+        r.stop_all()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """A real GCS emulator server (gcp-storage-emulator) on 127.0.0.1 with bucket
+    `mljob-test`; yields its URL and sets STORAGE_EMULATOR_HOST for gcsfs and children."""
+    port = free_ports(1)[0]
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+         "--port", str(port), "--default-bucket", "mljob-test", "--in-memory", "-q"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("the GCS emulator did not start")
+                time.sleep(0.2)
+        old = os.environ.get("STORAGE_EMULATOR_HOST")
+        os.environ["STORAGE_EMULATOR_HOST"] = url
+        _reset_gcsfs()
+        yield url
+    finally:
+        if "old" in locals():
+            if old is None:
+                os.environ.pop("STORAGE_EMULATOR_HOST", None)
+            else:
+                os.environ["STORAGE_EMULATOR_HOST"] = old
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        _reset_gcsfs()
+
+
+def _reset_gcsfs():
+    """gcsfs caches filesystem instances (and their endpoint); drop them."""
+    try:
+        import gcsfs
+        gcsfs.GCSFileSystem.clear_instance_cache()
+    except ImportError:
+        pass
+
+
+@pytest.fixture
+def memfs():
+    """memory:// is process-global: give each test an empty store and empty it after."""
+    import fsspec
+    fs = fsspec.filesystem("memory")
+    fs.store.clear()
+    fs.pseudo_dirs.clear()
+    fs.pseudo_dirs.append("")
+    yield fs
+    fs.store.clear()
+    fs.pseudo_dirs.clear()
+    fs.pseudo_dirs.append("")

@@ -1,0 +1,233 @@
+"""Every output and input location is an fsspec URL: plain paths, file://, memory://, gs://.
+
+TensorFlow writes checkpoints, event files and SavedModels only to local paths here (its
+own filesystems know neither memory:// nor a GCS emulator), so the trainer writes to a
+local scratch folder and publishes through this module. Publishing is ordered so that a
+reader never sees a half-written result:
+
+- local folders are swapped in with a rename (the old copy is removed only after);
+- object stores have no rename, so every file is uploaded first and the marker a reader
+  looks for (the `checkpoint` state file, `saved_model.pb`) is written last, after the
+  previous marker was removed.
+
+Transient storage errors are retried with exponential back-off; a failure that outlasts
+the retries raises `StorageError` with a message naming the URL.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import uuid
+from typing import Callable, Iterable, TypeVar
+
+# Recent gcsfs versions probe each bucket's type over gRPC first, which waits 60 s per
+# bucket against an emulator. The switch is read when gcsfs is imported, so set it here,
+# before fsspec loads gcsfs, for users who point STORAGE_EMULATOR_HOST at an emulator.
+if os.environ.get("STORAGE_EMULATOR_HOST"):
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+import fsspec  # noqa: E402
+from fsspec.core import url_to_fs  # noqa: E402
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RETRY_ATTEMPTS = int(os.environ.get("MLJOB_STORAGE_RETRIES", "6"))
+RETRY_BASE_DELAY = float(os.environ.get("MLJOB_STORAGE_RETRY_DELAY", "0.5"))
+
+
+class StorageError(OSError):
+    """Storage failed for good (after retries) or the URL cannot be used."""
+
+
+def filesystem(url: str):
+    """(fs, path) for a URL; an unknown scheme or a missing backend is a StorageError."""
+    try:
+        return url_to_fs(url)
+    except (ValueError, ImportError) as exc:
+        raise StorageError(f"cannot use {url!r}: {str(exc).splitlines()[0]}; "
+                           "use a local path, file://, memory:// or gs:// URL") from None
+
+
+def is_local(url: str) -> bool:
+    fs, _ = filesystem(url)
+    return "file" in _protocols(fs)
+
+
+def local_path(url: str) -> str:
+    """The local path of a plain path or file:// URL."""
+    _, path = filesystem(url)
+    return path
+
+
+def join(url: str, *parts: str) -> str:
+    out = url.rstrip("/")
+    for part in parts:
+        out = f"{out}/{part.strip('/')}"
+    return out
+
+
+def exists(url: str) -> bool:
+    fs, path = filesystem(url)
+    return retry(lambda: fs.exists(path), f"check {url}")
+
+
+def read_bytes(url: str) -> bytes:
+    fs, path = filesystem(url)
+    return retry(lambda: fs.cat_file(path), f"read {url}", missing_ok=False)
+
+
+def write_bytes(url: str, data: bytes) -> None:
+    """Write a whole small file; local files are replaced atomically with a rename."""
+    fs, path = filesystem(url)
+    if "file" in _protocols(fs):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return
+    retry(lambda: fs.pipe_file(path, data), f"write {url}")
+
+
+def makedirs(url: str) -> None:
+    fs, path = filesystem(url)
+    retry(lambda: fs.makedirs(path, exist_ok=True), f"create {url}")
+
+
+def upload_file(local: str, url: str) -> None:
+    fs, path = filesystem(url)
+    retry(lambda: fs.put_file(local, path), f"upload to {url}")
+
+
+def download_tree(url: str, local_dir: str) -> None:
+    """Copy everything under URL into local_dir (created)."""
+    fs, root = filesystem(url)
+    os.makedirs(local_dir, exist_ok=True)
+    files = retry(lambda: fs.find(root), f"list {url}")
+    for remote in files:
+        rel = os.path.relpath(remote, root) if remote != root else os.path.basename(remote)
+        target = os.path.join(local_dir, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        retry(lambda r=remote, t=target: fs.get_file(r, t), f"download {url}")
+
+
+def upload_tree(local_dir: str, url: str, *, last: Iterable[str] = (),
+                skip_existing: bool = False) -> None:
+    """Upload local_dir's files under URL; files named in `last` (relative paths) go last.
+
+    skip_existing leaves alone remote files of the same size (event files are appended,
+    so their size changes; checkpoint data files never change once written).
+    """
+    fs, root = filesystem(url)
+    last = [os.path.normpath(p) for p in last]
+    first, final = [], []
+    for dirpath, _, names in os.walk(local_dir):
+        for name in names:
+            rel = os.path.relpath(os.path.join(dirpath, name), local_dir)
+            (final if rel in last else first).append(rel)
+    final.sort(key=last.index)
+    remote_sizes = {}
+    if skip_existing:
+        try:
+            remote_sizes = {os.path.relpath(p, root): info.get("size")
+                            for p, info in fs.find(root, detail=True).items()}
+        except (FileNotFoundError, OSError):
+            remote_sizes = {}
+    for rel in sorted(first) + final:
+        src = os.path.join(local_dir, rel)
+        if skip_existing and remote_sizes.get(rel) == os.path.getsize(src):
+            continue
+        dst = f"{root.rstrip('/')}/{rel.replace(os.sep, '/')}"
+        if "file" in _protocols(fs):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+        retry(lambda s=src, d=dst: fs.put_file(s, d), f"upload to {url}")
+
+
+def publish_dir(local_dir: str, url: str, *, marker: str) -> None:
+    """Make URL hold exactly local_dir's contents, never visible half-way.
+
+    Local: copy beside the target, then swap it in with renames. Object stores: remove
+    the old marker first (the old result stops being visible), replace the rest, then
+    upload the marker last (the new result becomes visible whole).
+    """
+    fs, path = filesystem(url)
+    if "file" in _protocols(fs):
+        parent = os.path.dirname(path.rstrip("/")) or "."
+        os.makedirs(parent, exist_ok=True)
+        token = uuid.uuid4().hex[:8]
+        tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{token}")
+        old = os.path.join(parent, f".{os.path.basename(path)}.old-{token}")
+        shutil.copytree(local_dir, tmp)
+        if os.path.exists(path):
+            os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    marker_path = f"{path.rstrip('/')}/{marker}"
+    if retry(lambda: fs.exists(marker_path), f"check {url}"):
+        retry(lambda: fs.rm_file(marker_path), f"unpublish {url}")
+    if retry(lambda: fs.exists(path), f"check {url}"):
+        retry(lambda: fs.rm(path, recursive=True), f"clear {url}")
+    upload_tree(local_dir, url, last=[marker])
+
+
+def retry(fn: Callable[[], T], what: str, *, missing_ok: bool = True,
+          attempts: int | None = None) -> T:
+    """Run fn, retrying transient storage errors with exponential back-off.
+
+    FileNotFoundError and PermissionError are not transient and are raised at once
+    (as StorageError with the operation named, except FileNotFoundError itself).
+    """
+    attempts = attempts or RETRY_ATTEMPTS
+    delay = RETRY_BASE_DELAY
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except FileNotFoundError:
+            raise
+        except PermissionError as exc:
+            raise StorageError(f"cannot {what}: permission denied ({_first_line(exc)})") \
+                from None
+        except Exception as exc:  # noqa: BLE001 - storage backends raise many types
+            if not _transient(exc):
+                raise StorageError(f"cannot {what}: {_first_line(exc)}") from None
+            if attempt == attempts:
+                raise StorageError(
+                    f"cannot {what} after {attempts} attempts: {_first_line(exc)}; "
+                    "check that the storage is reachable") from None
+            log.warning("storage: %s failed (%s), retry %d/%d in %.1fs", what,
+                        _first_line(exc), attempt, attempts - 1, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 8.0)
+    raise AssertionError("unreachable")
+
+
+def _transient(exc: Exception) -> bool:
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    name = type(exc).__name__
+    text = str(exc)
+    if any(word in name for word in ("Timeout", "Connection", "ClientOSError",
+                                     "ServerDisconnected", "HttpError", "TransportError")):
+        return True
+    return isinstance(exc, OSError) and any(
+        word in text for word in ("Connection refused", "reset by peer", "timed out",
+                                  "503", "502", "500", "429", "Cannot connect"))
+
+
+def _protocols(fs) -> tuple:
+    protocol = fs.protocol
+    return protocol if isinstance(protocol, tuple) else (protocol,)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+__all__ = ["StorageError", "filesystem", "is_local", "local_path", "join", "exists",
+           "read_bytes", "write_bytes", "makedirs", "upload_file", "download_tree",
+           "upload_tree", "publish_dir", "retry", "fsspec"]
