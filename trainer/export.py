@@ -69,26 +69,37 @@ _KEY = tf.TensorSpec([None], tf.int64, name="key")
 
 
 class ServingModule(tf.Module):
-    """A built Keras model with the serving signatures; saved as the export's root."""
+    """A built Keras model's variables and the serving functions; the export's root.
+
+    Only the tf.Variables under the Keras variables are tracked, not the Keras model or
+    its variables: a Keras 3 variable saves as a copy of its tf.Variable, so the saver
+    would restore into handles the serving functions never read. TensorFlow 2's loader
+    maps them, but the TF1 loader (`saved_model_cli run`, TensorFlow Serving) then
+    fails with "Could not find variable".
+    """
 
     def __init__(self, keras_model):
         super().__init__(name="serving")
-        self.model = keras_model
+        self.model_variables = [v.value for v in keras_model.variables]
 
-    def _outputs(self, image):
-        logits = self.model(image, training=False)
-        return {"scores": tf.nn.softmax(logits, name="scores"),
-                "classes": tf.argmax(logits, axis=1, output_type=tf.int64, name="classes")}
+        def outputs(image):
+            logits = keras_model(image, training=False)
+            return {"scores": tf.nn.softmax(logits, name="scores"),
+                    "classes": tf.argmax(logits, axis=1, output_type=tf.int64,
+                                         name="classes")}
 
-    @tf.function(input_signature=[_IMAGE, _KEY])
-    def serve(self, image, key):
-        outputs = self._outputs(image)
-        outputs["key"] = tf.identity(key, name="key")  # lets clients match answers
-        return outputs
+        @tf.function(input_signature=[_IMAGE, _KEY])
+        def serve(image, key):
+            result = outputs(image)
+            result["key"] = tf.identity(key, name="key")  # lets clients match answers
+            return result
 
-    @tf.function(input_signature=[_IMAGE])
-    def predict_images(self, image):
-        return self._outputs(image)
+        @tf.function(input_signature=[_IMAGE])
+        def predict_images(image):
+            return outputs(image)
+
+        self.serve = serve
+        self.predict_images = predict_images
 
 
 def load(url: str):
