@@ -1,0 +1,128 @@
+"""python -m predict local|batch|serve: predictions from an export.
+
+This is the one layer that turns the predictor's typed errors into a one-line
+`error: ...` on stderr and an exit status (2 for the user's mistakes).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+# Quiet TensorFlow's C++ start-up chatter before anything imports it.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import click  # noqa: E402
+
+from predict.errors import PredictError  # noqa: E402
+from trainer.storage import StorageError  # noqa: E402
+
+MODEL_DIR = click.option("--model-dir", required=True, metavar="URL",
+                         help="The export: <job-dir>/model (SavedModel) or a folder "
+                              "with export.meta (TF1). Any fsspec URL.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli():
+    """Predictions from an mljob export, the way Cloud ML and TF Serving answer."""
+
+
+@cli.command()
+@MODEL_DIR
+@click.option("--json-instances", metavar="FILE",
+              help="One JSON instance a line; - reads stdin.")
+@click.option("--json-request", metavar="FILE",
+              help='One JSON document {"instances": [...]}; - reads stdin.')
+@click.option("--text-instances", metavar="FILE",
+              help="One instance a line, the value of the single input; - reads stdin.")
+@click.option("--signature-name", default="serving_default", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="json",
+              show_default=True)
+def local(model_dir, json_instances, json_request, text_instances, signature_name, fmt):
+    """Predict a few instances, like `gcloud ai-platform local predict`."""
+    from predict import instances, local as local_mode, model as models
+    given = [(flag, value) for flag, value in (("--json-instances", json_instances),
+                                               ("--json-request", json_request),
+                                               ("--text-instances", text_instances))
+             if value is not None]
+    if len(given) != 1:
+        raise click.UsageError("give exactly one of --json-instances, --json-request, "
+                               "--text-instances")
+    flag, source = given[0]
+    data = instances.read_source(source)
+    model = models.load(model_dir)
+    sig = model.signature(signature_name)
+    if flag == "--json-instances":
+        labelled = instances.json_instances(data)
+    elif flag == "--json-request":
+        labelled = instances.json_request(data)
+    else:
+        labelled = instances.text_instances(data, sig)
+    rows = list(local_mode.predict_instances(model, labelled, sig.name))
+    write = local_mode.write_table if fmt == "table" else local_mode.write_json
+    write(rows, sys.stdout)
+
+
+@cli.command()
+@MODEL_DIR
+@click.option("--input-paths", required=True, metavar="URL_GLOB",
+              help="Input files: a glob or a comma-separated list of globs (any fsspec URL).")
+@click.option("--data-format", required=True, type=click.Choice(["text", "tf-record"]),
+              help="text: JSON lines; tf-record: TFRecord files of JSON instances or "
+                   "tf.train.Example records.")
+@click.option("--output-path", required=True, metavar="URL",
+              help="Folder for prediction.results-* and prediction.errors_stats-* files.")
+@click.option("--batch-size", type=click.IntRange(1, 256), default=64, show_default=True)
+@click.option("--signature-name", default="serving_default", show_default=True)
+def batch(model_dir, input_paths, data_format, output_path, batch_size, signature_name):
+    """Predict many files, like Cloud ML batch prediction."""
+    from predict import batch as batch_mode, model as models
+    files = batch_mode.expand_inputs(input_paths)
+    model = models.load(model_dir)
+    summary = batch_mode.run(model, files, data_format, output_path,
+                             batch_size=batch_size, signature_name=signature_name)
+    click.echo(summary.line())
+    if summary.instances and not summary.predicted:
+        raise PredictError("no instance could be predicted; see "
+                           f"{output_path}/prediction.errors_stats-*")
+
+
+@cli.command()
+@MODEL_DIR
+@click.option("--model-name", default=None,
+              help='Name in the URLs; default "default".')
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8501, show_default=True)
+@click.option("--max-body-bytes", type=click.IntRange(1), default=1572864,
+              show_default=True)
+@click.option("--max-instances", type=click.IntRange(1), default=100, show_default=True,
+              help="Most instances one request may hold.")
+@click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Requests decoded and predicted at once.")
+def serve(model_dir, model_name, host, port, max_body_bytes, max_instances, threads):
+    """Serve TF Serving's REST API (v1) for the export."""
+    from predict import model as models, server
+    model = models.load(model_dir)
+    server.serve(model, name=model_name or "default", host=host, port=port,
+                 max_body_bytes=max_body_bytes, max_instances=max_instances,
+                 threads=threads)
+
+
+def main(argv=None) -> int:
+    try:
+        cli.main(args=argv, prog_name="python -m predict", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except (PredictError, StorageError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        return getattr(exc, "exit_status", 1)
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

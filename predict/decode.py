@@ -1,0 +1,262 @@
+"""Instances (parsed JSON) -> column arrays a signature accepts, and outputs -> JSON.
+
+One decoder serves every entry point (local, batch, the REST server), so an instance is
+accepted or refused the same way everywhere. Each instance is checked on its own and a
+bad one raises `InstanceError` with the problem; the caller names where it came from.
+
+Rules (docs/predict.md lists them for users):
+- an instance is an object of named inputs, or a bare value when the signature has a
+  single input; unknown and missing inputs are errors;
+- numbers must be JSON numbers (no strings, no booleans), floats must be finite, and
+  integer inputs take integers only;
+- `image` pixels must lie in [0, 1] (the export's contract; 0-255 values are refused
+  with a hint rather than silently giving wrong classes);
+- a value of the right size but another shape is flattened when the signature wants a
+  flat vector (a 28x28 image for a 784 input); any other shape mismatch is an error;
+- `{"b64": "..."}` is binary: decoded bytes for string inputs, raw little-endian values
+  of the input's dtype for numeric inputs (784 float32 = 3,136 bytes for an image);
+- nesting deeper than MAX_DEPTH is refused before numpy or anything recursive sees it.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+
+import numpy as np
+
+from predict.errors import InstanceError
+from predict.model import Signature, TensorInfo
+
+MAX_DEPTH = 8
+VALUE_RANGES = {"image": (0.0, 1.0)}
+INT64_MAX = np.iinfo(np.int64).max
+
+
+def decode_instance(instance, sig: Signature) -> dict:
+    """One row-format instance -> {input name: array without the batch dimension}."""
+    names = list(sig.inputs)
+    if isinstance(instance, dict) and not _is_b64(instance):
+        unknown = sorted(set(instance) - set(names))
+        if unknown:
+            raise InstanceError(f"unknown input {unknown[0]!r}; signature {sig.name} takes "
+                                f"{_listing(names)}")
+        missing = [n for n in names if n not in instance]
+        if missing:
+            raise InstanceError(f"missing input {missing[0]!r}; signature {sig.name} takes "
+                                f"{_listing(names)}")
+        return {n: to_array(instance[n], n, sig.inputs[n], batched=False) for n in names}
+    if len(names) != 1:
+        raise InstanceError(f"a bare value needs a signature with one input, but "
+                            f"{sig.name} takes {_listing(names)}: send an object like "
+                            f"{{{', '.join(repr(n) + ': ...' for n in names)}}}")
+    return {names[0]: to_array(instance, names[0], sig.inputs[names[0]], batched=False)}
+
+
+def stack(decoded: list, sig: Signature) -> dict:
+    """Decoded instances -> one batch of column arrays."""
+    return {n: np.stack([d[n] for d in decoded]).astype(info.dtype, copy=False)
+            for n, info in sig.inputs.items()}
+
+
+def decode_columns(inputs, sig: Signature) -> dict:
+    """Columnar `inputs` (object of batched values, or one bare batched value) -> batch."""
+    names = list(sig.inputs)
+    if not (isinstance(inputs, dict) and not _is_b64(inputs)):
+        if len(names) != 1:
+            raise InstanceError(f"bare inputs need a signature with one input, but "
+                                f"{sig.name} takes {_listing(names)}")
+        inputs = {names[0]: inputs}
+    unknown = sorted(set(inputs) - set(names))
+    if unknown:
+        raise InstanceError(f"unknown input {unknown[0]!r}; signature {sig.name} takes "
+                            f"{_listing(names)}")
+    missing = [n for n in names if n not in inputs]
+    if missing:
+        raise InstanceError(f"missing input {missing[0]!r}")
+    batch = {n: to_array(inputs[n], n, sig.inputs[n], batched=True) for n in names}
+    sizes = {n: a.shape[0] for n, a in batch.items()}
+    if len(set(sizes.values())) > 1:
+        raise InstanceError("inputs differ in batch size: " +
+                            ", ".join(f"{n} has {s}" for n, s in sizes.items()))
+    return batch
+
+
+def to_array(value, name: str, info: TensorInfo, *, batched: bool) -> np.ndarray:
+    """Check and convert one input's value; `batched` says it carries the batch dim."""
+    want = info.shape if batched or info.shape is None else info.shape[1:]
+    if _is_b64(value):
+        arr = _from_b64(value["b64"], name, info, want)
+    else:
+        depth = _depth(value)
+        if depth > MAX_DEPTH:
+            raise InstanceError(f"{name} is nested {depth}+ levels deep; at most "
+                                f"{MAX_DEPTH} levels are accepted")
+        arr = _convert(value, name, info)
+    arr = _fit_shape(arr, want, name)
+    _check_values(arr, name, info)
+    return arr
+
+
+def _convert(value, name: str, info: TensorInfo) -> np.ndarray:
+    dtype = np.dtype(info.dtype)
+    if dtype.kind == "O":  # tf.string
+        return _strings(value, name)
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        raise InstanceError(f"{name} is not a rectangular array of numbers "
+                            "(ragged or mixed nested lists)") from None
+    kind = arr.dtype.kind
+    if kind in "US":
+        raise InstanceError(f"{name} holds strings where {dtype.name} numbers are expected")
+    if kind == "b" and dtype.kind != "b":
+        raise InstanceError(f"{name} holds booleans where {dtype.name} numbers are expected")
+    if kind == "O":
+        raise InstanceError(f"{name} is not a rectangular array of numbers "
+                            "(ragged, mixed types, or integers beyond 64 bits)")
+    if dtype.kind in "iu":
+        if kind == "f":
+            raise InstanceError(f"{name} must hold integers ({dtype.name}), got floats")
+        if kind == "u" and arr.size and arr.max() > INT64_MAX:
+            raise InstanceError(f"{name} holds an integer beyond the int64 range")
+    if dtype.kind == "b" and kind != "b":
+        raise InstanceError(f"{name} must hold true/false values")
+    with np.errstate(over="ignore", invalid="ignore"):
+        return arr.astype(dtype)
+
+
+def _strings(value, name: str) -> np.ndarray:
+    def one(v):
+        if isinstance(v, str):
+            return v.encode("utf-8")
+        if _is_b64(v):
+            return _b64_bytes(v["b64"], name)
+        raise InstanceError(f"{name} must hold strings, got {type(v).__name__}")
+    if isinstance(value, list):
+        if any(isinstance(v, list) for v in value):
+            raise InstanceError(f"{name}: nested string lists are not supported")
+        return np.array([one(v) for v in value], dtype=object)
+    return np.array(one(value), dtype=object)
+
+
+def _from_b64(text, name: str, info: TensorInfo, want) -> np.ndarray:
+    raw = _b64_bytes(text, name)
+    dtype = np.dtype(info.dtype)
+    if dtype.kind == "O":
+        return np.array(raw, dtype=object)
+    if want is None or any(d is None for d in want):
+        raise InstanceError(f"{name}: b64 values need an input of fixed shape")
+    count = math.prod(want)
+    if len(raw) != count * dtype.itemsize:
+        raise InstanceError(f"{name}: b64 value has {len(raw)} bytes, expected "
+                            f"{count * dtype.itemsize} ({count} little-endian {dtype.name})")
+    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(want)
+
+
+def _b64_bytes(text, name: str) -> bytes:
+    if not isinstance(text, str):
+        raise InstanceError(f"{name}: b64 value must be a string")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InstanceError(f"{name}: b64 value is not valid base64") from None
+
+
+def _fit_shape(arr: np.ndarray, want, name: str) -> np.ndarray:
+    if want is None or _matches(arr.shape, want):
+        return arr
+    # A flat vector input accepts any nesting of the same values (28x28 for 784), per
+    # instance or per batch (N x 28 x 28 for N x 784).
+    flat = want[-1] if want and want[-1] is not None else None
+    lead = len(want) - 1
+    if flat is not None and arr.ndim > len(want) and \
+            math.prod(arr.shape[lead:]) == flat and _matches(arr.shape[:lead], want[:lead]):
+        return arr.reshape(arr.shape[:lead] + (flat,))
+    raise InstanceError(f"{name} has shape {_shape(arr.shape)}, the signature wants "
+                        f"{_shape(want)}")
+
+
+def _check_values(arr: np.ndarray, name: str, info: TensorInfo) -> None:
+    if np.dtype(info.dtype).kind != "f" or not arr.size:
+        return
+    if not np.isfinite(arr).all():
+        raise InstanceError(f"{name} holds NaN or infinite values (or values beyond "
+                            f"the {np.dtype(info.dtype).name} range)")
+    low, high = VALUE_RANGES.get(name, (None, None))
+    if low is not None and (arr.min() < low or arr.max() > high):
+        raise InstanceError(f"{name} values must lie in [{low:g}, {high:g}], got "
+                            f"{float(arr.min()):g}..{float(arr.max()):g}; scale 0-255 "
+                            "pixels by 1/255")
+
+
+def encode_rows(outputs: dict) -> list:
+    """Column outputs -> one JSON-able value per instance (TF Serving's `predictions`):
+    an object per instance, or the bare value when there is a single output."""
+    names = output_order(outputs)
+    columns = [_jsonable(outputs[n]) for n in names]
+    if len(names) == 1:
+        return columns[0]
+    return [dict(zip(names, row)) for row in zip(*columns)]
+
+
+def encode_columns(outputs: dict):
+    """Column outputs -> TF Serving's columnar `outputs` (bare when single)."""
+    names = output_order(outputs)
+    if len(names) == 1:
+        return _jsonable(outputs[names[0]])
+    return {n: _jsonable(outputs[n]) for n in names}
+
+
+def output_order(outputs) -> list:
+    """`key` first (it identifies the instance), then the rest by name."""
+    return sorted(outputs, key=lambda n: (n != "key", n))
+
+
+def _jsonable(arr: np.ndarray):
+    if arr.dtype.kind in "OS":
+        return _bytes_to_json(arr.tolist())
+    return arr.tolist()
+
+
+def _bytes_to_json(value):
+    if isinstance(value, list):
+        return [_bytes_to_json(v) for v in value]
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"b64": base64.b64encode(value).decode("ascii")}
+    return value
+
+
+def _depth(value) -> int:
+    """Nesting depth along first elements, stopping past MAX_DEPTH (cheap for a 784
+    list; ragged deeper branches are caught by numpy's own dimension limit)."""
+    depth = 0
+    while isinstance(value, list) and depth <= MAX_DEPTH:
+        depth += 1
+        if not value:
+            break
+        value = value[0]
+    return depth
+
+
+def _is_b64(value) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and "b64" in value
+
+
+def _matches(shape, want) -> bool:
+    return len(shape) == len(want) and all(w is None or s == w for s, w in zip(shape, want))
+
+
+def _shape(shape) -> str:
+    return "[" + ", ".join("None" if d is None else str(d) for d in shape) + "]"
+
+
+def _listing(names) -> str:
+    return ", ".join(names)
+
+
+__all__ = ["decode_instance", "decode_columns", "stack", "to_array", "encode_rows",
+           "encode_columns", "output_order", "MAX_DEPTH", "VALUE_RANGES"]

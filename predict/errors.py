@@ -1,0 +1,40 @@
+"""Typed errors of the predictor and the exit statuses the CLI ends with.
+
+Library code raises these; `predict.__main__` alone turns them into a one-line
+`error: ...` message and an exit status, and the server into an HTTP status.
+"""
+from trainer.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+
+class PredictError(Exception):
+    """Base of the predictor's errors; `exit_status` says how the CLI ends."""
+
+    exit_status = EXIT_FAILED
+
+
+class UsageError(PredictError):
+    """Flags, files or URLs are wrong; the message says the fix."""
+
+    exit_status = EXIT_USAGE
+
+
+class ModelLoadError(UsageError):
+    """The model dir holds no export we can read, or restoring it failed."""
+
+
+class InputError(UsageError):
+    """An input line or request is malformed; `where` names it (`line 3`, `instance 2`)."""
+
+    def __init__(self, where: str, reason: str):
+        super().__init__(f"{where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+class InstanceError(ValueError):
+    """One instance does not fit the signature; raised per instance, without its index
+    (the caller knows where the instance came from and names it)."""
+
+
+__all__ = ["PredictError", "UsageError", "ModelLoadError", "InputError", "InstanceError",
+           "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE"]

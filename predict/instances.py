@@ -1,0 +1,128 @@
+"""Reading instances the way `gcloud ai-platform local predict` takes them.
+
+- JSON instances: one JSON value a line (`{"image": [...], "key": 7}`, or a bare value
+  for a one-input signature); empty lines are errors, as in gcloud;
+- a JSON request: one document `{"instances": [...]}`;
+- text instances: one line an instance, the value of the signature's single input;
+  numeric inputs are numbers separated by commas and/or spaces.
+
+Errors name where the instance came from (`line 3`, `instance 2`); json's
+RecursionError on absurdly nested input is caught like any other malformed JSON.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import numpy as np
+
+from predict.errors import InputError, InstanceError, UsageError
+from predict.model import Signature
+from trainer import storage
+
+_SEPARATORS = re.compile(r"[,\s]+")
+
+
+def read_source(url: str) -> bytes:
+    """The bytes of a file, any fsspec URL, or stdin for `-`."""
+    if url == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return storage.read_bytes(url)
+    except FileNotFoundError:
+        raise UsageError(f"input file {url} does not exist") from None
+    except IsADirectoryError:
+        raise UsageError(f"input {url} is a folder; pass a file (or - for stdin)") from None
+
+
+def split_lines(data: bytes, where: str = "line"):
+    """(label, text) for each line; a final newline does not make an empty line."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise InputError(f"{where} {line}", "not valid UTF-8 text") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for number, line in enumerate(lines, start=1):
+        yield f"{where} {number}", line.rstrip("\r")
+
+
+def parse_json(text: str):
+    """One JSON value; InstanceError for empty, malformed or absurdly nested text."""
+    if not text.strip():
+        raise InstanceError("empty line; every line must hold one instance")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InstanceError(f"malformed JSON: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise InstanceError("malformed JSON: nested too deeply") from None
+
+
+def json_instances(data: bytes):
+    """(label, instance) per line of a --json-instances file."""
+    for where, line in split_lines(data):
+        try:
+            yield where, parse_json(line)
+        except InstanceError as exc:
+            raise InputError(where, str(exc)) from None
+
+
+def json_request(data: bytes):
+    """(label, instance) for each instance of a {"instances": [...]} document."""
+    try:
+        body = parse_json(data.decode("utf-8", errors="replace"))
+    except InstanceError as exc:
+        raise InputError("request", str(exc)) from None
+    instances = request_instances(body)
+    for index, instance in enumerate(instances):
+        yield f"instance {index}", instance
+
+
+def request_instances(body) -> list:
+    if not isinstance(body, dict) or set(body) != {"instances"}:
+        keys = sorted(body) if isinstance(body, dict) else type(body).__name__
+        raise InputError("request", f'must be an object with exactly the key "instances", '
+                                    f"got {keys}")
+    if not isinstance(body["instances"], list):
+        raise InputError("request", '"instances" must be a list')
+    return body["instances"]
+
+
+def text_instances(data: bytes, sig: Signature):
+    """(label, value) per line of a --text-instances file."""
+    if len(sig.inputs) != 1:
+        raise UsageError(f"--text-instances needs a signature with one input, but "
+                         f"{sig.name} takes {', '.join(sig.inputs)}; use --json-instances "
+                         "or --signature-name with a one-input signature")
+    (name, info), = sig.inputs.items()
+    for where, line in split_lines(data):
+        try:
+            yield where, text_value(line, name, np.dtype(info.dtype))
+        except InstanceError as exc:
+            raise InputError(where, str(exc)) from None
+
+
+def text_value(line: str, name: str, dtype: np.dtype):
+    if not line.strip():
+        raise InstanceError("empty line; every line must hold one instance")
+    if dtype.kind == "O":
+        return line
+    tokens = [t for t in _SEPARATORS.split(line.strip()) if t]
+    parse = int if dtype.kind in "iu" else float
+    values = []
+    for token in tokens:
+        try:
+            values.append(parse(token))
+        except ValueError:
+            raise InstanceError(f"{token[:40]!r} is not a number ({name} takes "
+                                f"{dtype.name} values separated by commas or spaces)") \
+                from None
+    return values[0] if len(values) == 1 else values
+
+
+__all__ = ["read_source", "split_lines", "parse_json", "json_instances", "json_request",
+           "request_instances", "text_instances", "text_value"]

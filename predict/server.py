@@ -1,0 +1,261 @@
+"""TF Serving's REST API (v1) for one loaded export, on Starlette and uvicorn.
+
+Routes (everything else is 404, a known route with the wrong method 405):
+  GET  /v1/models/NAME[/versions/1]            status
+  GET  /v1/models/NAME[/versions/1]/metadata   signatures
+  POST /v1/models/NAME[/versions/1]:predict    predictions
+
+The export is version 1 (one folder, no version subfolders). The model is loaded once
+per process; each request's JSON decoding, checking, model call and encoding run in a
+thread pool, so the event loop keeps accepting and reading requests while TensorFlow
+works (a signature call releases the GIL). Bodies are counted while they are read and
+refused with 413 past --max-body-bytes: the rest is drained, not kept, so the client
+still gets the answer.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import signal
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from predict import decode
+from predict.errors import InputError, InstanceError, UsageError
+from predict.instances import parse_json
+from predict.model import Model
+
+log = logging.getLogger("predict.server")
+
+VERSION = "1"
+DRAIN_LIMIT = 64 * 1024 * 1024  # past this an oversized body is cut off, not drained
+_ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+))?"
+                    r"(?P<rest>/metadata|:[A-Za-z_]+)?/?$")
+_METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+
+
+class PredictionService:
+    """What the routes do, independent of the HTTP plumbing."""
+
+    def __init__(self, model: Model, name: str, *, max_body_bytes: int,
+                 max_instances: int, threads: int):
+        self.model = model
+        self.name = name
+        self.max_body_bytes = max_body_bytes
+        self.max_instances = max_instances
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="predict")
+
+    async def handle(self, request: Request) -> Response:
+        try:
+            status, body = await self._route(request)
+        except HTTPError as exc:
+            return _json(exc.status, {"error": str(exc)}, exc.headers)
+        except Exception:  # noqa: BLE001 - a real fault: log it, answer 500
+            log.exception("request %s %s failed", request.method, request.url.path)
+            return _json(500, {"error": "internal server error; see the server's log"})
+        return Response(body, status_code=status, media_type="application/json")
+
+    async def _route(self, request: Request):
+        match = _ROUTE.match(request.url.path)
+        if not match:
+            raise HTTPError(404, f"no route {request.url.path}; the API is "
+                                 f"/v1/models/{self.name}[/versions/{VERSION}]"
+                                 "[:predict|/metadata]")
+        name, version, rest = match["name"], match["version"], match["rest"]
+        if name != self.name:
+            raise HTTPError(404, f"model {name!r} not found; this server serves "
+                                 f"{self.name!r}")
+        if version is not None and version != VERSION:
+            raise HTTPError(404, f"model {name!r} has no version {version!r}; it serves "
+                                 f"version {VERSION}")
+        if rest == ":predict":
+            _allow(request, "POST")
+            body = await self._read_body(request)
+            loop = asyncio.get_running_loop()
+            return 200, await loop.run_in_executor(self.pool, self.predict_json, body)
+        if rest is not None and rest.startswith(":"):
+            raise HTTPError(404, f"unknown method {rest}; this server answers :predict")
+        _allow(request, "GET")
+        payload = self.metadata() if rest == "/metadata" else self.status()
+        return 200, json.dumps(payload).encode()
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        too_big = HTTPError(413, f"request body exceeds {limit} bytes (--max-body-bytes); "
+                                 "send fewer instances a request")
+        if declared.isdigit() and int(declared) > DRAIN_LIMIT:
+            raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                chunks = None  # keep draining so the client reads our answer, keep nothing
+                if size > DRAIN_LIMIT:
+                    break
+            elif chunks is not None:
+                chunks.append(chunk)
+        if chunks is None:
+            raise too_big
+        return b"".join(chunks)
+
+    def predict_json(self, raw: bytes) -> bytes:
+        """A :predict body -> the answer's bytes (runs in the thread pool)."""
+        try:
+            body = parse_json(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise HTTPError(400, "request body is not UTF-8 JSON") from None
+        except InstanceError as exc:
+            raise HTTPError(400, f"request body: {str(exc).replace('empty line', 'empty body')}") \
+                from None
+        try:
+            return json.dumps(self.predict(body)).encode()
+        except (InputError, InstanceError, UsageError) as exc:
+            raise HTTPError(400, str(exc)) from None
+
+    def predict(self, body) -> dict:
+        if not isinstance(body, dict):
+            raise InputError("request", "must be a JSON object with \"instances\" or "
+                                        "\"inputs\"")
+        unknown = sorted(set(body) - {"instances", "inputs", "signature_name"})
+        if unknown:
+            raise InputError("request", f"unknown key {unknown[0]!r}; use \"instances\" or "
+                                        "\"inputs\", and optionally \"signature_name\"")
+        if ("instances" in body) == ("inputs" in body):
+            raise InputError("request", "give exactly one of \"instances\" (row format) "
+                                        "and \"inputs\" (columnar format)")
+        name = body.get("signature_name")
+        if name is not None and not isinstance(name, str):
+            raise InputError("request", "signature_name must be a string")
+        sig = self.model.signature(name)
+        if "instances" in body:
+            instances = body["instances"]
+            if not isinstance(instances, list) or not instances:
+                raise InputError("request", "\"instances\" must be a non-empty list")
+            self._check_count(len(instances))
+            decoded = []
+            for index, instance in enumerate(instances):
+                try:
+                    decoded.append(decode.decode_instance(instance, sig))
+                except InstanceError as exc:
+                    raise InputError(f"instance {index}", str(exc)) from None
+            outputs = self.model.predict(decode.stack(decoded, sig), sig.name)
+            return {"predictions": decode.encode_rows(outputs)}
+        try:
+            batch = decode.decode_columns(body["inputs"], sig)
+        except InstanceError as exc:
+            raise InputError("inputs", str(exc)) from None
+        self._check_count(next(iter(batch.values())).shape[0])
+        return {"outputs": decode.encode_columns(self.model.predict(batch, sig.name))}
+
+    def _check_count(self, count: int) -> None:
+        if count > self.max_instances:
+            raise InputError("request", f"{count} instances; this server takes at most "
+                                        f"{self.max_instances} a request (--max-instances)")
+
+    def status(self) -> dict:
+        return {"model_version_status": [{
+            "version": VERSION, "state": "AVAILABLE",
+            "status": {"error_code": "OK", "error_message": ""}}]}
+
+    def metadata(self) -> dict:
+        def tensors(infos):
+            return {k: {"dtype": info.dtype_enum_name,
+                        "tensor_shape": _tensor_shape(info.shape),
+                        "name": info.tensor_name} for k, info in infos.items()}
+        defs = {name: {"inputs": tensors(sig.inputs), "outputs": tensors(sig.outputs),
+                       "method_name": sig.method_name}
+                for name, sig in self.model.signatures.items()}
+        return {"model_spec": {"name": self.name, "signature_name": "", "version": VERSION},
+                "metadata": {"signature_def": {"signature_def": defs}}}
+
+
+def build_app(service: PredictionService) -> Starlette:
+    return Starlette(routes=[Route("/{path:path}", service.handle, methods=list(_METHODS))])
+
+
+def serve(model: Model, *, name: str, host: str, port: int, max_body_bytes: int,
+          max_instances: int, threads: int) -> None:
+    """Serve until SIGTERM or SIGINT, then return (the process exits 0)."""
+    service = PredictionService(model, name, max_body_bytes=max_body_bytes,
+                                max_instances=max_instances, threads=threads)
+    sock = _bind(host, port)
+    shown_host = f"[{host}]" if ":" in host else host
+    ready = (f"serving model {name} at "
+             f"http://{shown_host}:{sock.getsockname()[1]}/v1/models/{name}")
+    config = uvicorn.Config(build_app(service), log_level="warning", access_log=False,
+                            lifespan="off", timeout_graceful_shutdown=10)
+    # uvicorn re-raises the signal it stopped for once it has shut down; with these
+    # handlers in place that re-raise is a no-op and the process ends with status 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    try:
+        _ReadyServer(config, ready).run(sockets=[sock])
+    finally:
+        sock.close()
+        service.pool.shutdown(wait=True, cancel_futures=True)
+        model.close()
+
+
+class _ReadyServer(uvicorn.Server):
+    """Prints the ready line once uvicorn accepts connections."""
+
+    def __init__(self, config, ready_line: str):
+        super().__init__(config)
+        self.ready_line = ready_line
+
+    async def startup(self, sockets=None):
+        await super().startup(sockets=sockets)
+        if not self.should_exit:
+            print(self.ready_line, flush=True)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another "
+                         "--port or --host") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _allow(request: Request, method: str) -> None:
+    if request.method != method:
+        raise HTTPError(405, f"{request.method} is not allowed here; use {method}",
+                        {"Allow": method})
+
+
+def _tensor_shape(shape) -> dict:
+    if shape is None:
+        return {"dim": [], "unknown_rank": True}
+    return {"dim": [{"size": str(-1 if d is None else d), "name": ""} for d in shape],
+            "unknown_rank": False}
+
+
+def _json(status: int, payload: dict, headers: dict | None = None) -> Response:
+    return Response(json.dumps(payload).encode(), status_code=status, headers=headers,
+                    media_type="application/json")
+
+
+__all__ = ["PredictionService", "HTTPError", "build_app", "serve", "VERSION"]
