@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from trainer import data
 from trainer.errors import DataError
@@ -227,6 +228,24 @@ def test_shards_are_disjoint_and_differently_shuffled(sample):
     # Each shard's shuffle is seeded by its index: the two shards do not walk their
     # examples in the same pattern (position within the shard differs).
     assert not np.array_equal(per_shard[0] // 2, per_shard[1] // 2)
+
+
+def test_shard_index_may_be_a_tensor_as_in_a_ps_dataset_fn(sample):
+    # Under ParameterServerStrategy the chief traces dataset_fn with the worker index as
+    # a tensor; the stream must be the one the Python int gives.
+    ids = np.arange(600, dtype=np.int64)
+    images = sample.train_images[:600]
+
+    @tf.function
+    def dataset_fn(worker_index):
+        return data.train_dataset(images, ids, 50, shard_index=worker_index, num_shards=3,
+                                  seed=2)
+
+    traced = _epoch(dataset_fn(tf.constant(2)), 4)
+    plain = _epoch(data.train_dataset(images, ids, 50, shard_index=2, num_shards=3,
+                                      seed=2), 4)
+    np.testing.assert_array_equal(traced, plain)
+    assert all(i % 3 == 2 for i in traced.ravel())
 
 
 def test_train_batches_are_fixed_size_float_and_repeat(sample):

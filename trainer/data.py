@@ -262,8 +262,12 @@ def _to_float_batch(images, labels):
 
 
 def train_dataset(images: np.ndarray, labels: np.ndarray, batch_size: int, *,
-                  shard_index: int = 0, num_shards: int = 1, seed: int = 0):
+                  shard_index=0, num_shards: int = 1, seed: int = 0):
     """This shard's endless, shuffled stream of (float32 [B, 784], int64 [B]) batches.
+
+    shard_index is a Python int or a scalar integer tensor: under ParameterServerStrategy
+    the worker's index is known only as a tensor while the chief traces `dataset_fn`
+    (`tf.distribute.coordinator.experimental_get_current_worker_index()`).
 
     Each shard takes every num_shards-th example and shuffles with a seed derived from
     its index, so no two workers see the same batch sequence. Batches have a fixed size
@@ -273,19 +277,20 @@ def train_dataset(images: np.ndarray, labels: np.ndarray, batch_size: int, *,
     import tensorflow as tf
     if batch_size < 1:
         raise DataError(f"--batch-size must be at least 1, got {batch_size}")
-    if not 0 <= shard_index < num_shards:
-        raise ValueError(f"shard_index {shard_index} is not in [0, {num_shards})")
-    shard_size = len(range(shard_index, len(labels), num_shards))
-    if shard_size == 0:
+    if len(labels) < num_shards:
         raise DataError(f"{len(labels)} training examples cannot feed {num_shards} "
                         "workers; use fewer workers or more data")
+    if isinstance(shard_index, int) and not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index {shard_index} is not in [0, {num_shards})")
     # Shuffle indices, not examples: the shuffle buffer then holds int64s, and each
     # batch is one vectorised gather from the uint8 arrays.
     all_images = tf.constant(images)
     all_labels = tf.constant(labels, dtype=tf.int64)
-    ds = tf.data.Dataset.range(shard_index, len(labels), num_shards)
+    shard_index = tf.cast(shard_index, tf.int64)
+    ds = tf.data.Dataset.range(len(labels)).shard(num_shards, shard_index)
+    buffer = -(-len(labels) // num_shards)  # the largest shard: a full shuffle
     shuffle_seed = (seed * 1_000_003 + shard_index) % (2**31 - 1)
-    ds = ds.shuffle(shard_size, seed=shuffle_seed, reshuffle_each_iteration=True)
+    ds = ds.shuffle(buffer, seed=shuffle_seed, reshuffle_each_iteration=True)
     ds = ds.repeat().batch(batch_size, drop_remainder=True)
     ds = ds.map(lambda idx: _to_float_batch(tf.gather(all_images, idx),
                                             tf.gather(all_labels, idx)),
