@@ -90,3 +90,39 @@ def legacy_reference(path: str, images: np.ndarray) -> np.ndarray:
     logits = images @ reader.get_tensor("softmax/weights") + reader.get_tensor("softmax/bias")
     e = np.exp(logits - logits.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)
+
+
+def images(n: int, seed: int = 0) -> np.ndarray:
+    """n float32 images in [0, 1], rounded so JSON and Python literals carry them exactly."""
+    return np.random.default_rng(seed).random((n, 784)).round(3).astype(np.float32)
+
+
+def instance_lines(imgs: np.ndarray, keys=None) -> str:
+    keys = range(len(imgs)) if keys is None else keys
+    return "".join(json.dumps({"image": img.tolist(), "key": int(k)}) + "\n"
+                   for img, k in zip(imgs, keys))
+
+
+def start_server(popen, model_dir: str, *extra: str, timeout: float = 60.0):
+    """Start `python -m predict serve` with popen (the reaper's) on a free port and wait
+    for its ready line; returns (process, base URL)."""
+    import select
+    import subprocess
+    import sys
+    import time
+    from conftest import free_ports
+    port = free_ports(1)[0]
+    proc = popen([sys.executable, "-m", "predict", "serve", "--model-dir", model_dir,
+                  "--port", str(port), *extra],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            if line.startswith("serving model "):
+                return proc, f"http://127.0.0.1:{port}"
+            if not line and proc.poll() is not None:
+                break
+    raise AssertionError(f"server did not become ready: {proc.poll()=} "
+                         f"{proc.stderr.read() if proc.poll() is not None else ''}")

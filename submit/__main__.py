@@ -1,0 +1,390 @@
+"""python -m submit: submit a training job, manage jobs, or train locally.
+
+    python -m submit JOB_ID [options] [-- trainer args]      submit (and by default stream)
+    python -m submit jobs list|describe|stream-logs|cancel    manage submitted jobs
+    python -m submit local train [--distributed ...] [-- args] run the working tree
+
+This module is the one top layer: library errors (`submit.errors`, storage and click
+errors) become a one-line `error: ...` on stderr and an exit status (2 for usage).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import click
+import yaml
+
+from submit import jobs as records
+from submit import logs, package, plan as plans, runners, spec as specs
+from submit.errors import (EXIT_OK, EXIT_USAGE, JobCancelled, JobFailed, SubmitError,
+                           UsageError)
+from trainer import storage
+
+CANCEL_WAIT_S = 60.0
+TIERS = tuple(specs.SCALE_TIERS)
+
+
+class MainGroup(click.Group):
+    """`submit` is the default command: `python -m submit job01 ...` means
+    `python -m submit submit job01 ...` unless the first word names a subcommand."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["submit", *args]
+        return super().parse_args(ctx, args)
+
+
+class TrainerArgsCommand(click.Command):
+    """Everything after `--` belongs to the trainer; stray words before it are errors."""
+
+    def parse_args(self, ctx, args):
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["trainer_args"] = tuple(args[cut + 1:])
+            args = args[:cut]
+        else:
+            ctx.meta["trainer_args"] = None
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=MainGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def cli():
+    """Run TensorFlow training jobs as Cloud ML Engine did, as processes on this machine.
+
+    \b
+    python -m submit JOB_ID [options] [-- trainer args]
+        Submit a job (the `submit` command; see `python -m submit submit --help`).
+    python -m submit jobs list | describe JOB | stream-logs JOB | cancel JOB
+        Manage submitted jobs (`python -m submit jobs --help`).
+    python -m submit local train [--distributed] [-- trainer args]
+        Run the working tree's trainer locally without staging.
+    """
+
+
+@cli.command("submit", cls=TrainerArgsCommand)
+@click.argument("job_id")
+@click.option("--scale-tier", type=click.Choice(TIERS, case_sensitive=False),
+              help="Cluster shape (default BASIC, or the config's scaleTier).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="config.yaml or JSON shaped like Cloud ML's Job (trainingInput).")
+@click.option("--job-dir", help="Job output URL: path, file://, memory:// or gs://.")
+@click.option("--staging-bucket", help="Where packages are staged (else <job-dir>/packages).")
+@click.option("--package-path", type=click.Path(file_okay=False),
+              help="Folder holding setup.py (default: this project's source tree).")
+@click.option("--module-name", help="Module each replica runs (default trainer.task).")
+@click.option("--worker-count", type=int, help="Workers (CUSTOM tier only).")
+@click.option("--parameter-server-count", type=int, help="Parameter servers (CUSTOM only).")
+@click.option("--evaluator-count", type=int, help="Evaluators (CUSTOM tier only).")
+@click.option("--stream-logs/--async", "stream_logs", default=True,
+              help="Follow the job's logs until it ends (default), or return at once.")
+@click.option("--dry-run", is_flag=True, help="Print the resolved plan as JSON; run nothing.")
+@click.option("--resume", is_flag=True, help="Reuse a job id already used in the job dir.")
+@click.option("--restart-policy", default="Never", show_default=True,
+              type=click.Choice(specs.RESTART_POLICIES),
+              help="When a replica that exits is started again.")
+@click.option("--max-restarts", default=0, show_default=True, type=int,
+              help="Restarts allowed per replica.")
+@click.pass_context
+def submit_command(ctx, job_id, scale_tier, config_path, job_dir, staging_bucket,
+                   package_path, module_name, worker_count, parameter_server_count,
+                   evaluator_count, stream_logs, dry_run, resume, restart_policy,
+                   max_restarts):
+    """Submit training job JOB_ID; everything after `--` goes to the trainer, followed by
+    `--job-dir URL` as Cloud ML passes it."""
+    training_input = specs.load_config(config_path) if config_path else {}
+    spec = specs.resolve(
+        job_id, training_input, scale_tier=scale_tier, worker_count=worker_count,
+        parameter_server_count=parameter_server_count, evaluator_count=evaluator_count,
+        job_dir=job_dir, staging_bucket=staging_bucket, package_path=package_path,
+        module_name=module_name, args=ctx.meta["trainer_args"],
+        restart_policy=restart_policy, max_restarts=max_restarts)
+    if spec.gpus_needed:
+        specs.check_gpus(spec, specs.local_gpu_count())
+    if not stream_logs and spec.job_dir and spec.job_dir.startswith("memory://"):
+        raise UsageError("--async cannot use a memory:// job dir: the store lives in this "
+                         "process, which ends at once; use a path or gs:// URL, or stream")
+    _check_job_id_free(spec, resume)
+    if spec.package_uri is None:
+        spec_path = package.check_package_path(spec.package_path)
+    home = package.mljob_home()
+    with tempfile.TemporaryDirectory(prefix="mljob-sdist-") as tmp:
+        if spec.package_uri:
+            pkg = package.fetch(spec.package_uri, tmp)
+        else:
+            exclude = (spec.job_dir,) if spec.job_dir and storage.is_local(spec.job_dir) \
+                else ()
+            pkg = package.build(spec_path, tmp, exclude=exclude)
+            pkg = dataclasses.replace(pkg, url=package.staging_url(
+                pkg, job_id=spec.job_id, staging_bucket=spec.staging_bucket,
+                job_dir=spec.job_dir))
+        plan = plans.build(spec, pkg, home=home)
+        if dry_run:
+            click.echo(plan.to_json())
+            return EXIT_OK
+        if spec.package_uri is None:
+            package.stage(pkg, pkg.url)
+    record = _new_record(plan)
+    records.save(record)
+    click.echo(f"Job [{spec.job_id}] submitted successfully.")
+    if not stream_logs:
+        return _detach(plan, record)
+    return _run(plan, record, stream=True)
+
+
+def _check_job_id_free(spec: specs.JobSpec, resume: bool) -> None:
+    if spec.job_dir and not resume and records.used_in_job_dir(spec.job_dir, spec.job_id):
+        raise UsageError(f"job id {spec.job_id!r} is already used in {spec.job_dir}; pick "
+                         "another job id, or pass --resume to continue that job")
+    try:
+        old = records.load(spec.job_id)
+    except UsageError:
+        return
+    if not old.done and old.supervisor_alive():
+        raise UsageError(f"job {spec.job_id!r} is still {old.state}; cancel it with "
+                         f"`python -m submit jobs cancel {spec.job_id}` or pick another id")
+
+
+def _new_record(plan: plans.JobPlan) -> records.JobRecord:
+    return records.JobRecord(
+        job_id=plan.job_id, job_dir=plan.job_dir, scale_tier=plan.scale_tier,
+        package_url=plan.package_url, package_sha256=plan.package_sha256,
+        module=plan.module, trainer_args=list(plan.trainer_args),
+        training_input=dict(plan.training_input), log_dir=plan.log_dir, mode=plan.mode,
+        replicas=[records.ReplicaRecord(r.label) for r in plan.replicas])
+
+
+def _run(plan: plans.JobPlan, record: records.JobRecord, *, stream: bool) -> int:
+    record.adopt_supervisor()
+    records.save(record)
+    terminal = logs.Terminal(sys.stdout, stream=stream)
+    runner = runners.get("local")(plan, record, publish=records.save, terminal=terminal)
+    state = runner.run()
+    click.echo(f"Job [{plan.job_id}] {state}.")
+    if state == records.FAILED:
+        raise JobFailed(f"job {plan.job_id} failed: {record.error_message}; see "
+                        f"{plan.log_dir}")
+    if state == records.CANCELLED:
+        raise JobCancelled(f"job {plan.job_id} was cancelled")
+    return EXIT_OK
+
+
+def _detach(plan: plans.JobPlan, record: records.JobRecord) -> int:
+    """Start `python -m submit _supervise` in its own session; it runs the job."""
+    os.makedirs(plan.run_dir, exist_ok=True)
+    plan_file = os.path.join(plan.run_dir, "plan.json")
+    storage.write_bytes(plan_file, plan.to_json().encode())
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with open(os.path.join(plan.run_dir, "supervisor.log"), "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "submit", "_supervise", plan_file], cwd=plan.run_dir,
+            env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    record.adopt_supervisor(proc.pid)
+    records.save(record)
+    click.echo(f"Supervisor pid {proc.pid}. Follow the job with:\n"
+               f"  python -m submit jobs stream-logs {plan.job_id}\n"
+               f"  python -m submit jobs describe {plan.job_id}")
+    return EXIT_OK
+
+
+@cli.command("_supervise", hidden=True)
+@click.argument("plan_file", type=click.Path(exists=True, dir_okay=False))
+def supervise_command(plan_file):
+    """Run a submitted job to its end (started detached by --async)."""
+    with open(plan_file) as f:
+        plan = plans.JobPlan.from_dict(json.load(f))
+    return _run(plan, records.load(plan.job_id), stream=False)
+
+
+@cli.group("jobs")
+def jobs_group():
+    """List, describe, follow and cancel jobs (from the local index in $MLJOB_HOME)."""
+
+
+@jobs_group.command("list")
+def jobs_list():
+    """Jobs in the local index, oldest first."""
+    click.echo(f"{'JOB_ID':<24} {'STATUS':<11} {'CREATED':<20} JOB_DIR")
+    for r in records.list_all():
+        click.echo(f"{r.job_id:<24} {_state(r):<11} {_iso(r.create_time):<20} "
+                   f"{r.job_dir or '-'}")
+    return EXIT_OK
+
+
+@jobs_group.command("describe")
+@click.argument("job_id")
+def jobs_describe(job_id):
+    """The job's record, and how to look at it with TensorBoard."""
+    record = records.load(job_id)
+    data = json.loads(record.to_json())
+    data["state"] = _state(record)
+    for key in ("create_time", "start_time", "end_time"):
+        if data.get(key):
+            data[key] = _iso(data[key])
+    click.echo(yaml.safe_dump(data, sort_keys=True, default_flow_style=False).rstrip())
+    click.echo(f"\nView the logs:\n  python -m submit jobs stream-logs {job_id}")
+    if record.job_dir:
+        logdir = record.job_dir
+        if logdir.startswith("memory://"):  # TensorBoard cannot read this process's store
+            logdir = os.path.dirname(record.log_dir)
+        click.echo(f"View metrics in TensorBoard:\n  tensorboard --logdir {logdir}")
+    return EXIT_OK
+
+
+@jobs_group.command("stream-logs")
+@click.argument("job_id")
+@click.option("--task-name", help="Only this replica, e.g. master-replica-0.")
+def jobs_stream_logs(job_id, task_name):
+    """Print the job's logs and follow them until the job ends."""
+    record = records.load(job_id)
+
+    def done() -> bool:
+        current = records.load(job_id)
+        return current.done or not current.supervisor_alive()
+
+    for line in logs.follow(record.log_dir, task_name=task_name, done=done):
+        click.echo(line)
+    return EXIT_OK
+
+
+@jobs_group.command("cancel")
+@click.argument("job_id")
+def jobs_cancel(job_id):
+    """Cancel a running job: its supervisor stops every replica, then records CANCELLED."""
+    record = records.load(job_id)
+    if record.done:
+        raise UsageError(f"job {job_id!r} already ended {record.state}; nothing to cancel")
+    if record.supervisor_alive():
+        os.kill(record.supervisor_pid, signal.SIGTERM)
+        record = records.wait_until(job_id, records.FINAL_STATES, CANCEL_WAIT_S)
+        if not record.done:
+            raise SubmitError(f"job {job_id!r} is still {record.state} after "
+                              f"{CANCEL_WAIT_S:.0f} s; its supervisor is pid "
+                              f"{record.supervisor_pid}")
+    else:  # the supervisor died without cleaning up: stop what it left behind
+        _kill_orphans(record)
+        record.set_state(records.CANCELLED, "the supervisor was gone; replicas stopped")
+        records.save(record)
+    click.echo(f"Job [{job_id}] {record.state}.")
+    return EXIT_OK
+
+
+def _kill_orphans(record: records.JobRecord) -> None:
+    import psutil
+    for replica in record.replicas:
+        if not replica.pid:
+            continue
+        try:
+            proc = psutil.Process(replica.pid)
+            if proc.environ().get("CLOUD_ML_JOB_ID") == record.job_id:
+                os.killpg(replica.pid, signal.SIGKILL)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            pass
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+
+
+def _state(record: records.JobRecord) -> str:
+    if not record.done and record.supervisor_pid and not record.supervisor_alive():
+        return f"{record.state}?"  # its supervisor is gone: `jobs cancel` cleans up
+    return record.state
+
+
+@cli.group("local")
+def local_group():
+    """Run the trainer from the working tree, as `gcloud ai-platform local train`."""
+
+
+@local_group.command("train", cls=TrainerArgsCommand)
+@click.option("--package-path", type=click.Path(file_okay=False),
+              help="Folder the module is imported from (default: this project's tree).")
+@click.option("--module-name", default="trainer.task", show_default=True)
+@click.option("--job-dir", help="Job output URL, appended to the trainer's args.")
+@click.option("--distributed", is_flag=True, help="Run a chief, workers and ps.")
+@click.option("--worker-count", type=int, help="Workers with --distributed (default 2).")
+@click.option("--parameter-server-count", type=int,
+              help="Parameter servers with --distributed (default 2).")
+@click.option("--evaluator-count", type=int, help="Evaluators with --distributed.")
+@click.option("--start-port", type=click.IntRange(1, 65535),
+              help="First port; chief, workers and ps get consecutive ones (default: free "
+                   "ports).")
+@click.pass_context
+def local_train(ctx, package_path, module_name, job_dir, distributed, worker_count,
+                parameter_server_count, evaluator_count, start_port):
+    """Run MODULE from the working tree: one process, or a local cluster with
+    --distributed. Trainer args follow `--`."""
+    counts = {"workerCount": worker_count, "parameterServerCount": parameter_server_count,
+              "evaluatorCount": evaluator_count}
+    if not distributed and any(v is not None for v in counts.values()):
+        raise UsageError("--worker-count, --parameter-server-count and --evaluator-count "
+                         "need --distributed")
+    ti = {"masterType": "standard"}
+    if distributed:
+        ti.update(workerCount=2 if worker_count is None else worker_count,
+                  parameterServerCount=(2 if parameter_server_count is None
+                                        else parameter_server_count),
+                  evaluatorCount=evaluator_count or 0)
+    job_id = "local_" + time.strftime("%Y%m%d_%H%M%S") + f"_{os.getpid()}"
+    spec = specs.resolve(job_id, ti, scale_tier="CUSTOM", job_dir=job_dir,
+                         module_name=module_name, args=ctx.meta["trainer_args"] or (),
+                         staged=False)
+    source = package.check_package_path(package_path)
+    n = sum(spec.count(t) for t in (specs.CHIEF, specs.WORKER, specs.PS))
+    if start_port is not None and start_port + n - 1 > 65535:
+        raise UsageError(f"--start-port {start_port} leaves too few ports for {n} replicas")
+    ports = list(range(start_port, start_port + n)) if start_port else None
+    plan = plans.build(spec, None, home=package.mljob_home(), ports=ports,
+                       source_dir=source)
+    record = _new_record(plan)
+    records.save(record)
+    return _run(plan, record, stream=True)
+
+
+def main(argv=None, standalone_mode: bool = True):
+    """Console entry point; returns the exit status when standalone_mode is False."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="warning: %(message)s")
+    status = _main(argv)
+    if standalone_mode:
+        sys.exit(status)
+    return status
+
+
+def _main(argv) -> int:
+    try:
+        result = cli.main(args=argv, prog_name="python -m submit", standalone_mode=False)
+        return result if isinstance(result, int) else EXIT_OK
+    except SubmitError as exc:
+        _error(str(exc))
+        return exc.exit_status
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        _error(f"{exc.format_message()} (see python -m submit --help)")
+        return EXIT_USAGE
+    except click.exceptions.Abort:
+        return JobCancelled.exit_status
+    except (storage.StorageError, OSError) as exc:
+        _error(str(exc))
+        return 1
+
+
+def _error(message: str) -> None:
+    click.echo("error: " + " ".join(message.split()), err=True)
+
+
+if __name__ == "__main__":
+    main()

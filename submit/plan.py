@@ -1,0 +1,178 @@
+"""The resolved job as a plain value: what `--dry-run` prints and what a runner executes.
+
+A plan names every replica (label, command, environment, TF_CONFIG, log file), the
+staged package, and the folders the runner uses. Nothing in it is decided while running
+except `MLJOB_PARENT_PID`, which the runner adds (the supervising process may be a
+detached one started by `--async`).
+
+Job dirs and what replicas see:
+- local path: replicas write the job dir itself; logs go to `<job-dir>/logs/`.
+- gs://: replicas write the job dir through gcsfs; logs are written locally under the
+  run folder and mirrored to `<job-dir>/logs/`.
+- memory://: the store lives in the submitting process only, so replicas get a local
+  scratch job dir (`$MLJOB_HOME/runs/<job-id>/job-dir`), mirrored into the memory:// job
+  dir while the job runs and completely before it is marked SUCCEEDED.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import sys
+from typing import Any, Mapping
+
+from submit import spec as specs
+from submit.package import Package
+from trainer import storage
+
+LABEL_TYPES = {specs.CHIEF: "master", specs.WORKER: "worker", specs.PS: "ps",
+               specs.EVALUATOR: "evaluator"}
+ORDER = (specs.PS, specs.WORKER, specs.CHIEF, specs.EVALUATOR)  # start order
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaPlan:
+    """One process: `task_type` as TF_CONFIG names it (chief or master, worker, ps,
+    evaluator); `env` holds what the runner sets on top of its own environment."""
+
+    label: str
+    task_type: str
+    index: int
+    address: str | None
+    command: tuple[str, ...]
+    env: Mapping[str, str]
+    tf_config: Mapping[str, Any]
+    log_file: str
+
+    @property
+    def is_chief(self) -> bool:
+        return self.task_type in (specs.CHIEF, specs.MASTER)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    """The whole job. `mirrors` pairs local folders with the URLs they are copied to."""
+
+    job_id: str
+    mode: str                      # "cloud" (staged package) or "local" (working tree)
+    scale_tier: str
+    job_dir: str | None
+    replica_job_dir: str | None
+    run_dir: str
+    log_dir: str
+    mirrors: tuple[tuple[str, str], ...]
+    package_url: str | None
+    package_sha256: str | None
+    package_top_dir: str | None
+    python_path: str
+    cwd: str
+    module: str
+    trainer_args: tuple[str, ...]
+    cluster: Mapping[str, tuple[str, ...]]
+    training_input: Mapping[str, Any]
+    replicas: tuple[ReplicaPlan, ...]
+    restart_policy: str = "Never"
+    max_restarts: int = 0
+
+    @property
+    def chief(self) -> ReplicaPlan:
+        return next(r for r in self.replicas if r.is_chief)
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "JobPlan":
+        data = dict(data)
+        data["replicas"] = tuple(ReplicaPlan(**{**r, "command": tuple(r["command"])})
+                                 for r in data["replicas"])
+        data["mirrors"] = tuple(tuple(m) for m in data["mirrors"])
+        data["trainer_args"] = tuple(data["trainer_args"])
+        data["cluster"] = {k: tuple(v) for k, v in data["cluster"].items()}
+        return cls(**data)
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports on 127.0.0.1 (held together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def build(spec: specs.JobSpec, package: Package | None, *, home: str,
+          ports: list[int] | None = None, python: str | None = None,
+          source_dir: str | None = None) -> JobPlan:
+    """The plan for a staged package (cloud mode) or, with source_dir, the working tree
+    (`local train` mode: no staging, the module runs from source_dir)."""
+    python = python or sys.executable
+    run_dir = os.path.join(home, "runs", spec.job_id)
+    job_dir = spec.job_dir
+    replica_job_dir, mirrors = job_dir, []
+    if job_dir is None:
+        log_dir = os.path.join(run_dir, "logs")
+    elif job_dir.startswith("memory://"):
+        replica_job_dir = os.path.join(run_dir, "job-dir")
+        log_dir = os.path.join(replica_job_dir, "logs")
+        mirrors.append((replica_job_dir, job_dir))
+    elif storage.is_local(job_dir):
+        log_dir = os.path.join(storage.local_path(job_dir), "logs")
+    else:
+        log_dir = os.path.join(run_dir, "logs")
+        mirrors.append((log_dir, storage.join(job_dir, "logs")))
+    if source_dir is not None:
+        python_path, cwd, mode = source_dir, source_dir, "local"
+    else:
+        python_path = os.path.join(home, "envs", package.sha256, "src", package.top_dir)
+        cwd, mode = run_dir, "cloud"  # not the working tree: `-m` imports from the cwd
+
+    trainer_args = spec.args + (("--job-dir", replica_job_dir) if replica_job_dir else ())
+    chief_name = specs.CHIEF if spec.use_chief else specs.MASTER
+    training_types = [t for t in (specs.CHIEF, specs.WORKER, specs.PS) if spec.count(t)]
+    n_ports = sum(spec.count(t) for t in training_types)
+    ports = list(ports) if ports is not None else free_ports(n_ports)
+    if len(ports) < n_ports:
+        raise ValueError(f"{n_ports} ports needed, {len(ports)} given")
+    cluster: dict[str, tuple[str, ...]] = {}
+    for task_type in training_types:  # chief first, then workers, then ps (gcloud's order)
+        name = chief_name if task_type == specs.CHIEF else task_type
+        count = spec.count(task_type)
+        cluster[name] = tuple(f"127.0.0.1:{p}" for p in ports[:count])
+        ports = ports[count:]
+
+    replicas = []
+    base_env = {"PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1",
+                "GRPC_FAIL_FAST": "use_caller", "CLOUD_ML_JOB_ID": spec.job_id}
+    for task_type in ORDER:
+        for index in range(spec.count(task_type)):
+            name = chief_name if task_type == specs.CHIEF else task_type
+            tf_config = {"cluster": {k: list(v) for k, v in cluster.items()},
+                         "task": {"type": name, "index": index},
+                         "job": dict(spec.training_input), "environment": "cloud"}
+            label = f"{LABEL_TYPES[task_type]}-replica-{index}"
+            hosts = cluster.get(name, ())
+            replicas.append(ReplicaPlan(
+                label=label, task_type=name, index=index,
+                address=hosts[index] if index < len(hosts) else None,
+                command=(python, "-m", spec.module_name, *trainer_args),
+                env={**base_env, "TF_CONFIG": json.dumps(tf_config, sort_keys=True)},
+                tf_config=tf_config, log_file=os.path.join(log_dir, f"{label}.log")))
+    return JobPlan(
+        job_id=spec.job_id, mode=mode, scale_tier=spec.scale_tier, job_dir=job_dir,
+        replica_job_dir=replica_job_dir, run_dir=run_dir, log_dir=log_dir,
+        mirrors=tuple(mirrors), package_url=package.url if package else None,
+        package_sha256=package.sha256 if package else None,
+        package_top_dir=package.top_dir if package else None, python_path=python_path,
+        cwd=cwd, module=spec.module_name, trainer_args=trainer_args, cluster=cluster,
+        training_input=dict(spec.training_input), replicas=tuple(replicas),
+        restart_policy=spec.restart_policy, max_restarts=spec.max_restarts)

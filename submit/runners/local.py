@@ -1,0 +1,318 @@
+"""The local runner: one process per replica on 127.0.0.1, supervised until the job ends.
+
+A supervisor loop polls the replica processes. The job succeeds when the chief exits 0
+and fails when the chief (or, with no restart left, any replica) fails; either way every
+other replica is then stopped by PID: SIGTERM to its process group, a grace period, then
+SIGKILL. SIGINT or SIGTERM to the supervising process cancels the job (CANCELLING, then
+CANCELLED). Replicas cannot outlive the supervisor even when it is SIGKILLed: each runs
+in its own session with PR_SET_PDEATHSIG=SIGTERM, and has MLJOB_PARENT_PID to watch.
+
+Restart policies, per job (as Kubeflow's TFJob names them): Never; OnFailure (any
+non-zero exit); ExitCode (exit statuses 128-255, the trainer's retryable ones: 143
+preempted, 200 peer unavailable, and deaths by signal); Always (ps, workers and
+evaluators also when they exit 0). Each replica may restart `max_restarts` times, after
+a back-off of 1, 2, 4 ... 30 seconds.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+from submit import jobs, logs
+from submit.mirror import Mirror
+from submit.package import ensure_environment
+from submit.plan import JobPlan, ReplicaPlan
+
+log = logging.getLogger(__name__)
+STOP_GRACE_S = 5.0         # SIGTERM to SIGKILL
+EVALUATOR_DRAIN_S = 20.0   # evaluators may finish their last evaluation after the chief
+MIRROR_EVERY_S = 5.0
+POLL_S = 0.2
+PR_SET_PDEATHSIG = 1
+
+try:
+    _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+except OSError:
+    _LIBC = None
+
+
+def exit_status(returncode: int) -> int:
+    """Popen's -N (killed by signal N) as a shell reports it: 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def should_restart(policy: str, status: int, *, is_chief: bool) -> bool:
+    if policy == "OnFailure":
+        return status != 0
+    if policy == "ExitCode":
+        return 128 <= status <= 255
+    if policy == "Always":
+        return status != 0 or not is_chief
+    return False
+
+
+class Replica:
+    """A replica's current process, its log file and its restart bookkeeping."""
+
+    def __init__(self, plan: ReplicaPlan, terminal: logs.Terminal):
+        self.plan = plan
+        self.terminal = terminal
+        self.proc: subprocess.Popen | None = None
+        self.readers: list[threading.Thread] = []
+        self.restarts = 0
+        self.restart_at: float | None = None
+        self.finished = False          # exited and not to be restarted
+        self.reaped = False            # stopped and waited for: never signal its PID again
+        self._file_lock = threading.Lock()
+        self._file = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, cwd: str, parent_pid: int) -> None:
+        os.makedirs(os.path.dirname(self.plan.log_file), exist_ok=True)
+        if self._file is None:
+            self._file = open(self.plan.log_file, "a", encoding="utf-8", buffering=1)
+        env = {**os.environ, **self.plan.env, "MLJOB_PARENT_PID": str(parent_pid)}
+        self.proc = subprocess.Popen(
+            list(self.plan.command), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            preexec_fn=_die_with_parent(parent_pid))
+        self.restart_at = None
+        self.reaped = False
+        self.readers = [threading.Thread(target=self._read, args=(pipe, name), daemon=True)
+                        for pipe, name in ((self.proc.stdout, "stdout"),
+                                           (self.proc.stderr, "stderr"))]
+        for reader in self.readers:
+            reader.start()
+
+    def _read(self, pipe, stream: str) -> None:
+        label = self.plan.label
+        for raw in iter(pipe.readline, b""):
+            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            line = logs.format_line(label, text, logs.severity(text, stream))
+            with self._file_lock:
+                if self._file is not None:
+                    self._file.write(line + "\n")
+            self.terminal.line(label, text, line)
+        pipe.close()
+
+    def signal_group(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)  # the replica and anything it started
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.join(timeout=5)
+        with self._file_lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+    def preexec() -> None:
+        if _LIBC is not None:
+            _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+    return preexec
+
+
+class LocalRunner:
+    """Runs a JobPlan to its end; `publish(record)` is called after each change."""
+
+    name = "local"
+
+    def __init__(self, plan: JobPlan, record: jobs.JobRecord, *,
+                 publish: Callable[[jobs.JobRecord], None],
+                 terminal: logs.Terminal | None = None, grace: float = STOP_GRACE_S):
+        self.plan = plan
+        self.record = record
+        self.publish = publish
+        self.terminal = terminal or logs.Terminal(stream=False)
+        self.grace = grace
+        self.replicas = [Replica(r, self.terminal) for r in plan.replicas]
+        self.mirrors = [Mirror(local, url) for local, url in plan.mirrors]
+        self._cancel = threading.Event()
+
+    def cancel(self, *_):
+        self._cancel.set()
+
+    def run(self) -> str:
+        """Prepare, start, supervise and stop; returns the final state."""
+        previous = self._install_signals()
+        try:
+            self._set(jobs.PREPARING)
+            self._prepare()
+            if self._cancel.is_set():
+                self._set(jobs.CANCELLING)
+                return self._finish(jobs.CANCELLED, None)
+            for replica in self.replicas:
+                replica.start(self.plan.cwd, os.getpid())
+                self._note_replica(replica, "RUNNING")
+            self._set(jobs.RUNNING)
+            state, error = self._supervise()
+            if state == jobs.CANCELLED:
+                self._set(jobs.CANCELLING)
+            return self._finish(state, error)
+        except BaseException as exc:
+            self._stop_all()
+            if isinstance(exc, KeyboardInterrupt):
+                return self._finish(jobs.CANCELLED, None)
+            self._finish(jobs.FAILED, str(exc) or type(exc).__name__)
+            raise
+        finally:
+            self._stop_all()
+            for replica in self.replicas:
+                replica.close()
+            self._restore_signals(previous)
+            self.terminal.close()
+
+    def _prepare(self) -> None:
+        for folder in (self.plan.run_dir, self.plan.log_dir, self.plan.cwd):
+            os.makedirs(folder, exist_ok=True)
+        if self.plan.replica_job_dir and self.plan.mirrors and \
+                self.plan.mirrors[0][0] == self.plan.replica_job_dir:
+            self.mirrors[0].seed()  # --resume from what the job dir already holds
+        if self.plan.mode == "cloud":
+            _, created = ensure_environment(self.plan.package_url, self.plan.package_sha256,
+                                            self.plan.package_top_dir)
+            what = "created" if created else "reused"
+            self.terminal.note(f"package environment {self.plan.package_sha256[:12]} "
+                               f"{what}")
+
+    def _supervise(self) -> tuple[str, str | None]:
+        chief = next(r for r in self.replicas if r.plan.is_chief)
+        next_mirror = time.monotonic() + MIRROR_EVERY_S
+        while True:
+            if self._cancel.is_set():
+                return jobs.CANCELLED, None
+            for replica in self.replicas:
+                if replica.finished or replica.restart_at is not None or replica.running:
+                    continue
+                status = exit_status(replica.proc.returncode)
+                self._note_replica(replica, "EXITED", status)
+                if replica is chief and status == 0:
+                    self._drain_evaluators()
+                    return jobs.SUCCEEDED, None
+                if (replica.restarts < self.plan.max_restarts and should_restart(
+                        self.plan.restart_policy, status, is_chief=replica.plan.is_chief)):
+                    delay = min(2.0 ** replica.restarts, 30.0)
+                    replica.restart_at = time.monotonic() + delay
+                    self.terminal.note(f"{replica.plan.label} exited with status {status}; "
+                                       f"restarting in {delay:.0f} s")
+                    self._note_replica(replica, "RESTARTING", status)
+                    continue
+                replica.finished = True
+                if status != 0:
+                    return jobs.FAILED, (f"The replica {replica.plan.label} exited with a "
+                                         f"non-zero status of {status}.")
+            now = time.monotonic()
+            for replica in self.replicas:
+                if replica.restart_at is not None and now >= replica.restart_at:
+                    replica.restarts += 1
+                    replica.start(self.plan.cwd, os.getpid())
+                    self._note_replica(replica, "RUNNING")
+            if now >= next_mirror:
+                self._mirror(final=False)
+                next_mirror = now + MIRROR_EVERY_S
+            time.sleep(POLL_S)
+
+    def _drain_evaluators(self) -> None:
+        """The chief is done: stop ps and workers now, let evaluators finish briefly."""
+        self._stop([r for r in self.replicas if r.plan.task_type != "evaluator"])
+        evaluators = [r for r in self.replicas if r.plan.task_type == "evaluator"]
+        deadline = time.monotonic() + EVALUATOR_DRAIN_S
+        while any(r.running for r in evaluators) and time.monotonic() < deadline \
+                and not self._cancel.is_set():
+            time.sleep(POLL_S)
+
+    def _stop(self, replicas: list[Replica]) -> None:
+        """SIGTERM each group, wait the grace period, then SIGKILL the groups and reap."""
+        live = [r for r in replicas if r.proc is not None and not r.reaped]
+        for r in live:
+            if r.running:
+                r.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        while any(r.running for r in live) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for r in live:
+            r.signal_group(signal.SIGKILL)
+            try:
+                r.proc.wait(timeout=10)
+                r.reaped = True
+            except subprocess.TimeoutExpired:
+                log.error("%s (pid %d) did not die after SIGKILL", r.plan.label, r.proc.pid)
+            r.restart_at = None
+            rec = self.record.replica(r.plan.label)
+            if rec.state in ("RUNNING", "RESTARTING"):
+                rec.state, rec.exit_code = "STOPPED", exit_status(r.proc.returncode)
+
+    def _stop_all(self) -> None:
+        self._stop(self.replicas)
+
+    def _finish(self, state: str, error: str | None) -> str:
+        self._stop_all()
+        for replica in self.replicas:
+            replica.close()  # all output is in the log files before the last mirror
+        if state == jobs.SUCCEEDED:
+            try:
+                self._mirror(final=True)
+            except Exception as exc:  # noqa: BLE001 - any storage failure fails the job
+                state, error = jobs.FAILED, f"cannot copy the job dir: {exc}"
+        else:
+            try:
+                self._mirror(final=True)
+            except Exception as exc:  # noqa: BLE001 - keep the job's own failure reason
+                log.warning("could not copy the job dir after the job ended: %s", exc)
+        self._set(state, error)
+        return state
+
+    def _mirror(self, *, final: bool) -> None:
+        for mirror in self.mirrors:
+            try:
+                mirror.sync()
+            except Exception as exc:  # noqa: BLE001
+                if final:
+                    raise
+                log.warning("mirroring %s failed, will retry: %s", mirror.url, exc)
+
+    def _set(self, state: str, error: str | None = None) -> None:
+        self.record.set_state(state, error)
+        self.terminal.state(state)
+        self._publish()
+
+    def _publish(self) -> None:
+        try:
+            self.publish(self.record)
+        except Exception as exc:  # noqa: BLE001 - a record write must not orphan replicas
+            log.warning("cannot save the job record: %s", exc)
+
+    def _note_replica(self, replica: Replica, state: str, status: int | None = None) -> None:
+        rec = self.record.replica(replica.plan.label)
+        rec.pid = replica.proc.pid if replica.proc else None
+        rec.state, rec.exit_code, rec.restarts = state, status, replica.restarts
+        self._publish()
+
+    def _install_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        return {sig: signal.signal(sig, self.cancel) for sig in (signal.SIGINT,
+                                                                 signal.SIGTERM)}
+
+    def _restore_signals(self, previous) -> None:
+        for sig, handler in (previous or {}).items():
+            signal.signal(sig, handler)
