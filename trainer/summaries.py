@@ -1,0 +1,130 @@
+"""What the chief reports: TensorBoard event files and the progress lines on stdout.
+
+Event files go to `<job-dir>/summaries/train` (loss, accuracy, learning_rate,
+steps_per_sec, examples_per_sec, weight histograms `weights/<name>`) and
+`<job-dir>/summaries/eval` (loss, accuracy). TensorFlow writes event files only to
+local paths here, so for a remote job dir they are written to a scratch folder and
+uploaded (`sync`) at every checkpoint and at the end; a local job dir is written in place.
+
+The progress lines are a contract with the launcher (it parses them): one line per event,
+flushed. A carriage-return progress bar is drawn between them only on a terminal.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+from trainer import storage
+
+TRAIN_TAGS = ("loss", "accuracy", "learning_rate", "steps_per_sec", "examples_per_sec")
+EVAL_TAGS = ("loss", "accuracy")
+
+
+class SummaryWriters:
+    """The chief's event files; on other replicas (enabled=False) every call is a no-op."""
+
+    def __init__(self, job_dir: str, *, enabled: bool, jobs: tuple = ("train", "eval")):
+        self.enabled = enabled
+        self.url = storage.join(job_dir, "summaries")
+        self._scratch = None
+        if not enabled:
+            return
+        if storage.is_local(self.url):
+            self.dir = storage.local_path(self.url)
+        else:
+            self._scratch = tempfile.mkdtemp(prefix="mljob-summaries-")
+            self.dir = self._scratch
+        # The evaluator writes eval only: an empty train event file would be noise.
+        self._train, self._eval = (
+            tf.summary.create_file_writer(os.path.join(self.dir, job)) if job in jobs
+            else None for job in ("train", "eval"))
+
+    def train(self, step: int, **scalars: float) -> None:
+        self._scalars(self._train if self.enabled else None, step, scalars)
+
+    def eval(self, step: int, **scalars: float) -> None:
+        self._scalars(self._eval if self.enabled else None, step, scalars)
+
+    def histograms(self, step: int, weights: dict[str, np.ndarray]) -> None:
+        if not self.enabled or self._train is None:
+            return
+        with self._train.as_default(step=step):
+            for name, value in weights.items():
+                tf.summary.histogram(f"weights/{name}", value)
+
+    def sync(self) -> None:
+        """Flush, and upload to a remote job dir (files already there unchanged are
+        skipped; event files grow, so they are uploaded again whole)."""
+        if not self.enabled:
+            return
+        for writer in self._writers():
+            writer.flush()
+        if self._scratch:
+            storage.upload_tree(self._scratch, self.url, skip_existing=True)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self.sync()
+        for writer in self._writers():
+            writer.close()
+        if self._scratch:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def _writers(self) -> list:
+        return [w for w in (self._train, self._eval) if w is not None]
+
+    @staticmethod
+    def _scalars(writer, step: int, scalars: dict[str, float]) -> None:
+        if writer is None:
+            return
+        with writer.as_default(step=step):
+            for tag, value in scalars.items():
+                tf.summary.scalar(tag, value)
+
+
+class Progress:
+    """The chief's stdout lines (see the contract in docs/trainer.md); other replicas
+    print nothing but the start and end."""
+
+    def __init__(self, total: int, *, enabled: bool, stream=None):
+        self.total = total
+        self.enabled = enabled
+        self.stream = stream or sys.stdout
+        self._bar_shown = False
+        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def line(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar_shown:
+            self.stream.write("\r\x1b[K")
+            self._bar_shown = False
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def step(self, step: int, loss: float, accuracy: float, examples_per_sec: float,
+             lr: float) -> None:
+        self.line(f"step {step}/{self.total} loss={loss:.4f} accuracy={accuracy:.4f} "
+                  f"examples/s={examples_per_sec:.1f} lr={lr:g}")
+
+    def eval(self, step: int, loss: float, accuracy: float) -> None:
+        self.line(f"eval step={step} loss={loss:.4f} accuracy={accuracy:.4f}")
+
+    def bar(self, step: int) -> None:
+        """Redraw the terminal progress bar (only when stdout is a terminal)."""
+        if not self.tty:
+            return
+        width = 30
+        done = int(width * step / max(1, self.total))
+        self.stream.write(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{self.total}")
+        self.stream.flush()
+        self._bar_shown = True
+
+
+__all__ = ["SummaryWriters", "Progress", "TRAIN_TAGS", "EVAL_TAGS"]

@@ -1,0 +1,416 @@
+"""Strategy choice and the training loop of every replica that trains.
+
+| strategy | made from | who runs this loop |
+|---|---|---|
+| single | the default strategy | this process |
+| mirrored | `MirroredStrategy` over the local GPUs | this process |
+| multiworker | `MultiWorkerMirroredStrategy` (synchronous all-reduce) | chief and every worker |
+| ps | `ParameterServerStrategy` + `ClusterCoordinator` (asynchronous) | the chief, scheduling steps on the workers |
+
+Keras 3's `model.fit` does not run under the two multi-worker strategies, so the loop is
+written here: one `tf.function` runs `--steps-per-execution` steps and returns only the
+last step's loss and accuracy (under ps it is one scheduled function: the coordinator
+costs about 10 ms per function, a step of the MLP about 1 ms).
+
+Only the chief writes (checkpoints, summaries, the export); the other multiworker replicas
+take part in every save (TensorFlow's pattern) but write to temp dirs they delete.
+"""
+from __future__ import annotations
+
+import dataclasses
+import socket
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from trainer import data as data_lib
+from trainer import model as model_lib
+from trainer import storage
+from trainer.checkpoints import CheckpointStore
+from trainer.cluster import PS, WORKER, ClusterInfo
+from trainer.errors import EXIT_OK, EXIT_PREEMPTED, PeerUnavailableError, TrainerError, \
+    UsageError
+from trainer.evaluator import evaluate
+from trainer.servers import StopSignal
+from trainer.summaries import Progress, SummaryWriters
+
+# Steps run by one tf.function call (one scheduled function under ps). 20 keeps the
+# coordinator's ~10 ms per function under a third of a CPU step of the MLP at batch 100,
+# while a log line still comes every few chunks. bench/ tunes it.
+STEPS_PER_EXECUTION = 20
+# Variables at least this big are split over the ps when --ps-shards is 0 (automatic):
+# below it, one more gRPC round trip per shard costs more than the bandwidth it spreads.
+MIN_SHARD_BYTES = 256 << 10
+PEER_WAIT_SECONDS = 120.0  # how long the chief waits for the ps and workers to come up
+
+
+class Preempted(TrainerError):
+    """Stopped by SIGTERM/SIGINT or the launcher's death, after saving a checkpoint."""
+
+    exit_status = EXIT_PREEMPTED
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The trainer's flags, validated (see docs/trainer.md for each)."""
+
+    job_dir: str
+    model: str = "cnn"
+    train_steps: int = 2000
+    batch_size: int = 100
+    learning_rate: float = 1e-3
+    eval_every: int = 1000          # 0: evaluate only at the end
+    checkpoint_every: int = 500     # 0: checkpoint only at the end (and when stopped)
+    keep_checkpoints: int = 5
+    steps_per_execution: int = STEPS_PER_EXECUTION
+    ps_shards: int = 0              # 0: automatic, 1: no sharding, N: N shards
+    strategy: str = "auto"
+    data_dir: str | None = None
+    train_files: str | None = None
+    eval_files: str | None = None
+    log_every: int = 100
+    seed: int | None = None
+    dropout: float = 0.4
+
+    @property
+    def export_url(self) -> str:
+        return storage.join(self.job_dir, "model")
+
+
+def make_strategy(kind: str, info: ClusterInfo, ps_shards: int = 0):
+    """(strategy, coordinator or None) for a strategy kind from ClusterInfo.strategy_kind."""
+    if kind == "single":
+        return tf.distribute.get_strategy(), None
+    if kind == "mirrored":
+        return tf.distribute.MirroredStrategy(), None
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(info.tf_config()["cluster"]), task_type=info.task_type,
+        task_id=info.task_index, rpc_layer="grpc")
+    if kind == "multiworker":
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver), None
+    strategy = tf.distribute.ParameterServerStrategy(
+        resolver, variable_partitioner=make_partitioner(ps_shards, info.num_ps))
+    return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+
+def make_partitioner(ps_shards: int, num_ps: int):
+    """--ps-shards: 0 automatic (MinSizePartitioner over the ps), 1 none, N fixed."""
+    partitioners = tf.distribute.experimental.partitioners
+    if ps_shards == 1 or (ps_shards == 0 and num_ps < 2):
+        return None
+    if ps_shards == 0:
+        return partitioners.MinSizePartitioner(min_shard_bytes=MIN_SHARD_BYTES,
+                                               max_shards=num_ps)
+    return partitioners.FixedShardsPartitioner(num_shards=ps_shards)
+
+
+def wait_for_peers(info: ClusterInfo, stop: StopSignal,
+                   timeout: float = PEER_WAIT_SECONDS) -> None:
+    """Block until every ps and worker accepts TCP connections: they may start after the
+    chief, and the strategy fails at once on a peer that is not listening yet."""
+    waiting = [a for job in (PS, WORKER) for a in info.cluster.get(job, ())]
+    deadline = time.monotonic() + timeout
+    while waiting:
+        waiting = [a for a in waiting if not _listening(a)]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise PeerUnavailableError(
+                f"{', '.join(waiting)} did not come up within {timeout:.0f}s; check that "
+                "every ps and worker replica is running, then restart the job")
+        if stop.wait(0.5):
+            raise Preempted(f"stopped while waiting for the cluster ({stop.reason()})")
+
+
+def _listening(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def weight_parts(variable) -> list:
+    """The tf.Variables behind a Keras variable: its shards when the ps sharded it.
+
+    Keras 3 cannot take gradients of, or apply an optimizer to, a ShardedVariable, so the
+    tape and the optimizer work on the shards; the layers still read the whole variable.
+    """
+    inner = variable.value
+    if isinstance(inner, tf.__internal__.distribute.ShardedVariable):
+        return list(inner.variables)
+    return [variable]
+
+
+def weights_numpy(model: keras.Model) -> list[np.ndarray]:
+    """The model's weights in get_weights() order, shards concatenated: what the
+    single-node export and the histograms take."""
+    out = []
+    for w in model.weights:
+        parts = weight_parts(w)
+        out.append(np.concatenate([p.numpy() for p in parts], axis=0)
+                   if len(parts) > 1 else np.asarray(w.numpy()))
+    return out
+
+
+class Replica:
+    """The model, its optimizer and step, and the compiled chunk of training steps."""
+
+    def __init__(self, strategy, coordinator, config: TrainConfig, num_workers: int = 1):
+        self.strategy, self.coordinator, self.config = strategy, coordinator, config
+        self.num_workers = num_workers
+        with strategy.scope():
+            self.model = model_lib.build(config.model, dropout=config.dropout,
+                                         seed=config.seed)
+            self.optimizer = keras.optimizers.Adam(config.learning_rate)
+            self.parts = [p for w in self.model.trainable_weights for p in weight_parts(w)]
+            self.optimizer.build(self.parts)
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        # The model's variables by their Keras path, not the Keras objects: a Keras
+        # variable holding a ShardedVariable cannot be saved, the ShardedVariable can,
+        # and it restores into unsharded variables (the evaluator, a single-node resume).
+        self.checkpoint = tf.train.Checkpoint(
+            model={w.path: w.value for w in self.model.weights},
+            optimizer=list(self.optimizer.variables), step=self.step)
+        self._chunk = tf.function(self._train_chunk)
+        self._iterator = None
+
+    def shards(self) -> dict[str, int]:
+        return {w.path: len(weight_parts(w)) for w in self.model.weights}
+
+    def start_input(self, dataset: data_lib.Dataset, seed: int) -> None:
+        """Build the input pipelines: per worker under ps, per replica otherwise."""
+        images, labels = dataset.train_images, dataset.train_labels
+        batch = self.config.batch_size
+        if self.coordinator is not None:
+            num_workers = self.num_workers
+
+            def dataset_fn():
+                index = tf.distribute.coordinator.experimental_get_current_worker_index()
+                return worker_shard_dataset(images, labels, batch, index, num_workers, seed)
+
+            per_worker = self.coordinator.create_per_worker_dataset(dataset_fn)
+            self._iterator = iter(per_worker)
+            return
+
+        def replica_fn(context: tf.distribute.InputContext):
+            return data_lib.train_dataset(
+                images, labels, context.get_per_replica_batch_size(batch),
+                shard_index=context.input_pipeline_id,
+                num_shards=context.num_input_pipelines, seed=seed)
+
+        self._iterator = iter(self.strategy.distribute_datasets_from_function(replica_fn))
+
+    def _train_step(self, images, labels):
+        with tf.GradientTape() as tape:
+            logits = self.model(images, training=True)
+            per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+            # --batch-size examples a step: split over the replicas under multiworker
+            # and mirrored (whose SUM of these is the mean), one worker's batch under ps.
+            loss = tf.nn.compute_average_loss(per_example,
+                                              global_batch_size=self.config.batch_size)
+        grads = tape.gradient(loss, self.parts)
+        self.optimizer.apply_gradients(zip(grads, self.parts))
+        correct = tf.cast(tf.equal(tf.argmax(logits, axis=1), labels), tf.float32)
+        return loss, tf.reduce_mean(correct)
+
+    def _train_chunk(self, iterator, num_steps):
+        # Steps before the last return nothing: fetching values costs a round trip.
+        for _ in tf.range(num_steps - 1):
+            self.strategy.run(self._train_step, args=next(iterator))
+        loss, accuracy = self.strategy.run(self._train_step, args=next(iterator))
+        sum_, mean = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
+        return (self.strategy.reduce(sum_, loss, axis=None),
+                self.strategy.reduce(mean, accuracy, axis=None))
+
+    def run_chunk(self, num_steps: int):
+        """Run (or, under ps, schedule) num_steps steps; a handle for `result`."""
+        n = tf.constant(num_steps, dtype=tf.int32)
+        if self.coordinator is not None:
+            return self.coordinator.schedule(self._chunk, args=(self._iterator, n))
+        return self._chunk(self._iterator, n)
+
+    def result(self, handle) -> tuple[float, float]:
+        if self.coordinator is not None:
+            loss, accuracy = handle.fetch()
+        else:
+            loss, accuracy = handle
+        return float(loss), float(accuracy)
+
+    def sync(self) -> None:
+        """Wait until every scheduled step has run (under ps); a no-op otherwise."""
+        if self.coordinator is not None:
+            self.coordinator.join()
+
+
+def worker_shard_dataset(images, labels, batch_size: int, worker_index, num_workers: int,
+                         seed: int):
+    """Under ps: this worker's shard (every num_workers-th example from its index),
+    shuffled, repeated, batched. The worker index is a tensor known only when the dataset
+    is built on the worker, which `data.train_dataset` (Python-int shard index) cannot
+    take, so this mirrors it with `Dataset.shard`."""
+    all_images = tf.constant(images)
+    all_labels = tf.constant(labels, dtype=tf.int64)
+    ds = tf.data.Dataset.range(len(labels)).shard(num_workers, worker_index)
+    buffer = -(-len(labels) // num_workers)
+    ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+    ds = ds.repeat().batch(batch_size, drop_remainder=True)
+
+    def to_batch(idx):
+        pixels = tf.cast(tf.reshape(tf.gather(all_images, idx), [-1, 28 * 28]), tf.float32)
+        return pixels / 255.0, tf.gather(all_labels, idx)
+
+    return ds.map(to_batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> int:
+    """Train to config.train_steps (resuming from the latest checkpoint), then export.
+    Returns the exit status; raises TrainerError subclasses for the rest."""
+    chief = info.is_chief
+    progress = Progress(config.train_steps, enabled=chief)
+    if kind == "ps":
+        wait_for_peers(info, stop)
+    strategy, coordinator = make_strategy(kind, info, config.ps_shards)
+    replicas = strategy.num_replicas_in_sync
+    if kind in ("multiworker", "mirrored") and config.batch_size % replicas:
+        raise UsageError(f"--batch-size {config.batch_size} cannot be split evenly over "
+                         f"{replicas} replicas; use a multiple of {replicas}")
+    dataset = data_lib.load(config.data_dir, config.train_files, config.eval_files)
+    replica = Replica(strategy, coordinator, config, num_workers=info.num_workers)
+    store = CheckpointStore(config.job_dir, keep=config.keep_checkpoints, writer=chief)
+    writers = SummaryWriters(config.job_dir, enabled=chief)
+    try:
+        start = store.restore(replica.checkpoint) or 0
+        progress.line(
+            f"training started: strategy={kind} step={start} train_steps="
+            f"{config.train_steps} model={config.model} replicas={replicas} "
+            f"batch_size={config.batch_size} steps_per_execution="
+            f"{config.steps_per_execution} data={dataset.source!r} job_dir={config.job_dir}")
+        if kind == "ps":
+            progress.line("variables: " + " ".join(
+                f"{path}={n}" for path, n in replica.shards().items()) + " (shards)")
+        if start >= config.train_steps:
+            return _already_done(replica, config, start, progress)
+        # A resumed run reshuffles with a new seed rather than replaying the same order.
+        replica.start_input(dataset, seed=((config.seed or 0) + start) % (2**31 - 1))
+        loop = _Loop(replica, config, store, writers, progress, dataset, chief)
+        try:
+            step = loop.run(start, stop)
+        except (tf.errors.UnavailableError, tf.errors.AbortedError,
+                tf.errors.DeadlineExceededError) as exc:
+            if kind not in ("ps", "multiworker"):
+                raise
+            raise PeerUnavailableError(
+                f"a member of the cluster stopped answering ({_first_line(exc)}); "
+                "restart the job to resume from the latest checkpoint") from None
+        if step < config.train_steps:
+            raise Preempted(f"stopped at step {step} ({stop.reason()}); checkpoint saved, "
+                            "run again to resume")
+        if chief:
+            url = replica_export(replica, config)
+            progress.line(f"exported model to {url}")
+        return EXIT_OK
+    finally:
+        writers.close()
+        store.close()
+
+
+def replica_export(replica: Replica, config: TrainConfig) -> str:
+    from trainer import export as export_lib
+    return export_lib.export(config.model, weights_numpy(replica.model), config.export_url)
+
+
+def _already_done(replica: Replica, config: TrainConfig, step: int,
+                  progress: Progress) -> int:
+    progress.line(f"training finished: step={step} already_done=true")
+    if progress.enabled:
+        if storage.exists(storage.join(config.export_url, "saved_model.pb")):
+            progress.line(f"model already exported at {config.export_url}")
+        else:
+            progress.line(f"exported model to {replica_export(replica, config)}")
+    return EXIT_OK
+
+
+class _Loop:
+    """The step loop with its side effects at step boundaries (log, checkpoint, eval)."""
+
+    def __init__(self, replica: Replica, config: TrainConfig, store: CheckpointStore,
+                 writers: SummaryWriters, progress: Progress, dataset, chief: bool):
+        self.replica, self.config, self.store = replica, config, store
+        self.writers, self.progress, self.dataset, self.chief = (
+            writers, progress, dataset, chief)
+
+    def run(self, start: int, stop: StopSignal) -> int:
+        cfg = self.config
+        step, mark_step, mark_time = start, start, time.monotonic()
+        started = time.monotonic()
+        loss = accuracy = float("nan")
+        while step < cfg.train_steps:
+            if stop.requested():
+                break
+            num = 1 if step == start else min(cfg.steps_per_execution,
+                                              self._next_boundary(step) - step)
+            handle = self.replica.run_chunk(num)
+            step += num
+            self.progress.bar(step)
+            if step == start + 1 or step % cfg.log_every == 0 or step == cfg.train_steps:
+                loss, accuracy = self.replica.result(handle)
+                now = time.monotonic()
+                steps_per_sec = (step - mark_step) / max(now - mark_time, 1e-9)
+                mark_step, mark_time = step, now
+                examples = steps_per_sec * cfg.batch_size
+                self.progress.step(step, loss, accuracy, examples, cfg.learning_rate)
+                self.writers.train(step, loss=loss, accuracy=accuracy,
+                                   learning_rate=cfg.learning_rate,
+                                   steps_per_sec=steps_per_sec, examples_per_sec=examples)
+            if step == cfg.train_steps:
+                break
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                self.save(step)
+            if cfg.eval_every and step % cfg.eval_every == 0:
+                self.evaluate(step)
+        self.save(step)
+        if step >= cfg.train_steps:
+            self.evaluate(step)
+            self.progress.line(
+                f"training finished: step={step} loss={loss:.4f} accuracy={accuracy:.4f} "
+                f"seconds={time.monotonic() - started:.1f}")
+        return step
+
+    def _next_boundary(self, step: int) -> int:
+        cfg = self.config
+        nearest = cfg.train_steps
+        for every in (cfg.log_every, cfg.checkpoint_every, cfg.eval_every):
+            if every:
+                nearest = min(nearest, (step // every + 1) * every)
+        return nearest
+
+    def save(self, step: int) -> None:
+        self.replica.sync()
+        self.replica.step.assign(step)
+        self.store.save(self.replica.checkpoint, step)
+        if self.chief:
+            names = [w.path for w in self.replica.model.weights]
+            self.writers.histograms(step, dict(zip(names, weights_numpy(self.replica.model))))
+            self.writers.sync()
+
+    def evaluate(self, step: int) -> None:
+        if not self.chief:
+            return
+        self.replica.sync()
+        loss, accuracy = evaluate(self.replica.model, self.dataset)
+        self.progress.eval(step, loss, accuracy)
+        self.writers.eval(step, loss=loss, accuracy=accuracy)
+        self.writers.sync()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+__all__ = ["TrainConfig", "STEPS_PER_EXECUTION", "MIN_SHARD_BYTES", "Preempted",
+           "make_strategy", "make_partitioner", "weights_numpy", "Replica", "run"]
