@@ -470,3 +470,76 @@ def bar_chart(name: str, labels: Sequence[str], values: Sequence[float], *, titl
     path = save_figure(fig, name)
     plt.close(fig)
     return path
+
+
+# ---- one measured run ------------------------------------------------------------------
+
+def trainer_args(model: str, steps: int, log_every: int, batch_size: int, job_dir: str,
+                 *extra: str, eval_every: int | None = None) -> list[str]:
+    """`trainer.task` flags for a timed run: no evaluation or checkpoint inside the timed
+    window unless asked (eval_every), a throwaway job dir."""
+    quiet = str(10 * steps)
+    return ["--model", model, "--train-steps", str(steps), "--batch-size", str(batch_size),
+            "--log-every", str(log_every), "--job-dir", job_dir,
+            "--eval-every", str(eval_every or quiet), "--checkpoint-every", quiet, *extra]
+
+
+def measure(label: str, args: Sequence[str], *, batch_size: int, module: str = "trainer.task",
+            workers: int = 0, ps: int = 0, timeout: float = 600.0, kind: str = "single",
+            skip_fraction: float = 0.1, echo: bool = False) -> dict:
+    """Run one job and return its record: command, exit status, load, examples/s after
+    warm-up, ms/step, peak RSS and CPU seconds of every replica. Paths under a temp
+    job dir are written as JOB_DIR in the recorded command."""
+    print(f"== {label}", flush=True)
+    load = load_average()
+    run = run_trainer(args, module=module, workers=workers, ps=ps, timeout=timeout,
+                      kind=kind, echo=echo)
+    command = "python " + " ".join(run.command)
+    if "--job-dir" in args:
+        command = command.replace(args[list(args).index("--job-dir") + 1], "JOB_DIR")
+    record = {"label": label, "workers": workers, "ps": ps, "command": command,
+              "tf_config": _describe_cluster(workers, ps),
+              "rc": run.rc, "wall_s": round(run.wall_s, 1), "load_average": load,
+              "peak_rss_mib": run.memory(), "cpu_s": run.cpu_seconds()}
+    t0 = started_at(run.lines)
+    if t0 is not None:
+        record["startup_s"] = round(t0, 1)
+    if run.rc != 0:
+        record["error"] = (run.leader.stderr_tail(5) if run.rc is not None
+                           else f"stopped at the {timeout:.0f} s timeout")
+        print(f"   failed (rc={run.rc}): {record['error'][-300:]}", flush=True)
+        return record
+    try:
+        record.update(throughput(run.lines, batch_size, skip_fraction))
+    except ValueError as exc:
+        record["error"] = str(exc)
+        print(f"   {exc}", flush=True)
+        return record
+    evals = parse_evals(run.lines)
+    if evals:
+        record["final_test_accuracy"] = evals[-1]["accuracy"]
+    print(f"   {record['examples_per_s']:,.0f} examples/s ({record['ms_per_step']} ms/step; "
+          f"trainer says {record['reported_examples_per_s_median']}), peak RSS "
+          + ", ".join(f"{k} {v:.0f}" for k, v in record["peak_rss_mib"].items()) + " MiB"
+          + f", load {load[0]}", flush=True)
+    return record
+
+
+def _describe_cluster(workers: int, ps: int) -> str:
+    if not workers and not ps:
+        return "none (single node)"
+    if ps:
+        return f"chief + {workers} worker + {ps} ps (ParameterServerStrategy)"
+    return f"chief + {workers} worker (MultiWorkerMirroredStrategy)"
+
+
+class TempJobDir:
+    """A throwaway local job dir, removed on exit."""
+
+    def __enter__(self) -> str:
+        self.path = tempfile.mkdtemp(prefix="mljob-bench-job-")
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        import shutil
+        shutil.rmtree(self.path, ignore_errors=True)

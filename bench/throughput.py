@@ -16,9 +16,7 @@ Writes bench/results/throughput.json and throughput.png.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 
 from bench import common
 
@@ -45,47 +43,22 @@ STEPS = {"cnn": (400, 20), "mlp": (4000, 200)}
 QUICK_STEPS = {"cnn": (60, 10), "mlp": (600, 50)}
 
 
-def command(program: str, model: str, steps: int, log_every: int, batch_size: int,
-            learning_rate: float | None, extra: list[str], job_dir: str) -> tuple[str, list]:
-    args = ["--model", model, "--train-steps", str(steps), "--batch-size", str(batch_size),
-            "--log-every", str(log_every)]
-    if learning_rate is not None:
-        args += ["--learning-rate", str(learning_rate)]
-    if program == "trainer":
-        # No evaluation or checkpoint inside the timed window; the export comes after it.
-        args += ["--job-dir", job_dir, "--eval-every", str(10 * steps),
-                 "--checkpoint-every", str(10 * steps)]
-        return "trainer.task", args + extra
-    return "bench.keras_baseline", args + extra
-
-
-def measure(label: str, program: str, model: str, extra: list[str], *, steps: int,
-            log_every: int, batch_size: int, learning_rate: float | None,
-            timeout: float) -> dict:
-    job_dir = tempfile.mkdtemp(prefix="mljob-bench-job-")
-    try:
-        module, args = command(program, model, steps, log_every, batch_size, learning_rate,
-                               extra, job_dir)
-        print(f"== {model}: {label}", flush=True)
-        load = common.load_average()
-        run = common.run_trainer(args, module=module, timeout=timeout, echo=False,
-                                 kind="single" if program == "trainer" else "baseline")
-    finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
-    record = {"label": label, "program": program, "model": model,
-              "command": "python " + " ".join(run.command).replace(job_dir, "JOB_DIR"),
-              "rc": run.rc, "wall_s": round(run.wall_s, 1), "load_average": load,
-              "peak_rss_mib": run.memory(), "cpu_s": run.cpu_seconds()}
-    if run.rc != 0:
-        record["error"] = run.leader.stderr_tail(5)
-        print(f"   failed (rc={run.rc})", flush=True)
-        return record
-    record.update(common.throughput(run.lines, batch_size))
-    evals = common.parse_evals(run.lines)
-    if evals:
-        record["final_test_accuracy"] = evals[-1]["accuracy"]
-    print(f"   {record['examples_per_s']:,.0f} examples/s ({record['ms_per_step']} ms/step), "
-          f"peak RSS {max(record['peak_rss_mib'].values()):.0f} MiB", flush=True)
+def run_config(label: str, program: str, model: str, extra: list[str], *, steps: int,
+               log_every: int, batch_size: int, learning_rate: float | None,
+               timeout: float) -> dict:
+    with common.TempJobDir() as job_dir:
+        lr = ["--learning-rate", str(learning_rate)] if learning_rate is not None else []
+        if program == "trainer":
+            args = common.trainer_args(model, steps, log_every, batch_size, job_dir,
+                                       *lr, *extra)
+            module, kind = "trainer.task", "single"
+        else:
+            args = ["--model", model, "--train-steps", str(steps), "--batch-size",
+                    str(batch_size), "--log-every", str(log_every), *lr, *extra]
+            module, kind = "bench.keras_baseline", "baseline"
+        record = common.measure(f"{model}: {label}", args, batch_size=batch_size,
+                                module=module, kind=kind, timeout=timeout)
+    record.update(label=label, program=program, model=model)
     return record
 
 
@@ -119,7 +92,7 @@ def main(argv=None) -> int:
         for model in models:
             steps, log_every = table[model]
             for label, program, extra in configs:
-                runs.append(measure(label, program, model, extra, steps=steps,
+                runs.append(run_config(label, program, model, extra, steps=steps,
                                     log_every=log_every, batch_size=args.batch_size,
                                     learning_rate=args.learning_rate, timeout=args.timeout))
     except KeyboardInterrupt:
@@ -140,7 +113,7 @@ def summarize(runs: list[dict], models: list[str]) -> dict:
     for model in models:
         by_label: dict[str, list[dict]] = {}
         for r in runs:
-            if r["model"] == model and r["rc"] == 0:
+            if r["model"] == model and "examples_per_s" in r:
                 by_label.setdefault(r["label"], []).append(r)
         rows = {}
         for label, rs in by_label.items():
