@@ -89,7 +89,8 @@ def test_export_loads_and_matches_the_keras_model(exported, trained, sample):
     serve = loaded.signatures["serving_default"]
     out = serve(image=tf.constant(images), key=tf.range(100, 150, dtype=tf.int64))
     assert set(out) == {"key", "scores", "classes"}
-    assert out["key"].dtype == tf.int64 and list(out["key"].numpy()) == list(range(100, 150))
+    assert out["key"].dtype == tf.int64
+    assert list(out["key"].numpy()) == list(range(100, 150))
     assert out["classes"].dtype == tf.int64 and out["scores"].shape == (50, 10)
     np.testing.assert_allclose(out["scores"].numpy().sum(axis=1), 1.0, rtol=1e-5)
     expected = _classes(trained, images)
@@ -106,13 +107,17 @@ def test_saved_model_cli_shows_the_signatures(exported):
     serving = blocks["serving_default"]
     inputs, outputs = serving.split("output(s):")
     assert sorted(re.findall(r"inputs\['(\w+)'\]", inputs)) == ["image", "key"]
-    assert sorted(re.findall(r"outputs\['(\w+)'\]", outputs)) == ["classes", "key", "scores"]
-    assert re.search(r"inputs\['image'\] tensor_info:\s+dtype: DT_FLOAT\s+shape: \(-1, 784\)",
-                     inputs)
-    assert re.search(r"inputs\['key'\] tensor_info:\s+dtype: DT_INT64\s+shape: \(-1\)", inputs)
-    assert re.search(r"outputs\['scores'\] tensor_info:\s+dtype: DT_FLOAT\s+shape: \(-1, 10\)",
-                     outputs)
-    assert re.search(r"outputs\['classes'\] tensor_info:\s+dtype: DT_INT64", outputs)
+    assert sorted(re.findall(r"outputs\['(\w+)'\]", outputs)) == ["classes", "key",
+                                                                   "scores"]
+
+    def tensor(kind, name, dtype, shape=""):
+        return rf"{kind}\['{name}'\] tensor_info:\s+dtype: {dtype}\s+shape: {shape}"
+
+    assert re.search(tensor("inputs", "image", "DT_FLOAT", r"\(-1, 784\)"), inputs)
+    assert re.search(tensor("inputs", "key", "DT_INT64", r"\(-1\)"), inputs)
+    assert re.search(tensor("outputs", "key", "DT_INT64", r"\(-1\)"), outputs)
+    assert re.search(tensor("outputs", "scores", "DT_FLOAT", r"\(-1, 10\)"), outputs)
+    assert re.search(tensor("outputs", "classes", "DT_INT64", r"\(-1\)"), outputs)
     bare_in, bare_out = blocks["predict_images"].split("output(s):")
     assert re.findall(r"inputs\['(\w+)'\]", bare_in) == ["image"]
     assert sorted(re.findall(r"outputs\['(\w+)'\]", bare_out)) == ["classes", "scores"]
@@ -153,7 +158,7 @@ def test_export_has_no_device_placement_whatever_the_callers_scope(trained, tmp_
         export.export("mlp", weights, url)
     devices = _devices(url)
     everything = set().union(*devices.values())
-    assert not any("job:" in d or "task:" in d or "GPU" in d for d in everything), everything
+    assert not any(part in d for d in everything for part in ("job:", "task:", "GPU"))
     # TensorFlow's own save/restore functions pin to the local host CPU; the model's
     # functions name no device at all.
     assert everything <= {"/device:CPU:0", "/device:CPU:*"}
@@ -169,8 +174,8 @@ def test_cnn_export_round_trips(sample, tmp_path):
     url = export.export("cnn", cnn.get_weights(), f"file://{tmp_path}/cnn-model")
     images = data.to_float(sample.test_images[:8])
     out = export.load(url).signatures["predict_images"](image=tf.constant(images))
-    np.testing.assert_allclose(out["scores"].numpy(),
-                               tf.nn.softmax(cnn(images, training=False)).numpy(), atol=1e-5)
+    expected = tf.nn.softmax(cnn(images, training=False)).numpy()
+    np.testing.assert_allclose(out["scores"].numpy(), expected, atol=1e-5)
 
 
 def test_wrong_weights_are_refused(tmp_path):
@@ -198,8 +203,8 @@ def test_export_to_memory_replaces_the_old_one_whole(trained, sample, memfs):
     memfs.pipe("/jobs/j1/model/assets/old-vocab.txt", b"old")
     export.export("mlp", trained.get_weights(), url)
     files = sorted(p.split("/model/")[1] for p in memfs.find("/jobs/j1/model"))
-    assert files == ["fingerprint.pb", "saved_model.pb", "variables/variables.data-00000-of-00001",
-                     "variables/variables.index"]
+    assert files == ["fingerprint.pb", "saved_model.pb",
+                     "variables/variables.data-00000-of-00001", "variables/variables.index"]
     _check_classes(url, trained, data.to_float(sample.test_images[:20]))
 
 

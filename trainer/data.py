@@ -74,10 +74,11 @@ def load(data_dir: str | None = None, train_files: Sequence[str] | str | None = 
         if not (train_files and eval_files):
             missing = "--eval-files" if train_files else "--train-files"
             raise DataError(f"--train-files and --eval-files go together; add {missing}")
-        train = _read_split(_split_list(train_files), "train", "--train-files")
-        test = _read_split(_split_list(eval_files), "test", "--eval-files")
-        source = f"{','.join(_split_list(train_files))} + {','.join(_split_list(eval_files))}"
-        return Dataset(*train, *test, source=source)
+        train_files, eval_files = _split_list(train_files), _split_list(eval_files)
+        train = _read_split(train_files, "train", "--train-files")
+        test = _read_split(eval_files, "test", "--eval-files")
+        return Dataset(*train, *test,
+                       source=f"{','.join(train_files)} + {','.join(eval_files)}")
     data_dir = data_dir or default_data_dir()
     return _load_dir(data_dir)
 
