@@ -11,7 +11,11 @@ reader never sees a half-written result:
   previous marker was removed.
 
 Transient storage errors are retried with exponential back-off; a failure that outlasts
-the retries raises `StorageError` with a message naming the URL.
+the retries raises `StorageError` with a message naming the URL. The budget comes from
+env `MLJOB_STORAGE_RETRIES` (attempts, default 6) and `MLJOB_STORAGE_RETRY_DELAY` (first
+pause in seconds, default 0.5, doubling up to 8 s), read at each call. gcsfs also retries
+every HTTP request itself (6 tries over about 35 s); `MLJOB_STORAGE_REQUEST_RETRIES`, read
+at import, caps those tries (1 leaves all retrying to this module).
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ T = TypeVar("T")
 
 RETRY_ATTEMPTS = int(os.environ.get("MLJOB_STORAGE_RETRIES", "6"))
 RETRY_BASE_DELAY = float(os.environ.get("MLJOB_STORAGE_RETRY_DELAY", "0.5"))
+RETRY_MAX_DELAY = 8.0
 
 
 class StorageError(OSError):
@@ -89,24 +94,27 @@ def write_bytes(url: str, data: bytes) -> None:
             f.write(data)
         os.replace(tmp, path)
         return
-    retry(lambda: fs.pipe_file(path, data), f"write {url}")
+    retry(lambda: fs.pipe_file(path, data), f"write {url}", creates=True)
 
 
 def makedirs(url: str) -> None:
     fs, path = filesystem(url)
-    retry(lambda: fs.makedirs(path, exist_ok=True), f"create {url}")
+    retry(lambda: fs.makedirs(path, exist_ok=True), f"create {url}", creates=True)
 
 
 def upload_file(local: str, url: str) -> None:
     fs, path = filesystem(url)
-    retry(lambda: fs.put_file(local, path), f"upload to {url}")
+    retry(lambda: fs.put_file(local, path), f"upload to {url}", creates=True)
 
 
 def download_tree(url: str, local_dir: str) -> None:
-    """Copy everything under URL into local_dir (created)."""
+    """Copy everything under URL into local_dir (created); FileNotFoundError when URL
+    does not exist (an existing empty folder gives an empty local_dir)."""
     fs, root = filesystem(url)
-    os.makedirs(local_dir, exist_ok=True)
     files = retry(lambda: fs.find(root), f"list {url}")
+    if not files and not retry(lambda: fs.exists(root), f"check {url}"):
+        raise FileNotFoundError(f"{url} does not exist")
+    os.makedirs(local_dir, exist_ok=True)
     for remote in files:
         rel = os.path.relpath(remote, root) if remote != root else os.path.basename(remote)
         target = os.path.join(local_dir, rel)
@@ -143,7 +151,7 @@ def upload_tree(local_dir: str, url: str, *, last: Iterable[str] = (),
         dst = f"{root.rstrip('/')}/{rel.replace(os.sep, '/')}"
         if "file" in _protocols(fs):
             os.makedirs(os.path.dirname(dst), exist_ok=True)
-        retry(lambda s=src, d=dst: fs.put_file(s, d), f"upload to {url}")
+        retry(lambda s=src, d=dst: fs.put_file(s, d), f"upload to {url}", creates=True)
 
 
 def publish_dir(local_dir: str, url: str, *, marker: str) -> None:
@@ -160,7 +168,11 @@ def publish_dir(local_dir: str, url: str, *, marker: str) -> None:
         token = uuid.uuid4().hex[:8]
         tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp-{token}")
         old = os.path.join(parent, f".{os.path.basename(path)}.old-{token}")
-        shutil.copytree(local_dir, tmp)
+        try:
+            shutil.copytree(local_dir, tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed copy leaves nothing behind
+            raise
         if os.path.exists(path):
             os.rename(path, old)
         os.rename(tmp, path)
@@ -175,18 +187,29 @@ def publish_dir(local_dir: str, url: str, *, marker: str) -> None:
 
 
 def retry(fn: Callable[[], T], what: str, *, missing_ok: bool = True,
-          attempts: int | None = None) -> T:
+          attempts: int | None = None, delay: float | None = None,
+          creates: bool = False) -> T:
     """Run fn, retrying transient storage errors with exponential back-off.
 
     FileNotFoundError and PermissionError are not transient and are raised at once
-    (as StorageError with the operation named, except FileNotFoundError itself).
+    (as StorageError with the operation named, except FileNotFoundError itself). When
+    fn `creates` something, FileNotFoundError means its container is missing (a bucket:
+    object stores have no folders to create) and is a StorageError too. `attempts` and
+    `delay` (the first pause) override the environment's budget for this call.
     """
-    attempts = attempts or RETRY_ATTEMPTS
-    delay = RETRY_BASE_DELAY
+    attempts = attempts or int(os.environ.get("MLJOB_STORAGE_RETRIES", RETRY_ATTEMPTS))
+    if delay is None:
+        delay = float(os.environ.get("MLJOB_STORAGE_RETRY_DELAY", RETRY_BASE_DELAY))
     for attempt in range(1, attempts + 1):
         try:
             return fn()
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            # An OS error names its local file (a source that vanished); a backend's
+            # "not found" while creating means the bucket is missing.
+            if creates and exc.filename is None:
+                raise StorageError(f"cannot {what}: its bucket or parent folder does not "
+                                   f"exist ({_first_line(exc)}); create it or fix the URL") \
+                    from None
             raise
         except PermissionError as exc:
             raise StorageError(f"cannot {what}: permission denied ({_first_line(exc)})") \
@@ -201,21 +224,59 @@ def retry(fn: Callable[[], T], what: str, *, missing_ok: bool = True,
             log.warning("storage: %s failed (%s), retry %d/%d in %.1fs", what,
                         _first_line(exc), attempt, attempts - 1, delay)
             time.sleep(delay)
-            delay = min(delay * 2, 8.0)
+            delay = min(delay * 2, RETRY_MAX_DELAY)
     raise AssertionError("unreachable")
 
 
+# HTTP statuses worth another try (as gcsfs and Google's client libraries see them).
+_TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+
+
 def _transient(exc: Exception) -> bool:
+    """Worth another try: the server was unreachable or said "later".
+
+    Backends raise their own types (aiohttp's ClientConnectorError for a refused
+    connection, gcsfs's HttpError with a status code, requests' ConnectionError), so the
+    class hierarchy is matched by name rather than importing every backend.
+    """
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
-    name = type(exc).__name__
-    text = str(exc)
-    if any(word in name for word in ("Timeout", "Connection", "ClientOSError",
-                                     "ServerDisconnected", "HttpError", "TransportError")):
+    status = getattr(exc, "code", None) or getattr(exc, "status", None)
+    if isinstance(status, int):
+        return status in _TRANSIENT_STATUS
+    names = " ".join(cls.__name__ for cls in type(exc).__mro__)
+    if any(word in names for word in ("Timeout", "ConnectionError", "ClientOSError",
+                                      "ServerDisconnected", "ClientPayloadError",
+                                      "TransportError")):
         return True
+    text = str(exc)
     return isinstance(exc, OSError) and any(
         word in text for word in ("Connection refused", "reset by peer", "timed out",
-                                  "503", "502", "500", "429", "Cannot connect"))
+                                  "Cannot connect", "Service Unavailable"))
+
+
+def _cap_gcs_request_retries() -> None:
+    """Register a gcsfs filesystem whose HTTP requests are tried at most
+    MLJOB_STORAGE_REQUEST_RETRIES times (gcsfs fixes 6 when its class is defined)."""
+    tries = int(os.environ["MLJOB_STORAGE_REQUEST_RETRIES"])
+    try:
+        import gcsfs
+        from gcsfs.retry import retry_request
+    except ImportError:
+        return
+    base = gcsfs.GCSFileSystem
+    methods = {}
+    for name in ("_request", "_get_file_request", "_get_file_concurrent"):
+        inner = getattr(getattr(base, name, None), "__wrapped__", None)
+        if inner is not None:
+            methods[name] = retry_request(retries=max(tries, 1))(inner)
+    capped = type("GCSFileSystem", (base,), methods)
+    for protocol in ("gs", "gcs"):
+        fsspec.register_implementation(protocol, capped, clobber=True)
+
+
+if os.environ.get("MLJOB_STORAGE_REQUEST_RETRIES"):
+    _cap_gcs_request_retries()
 
 
 def _protocols(fs) -> tuple:
