@@ -334,10 +334,12 @@ def _wait_echoing(cluster: Cluster, leader: Replica, timeout: float, echo: bool)
         if time.monotonic() > deadline:
             return None
         for replica in cluster.replicas[1:]:
-            if replica.proc.poll() is not None:
+            # A multiworker replica ends with 0 when training ends, maybe before the
+            # chief; any other exit of a peer fails the run.
+            if replica.proc.poll() not in (None, 0):
                 print(f"[{replica.name} exited early with {replica.proc.returncode}]\n"
                       f"{replica.stderr_tail()}", file=sys.stderr)
-                return replica.proc.returncode or 1
+                return replica.proc.returncode
 
 
 # ---- progress lines --------------------------------------------------------------------
@@ -501,6 +503,10 @@ def measure(label: str, args: Sequence[str], *, batch_size: int, module: str = "
               "tf_config": _describe_cluster(workers, ps),
               "rc": run.rc, "wall_s": round(run.wall_s, 1), "load_average": load,
               "peak_rss_mib": run.memory(), "cpu_s": run.cpu_seconds()}
+    for _, text in run.lines:
+        if STARTED_LINE.match(text):
+            record["started_line"] = re.sub(r"job_dir=\S+", "job_dir=JOB_DIR", text)
+            break
     t0 = started_at(run.lines)
     if t0 is not None:
         record["startup_s"] = round(t0, 1)

@@ -23,6 +23,7 @@ Writes bench/results/scaling.json and scaling.png.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from bench import common
@@ -53,12 +54,14 @@ def main(argv=None) -> int:
                    help="skip the runs; model the network from the last single-node figure")
     p.add_argument("--timeout", type=float, default=500)
     args = p.parse_args(argv)
-    steps = 60 if args.quick else args.train_steps
+    steps = 100 if args.quick else args.train_steps
     spe = args.steps_per_execution
     if spe:
         steps -= steps % spe
-    every = max(spe or 1, steps // 20)
-    every -= every % (spe or 1)
+    # The trainer ends a packed call at every log step: log at multiples of the
+    # packing (the trainer's default is 20), about ten times a run.
+    unit = spe or 20
+    every = max(unit, steps // 10 - (steps // 10) % unit)
 
     load_before = common.load_average()
     runs = []
@@ -98,6 +101,7 @@ def main(argv=None) -> int:
 
 def network_model(model: str, batch_size: int, single_steps_per_s: float | None) -> dict:
     """Bytes per step between workers and ps, and the steps/s ceilings they imply."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from trainer import model as models
     weights = models.weights_bytes(model)
     per_step = 2 * weights  # read every variable, write a gradient of every variable

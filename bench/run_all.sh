@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Every benchmark, one after another (about 75 minutes on 2 cores), then the memory
+# summary. Each writes bench/results/<name>.json and .png and stops every process it
+# started, on Ctrl-C too. Run from anywhere: bash bench/run_all.sh [--quick]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export TF_CPP_MIN_LOG_LEVEL=2
+
+quick=()
+if [[ "${1:-}" == "--quick" ]]; then
+  quick=(--quick)
+fi
+
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+python -m bench.throughput "${quick[@]}"
+python -m bench.overhead "${quick[@]}"
+python -m bench.scaling "${quick[@]}"
+if [[ ${#quick[@]} -eq 0 ]]; then
+  # The long runs: CNN on the full Fashion-MNIST to >= 90% (tens of minutes each).
+  python -m bench.time_to_accuracy --setup single --timeout 2400
+  python -m bench.time_to_accuracy --setup ps --timeout 2700
+fi
+python -m bench.memory
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
