@@ -106,7 +106,10 @@ class CheckpointStore:
                 else:
                     status.assert_existing_objects_matched()
                 return step
-            except (tf.errors.OpError, ValueError, AssertionError, OSError) as exc:
+            except storage.StorageError:
+                raise  # storage is down, not the checkpoint: do not start over from 0
+            except Exception as exc:  # noqa: BLE001 - TF's reader raises OpError,
+                # IndexError ("Read less bytes than requested"), ValueError, AssertionError
                 log.warning("checkpoint %s/%s-%d cannot be read (%s); trying the "
                             "previous one", self.url, PREFIX, step, _first_line(exc))
                 print(f"warning: checkpoint {PREFIX}-{step} cannot be read "
