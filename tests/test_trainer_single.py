@@ -141,3 +141,23 @@ def test_partitioner_choice():
     assert auto(tf.TensorShape([784, 100]), tf.float32) == [2, 1]    # 306 KiB: 2 shards
     assert auto(tf.TensorShape([100]), tf.float32) == [1]            # small: kept whole
     assert make_partitioner(2, num_ps=1)(tf.TensorShape([784, 100]), tf.float32) == [2, 1]
+
+
+def test_gs_job_dir_on_the_emulator_publishes_and_resumes(gcs_emulator):
+    job = "gs://mljob-test/jobs/trainer-single"
+    args = [*FAST, "--job-dir", job, "--checkpoint-every", "20", "--log-every", "20",
+            "--eval-every", "0"]
+    status, out = _main_capturing([*args, "--train-steps", "40"])
+    assert status == 0, out
+    fs, _ = storage.filesystem(job)
+    files = {p.split("trainer-single/", 1)[1] for p in fs.find(job)}
+    assert {"checkpoints/checkpoint", "checkpoints/ckpt-40.index",
+            "model/saved_model.pb"} <= files
+    assert any(f.startswith("summaries/train/events.out.tfevents.") for f in files)
+    assert any(f.startswith("summaries/eval/events.out.tfevents.") for f in files)
+    # A second run downloads the newest checkpoint and goes on from its step.
+    status, out = _main_capturing([*args, "--train-steps", "60"])
+    assert status == 0, out
+    assert "training started: strategy=single step=40 train_steps=60" in out
+    assert storage.read_bytes(f"{job}/checkpoints/checkpoint").startswith(
+        b'model_checkpoint_path: "ckpt-60"')

@@ -18,6 +18,7 @@ take part in every save (TensorFlow's pattern) but write to temp dirs they delet
 from __future__ import annotations
 
 import dataclasses
+import re
 import socket
 import time
 
@@ -274,7 +275,7 @@ def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> 
     if kind == "ps":
         wait_for_peers(info, stop)
     strategy, coordinator = make_strategy(kind, info, config.ps_shards)
-    replicas = strategy.num_replicas_in_sync
+    replicas = info.num_workers if kind == "ps" else strategy.num_replicas_in_sync
     if kind in ("multiworker", "mirrored") and config.batch_size % replicas:
         raise UsageError(f"--batch-size {config.batch_size} cannot be split evenly over "
                          f"{replicas} replicas; use a multiple of {replicas}")
@@ -304,8 +305,8 @@ def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> 
             if kind not in ("ps", "multiworker"):
                 raise
             raise PeerUnavailableError(
-                f"a member of the cluster stopped answering ({_first_line(exc)}); "
-                "restart the job to resume from the latest checkpoint") from None
+                f"{_peer_named_in(str(exc), info)} stopped answering; restart the job to "
+                "resume from the latest checkpoint") from None
         if step < config.train_steps:
             raise Preempted(f"stopped at step {step} ({stop.reason()}); checkpoint saved, "
                             "run again to resume")
@@ -407,9 +408,16 @@ class _Loop:
         self.writers.sync()
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+def _peer_named_in(text: str, info: ClusterInfo) -> str:
+    """The replica a gRPC error names ('ps-replica-0 (host:port)'): a parameter server
+    when one is named, since a ps is what the coordinator cannot do without."""
+    named = re.findall(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)", text)
+    named.sort(key=lambda jt: jt[0] != PS)
+    for job, index in named:
+        hosts = info.cluster.get(job, ())
+        if int(index) < len(hosts):
+            return f"{job}-replica-{index} ({hosts[int(index)]})"
+    return "a member of the cluster"
 
 
 __all__ = ["TrainConfig", "STEPS_PER_EXECUTION", "MIN_SHARD_BYTES", "Preempted",
