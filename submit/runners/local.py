@@ -32,7 +32,7 @@ from submit.plan import JobPlan, ReplicaPlan
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0         # SIGTERM to SIGKILL
-EVALUATOR_DRAIN_S = 20.0   # evaluators may finish their last evaluation after the chief
+EVALUATOR_DRAIN_S = 60.0   # evaluators may finish their last evaluation after the chief
 MIRROR_EVERY_S = 5.0
 POLL_S = 0.2
 PR_SET_PDEATHSIG = 1
