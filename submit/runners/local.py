@@ -243,9 +243,9 @@ class LocalRunner:
     def _stop(self, replicas: list[Replica]) -> None:
         """SIGTERM each group, wait the grace period, then SIGKILL the groups and reap."""
         live = [r for r in replicas if r.proc is not None and not r.reaped]
-        for r in live:
-            if r.running:
-                r.signal_group(signal.SIGTERM)
+        stopped = [r for r in live if r.running]  # the others ended by themselves
+        for r in stopped:
+            r.signal_group(signal.SIGTERM)
         deadline = time.monotonic() + self.grace
         while any(r.running for r in live) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -259,7 +259,8 @@ class LocalRunner:
             r.restart_at = None
             rec = self.record.replica(r.plan.label)
             if rec.state in ("RUNNING", "RESTARTING"):
-                rec.state, rec.exit_code = "STOPPED", exit_status(r.proc.returncode)
+                rec.state = "STOPPED" if r in stopped else "EXITED"
+                rec.exit_code = exit_status(r.proc.returncode)
 
     def _stop_all(self) -> None:
         self._stop(self.replicas)
