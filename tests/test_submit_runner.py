@@ -4,6 +4,7 @@ process per replica, TF_CONFIG per replica, labelled logs, restarts, failure, ca
 Every replica PID the runner records is checked dead afterwards."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import pytest
 
 from conftest import ROOT, free_ports, pid_alive
 from submit import jobs as records
+from submit import logs
 from submit.__main__ import main
 
 FAKE_TASK = r'''
@@ -354,3 +356,30 @@ def test_replicas_die_with_a_killed_launcher(tmp_path, pkg, reaper, monkeypatch)
     listing = subprocess.run(_cli("jobs", "list"), cwd=ROOT, capture_output=True,
                              text=True, timeout=60)
     assert "RUNNING?" in listing.stdout  # its supervisor is gone
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_line_is_redrawn_only_on_a_tty():
+    tty, pipe = _Tty(), io.StringIO()
+    for out in (tty, pipe):
+        terminal = logs.Terminal(out)
+        terminal.state("RUNNING")
+        text = "step 20/40 loss=0.5123 accuracy=0.8 examples/s=100.0 lr=0.001"
+        terminal.line("master-replica-0", text, logs.format_line("master-replica-0", text))
+        terminal.line("worker-replica-0", "step 1/2 loss=9", "worker line")
+        terminal.close()
+    assert "\r\033[K" in tty.getvalue()
+    assert "RUNNING  step 20/40  loss 0.5123" in tty.getvalue()
+    assert "\r" not in pipe.getvalue() and "step 20/40  loss" not in pipe.getvalue()
+    assert pipe.getvalue().splitlines()[0].split("\t")[2:] == ["master-replica-0", text]
+
+
+def test_jobs_commands_on_an_unknown_job(capsys):
+    for argv in (["jobs", "describe", "nojob"], ["jobs", "cancel", "nojob"],
+                 ["jobs", "stream-logs", "nojob"]):
+        status, _, err = submit_in_process(capsys, *argv)
+        assert status == 2 and "no job 'nojob' in the local index" in err
