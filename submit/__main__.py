@@ -266,12 +266,16 @@ def jobs_cancel(job_id):
         raise UsageError(f"job {job_id!r} already ended {record.state}; nothing to cancel")
     if record.supervisor_alive():
         os.kill(record.supervisor_pid, signal.SIGTERM)
-        record = records.wait_until(job_id, records.FINAL_STATES, CANCEL_WAIT_S)
-        if not record.done:
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while not record.done and record.supervisor_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+            record = records.load(job_id)
+        if not record.done and record.supervisor_alive():
             raise SubmitError(f"job {job_id!r} is still {record.state} after "
                               f"{CANCEL_WAIT_S:.0f} s; its supervisor is pid "
                               f"{record.supervisor_pid}")
-    else:  # the supervisor died without cleaning up: stop what it left behind
+    record = records.load(job_id)  # the supervisor may have finished while we looked
+    if not record.done:  # the supervisor died without cleaning up: stop what it left
         _kill_orphans(record)
         record.set_state(records.CANCELLED, "the supervisor was gone; replicas stopped")
         records.save(record)

@@ -159,12 +159,3 @@ def used_in_job_dir(job_dir: str, job_id: str) -> bool:
     except (storage.StorageError, OSError):
         return False
 
-
-def wait_until(job_id: str, states, timeout: float, poll: float = 0.2) -> JobRecord:
-    """Poll the index until the job is in one of `states` (or time runs out)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        record = load(job_id)
-        if record.state in states or time.monotonic() > deadline:
-            return record
-        time.sleep(poll)

@@ -356,6 +356,10 @@ def test_replicas_die_with_a_killed_launcher(tmp_path, pkg, reaper, monkeypatch)
     listing = subprocess.run(_cli("jobs", "list"), cwd=ROOT, capture_output=True,
                              text=True, timeout=60)
     assert "RUNNING?" in listing.stdout  # its supervisor is gone
+    cancel = subprocess.run(_cli("jobs", "cancel", "job01"), cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert cancel.returncode == 0 and "Job [job01] CANCELLED." in cancel.stdout
+    assert records.load("job01").state == records.CANCELLED
 
 
 class _Tty(io.StringIO):
