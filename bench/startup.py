@@ -5,8 +5,9 @@ one (the same package again: the environment is reused).
     python bench/startup.py [--train-steps 20] [--repeats 1]
 
 Writes bench/results/startup.json. Each phase is taken from the launcher's own output:
-`submitted` (sdist built, hashed and staged), `environment` (package environment ready),
-`first_step` (the chief's first `step` line), `total` (the command returned).
+`submitted` (sdist built, hashed and staged), `environment_ready` (package environment
+extracted or reused), `first_step` (the chief's first `step` line), `total` (the command
+returned). The machine's load average is recorded before and after each run.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +31,7 @@ def run_job(job_id: str, tier: str, home: str, job_dir: str, steps: int) -> dict
            "PYTHONPATH": ROOT}
     start = time.monotonic()
     marks: dict[str, float] = {}
+    state = None
     proc = subprocess.Popen(
         [sys.executable, "-m", "submit", job_id, "--scale-tier", tier, "--job-dir",
          job_dir, "--", "--model", "mlp", "--train-steps", str(steps)],
@@ -40,19 +43,23 @@ def run_job(job_id: str, tier: str, home: str, job_dir: str, steps: int) -> dict
             if "submitted successfully" in line:
                 marks.setdefault("submitted", now)
             elif line.startswith("package environment"):
-                marks.setdefault("environment", now)
-                marks["environment_" + line.split()[-1]] = 1.0
+                marks.setdefault("environment_ready", now)
+                state = line.split()[-1]
             elif "\tmaster-replica-0\tstep " in line:
                 marks.setdefault("first_step", now)
         proc.wait(timeout=600)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.wait()
+        if proc.poll() is None:  # interrupted: cancel the job as Ctrl-C would
+            os.kill(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     marks["total"] = time.monotonic() - start
     if proc.returncode != 0:
         raise SystemExit(f"{job_id} failed with status {proc.returncode}")
-    return {k: round(v, 2) for k, v in marks.items()}
+    return {"package_environment": state, **{k: round(v, 2) for k, v in marks.items()}}
 
 
 def main() -> None:
@@ -71,8 +78,9 @@ def main() -> None:
                     load = os.getloadavg()[0]
                     marks = run_job(job_id, tier, home, os.path.join(work, job_id),
                                     args.train_steps)
-                    entry = {"tier": tier, "environment": phase, "repeat": repeat,
-                             "load_before": round(load, 2), **marks}
+                    entry = {"tier": tier, "phase": phase, "repeat": repeat,
+                             "load_before": round(load, 2),
+                             "load_after": round(os.getloadavg()[0], 2), **marks}
                     print(json.dumps(entry), flush=True)
                     results.append(entry)
             finally:

@@ -30,6 +30,7 @@ from submit.errors import (EXIT_OK, EXIT_USAGE, JobCancelled, JobFailed, SubmitE
 from trainer import storage
 
 CANCEL_WAIT_S = 60.0
+_NoArgsIsHelp = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
 TIERS = tuple(specs.SCALE_TIERS)
 
 
@@ -376,6 +377,9 @@ def _main(argv) -> int:
         return exc.exit_status
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except _NoArgsIsHelp as exc:  # a bare group: show its help, as click would
+        click.echo(exc.ctx.get_help(), err=True)
+        return EXIT_USAGE
     except click.ClickException as exc:
         _error(f"{exc.format_message()} (see python -m submit --help)")
         return EXIT_USAGE
