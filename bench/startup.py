@@ -26,15 +26,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "bench", "results", "startup.json")
 
 
-def run_job(job_id: str, tier: str, home: str, job_dir: str, steps: int) -> dict:
+def snapshot(dest: str) -> str:
+    """A frozen copy of the source tree: others editing the tree would change the
+    package hash between the cold and the warm run, and make both cold."""
+    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
+        ".git", "jobs", "__pycache__", "*.egg-info", "results", ".pytest_cache"))
+    return dest
+
+
+def run_job(job_id: str, tier: str, home: str, job_dir: str, steps: int,
+            package_path: str) -> dict:
     env = {**os.environ, "MLJOB_HOME": home, "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONPATH": ROOT}
     start = time.monotonic()
     marks: dict[str, float] = {}
-    state = None
+    state = sha = None
     proc = subprocess.Popen(
         [sys.executable, "-m", "submit", job_id, "--scale-tier", tier, "--job-dir",
-         job_dir, "--", "--model", "mlp", "--train-steps", str(steps)],
+         job_dir, "--package-path", package_path, "--", "--model", "mlp",
+         "--train-steps", str(steps)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
     try:
@@ -44,7 +54,7 @@ def run_job(job_id: str, tier: str, home: str, job_dir: str, steps: int) -> dict
                 marks.setdefault("submitted", now)
             elif line.startswith("package environment"):
                 marks.setdefault("environment_ready", now)
-                state = line.split()[-1]
+                state, sha = line.split()[-1], line.split()[2]
             elif "\tmaster-replica-0\tstep " in line:
                 marks.setdefault("first_step", now)
         proc.wait(timeout=600)
@@ -59,7 +69,7 @@ def run_job(job_id: str, tier: str, home: str, job_dir: str, steps: int) -> dict
     marks["total"] = time.monotonic() - start
     if proc.returncode != 0:
         raise SystemExit(f"{job_id} failed with status {proc.returncode}")
-    return {"package_environment": state, **{k: round(v, 2) for k, v in marks.items()}}
+    return {"package_environment": state, "package_sha256": sha, **{k: round(v, 2) for k, v in marks.items()}}
 
 
 def main() -> None:
@@ -68,6 +78,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
     results = []
+    source = snapshot(os.path.join(tempfile.mkdtemp(prefix="mljob-bench-src-"), "src"))
     for tier in ("BASIC", "STANDARD_1"):
         for repeat in range(args.repeats):
             work = tempfile.mkdtemp(prefix="mljob-bench-")
@@ -77,7 +88,7 @@ def main() -> None:
                     job_id = f"bench_{tier.lower()}_{phase}_{repeat}"
                     load = os.getloadavg()[0]
                     marks = run_job(job_id, tier, home, os.path.join(work, job_id),
-                                    args.train_steps)
+                                    args.train_steps, source)
                     entry = {"tier": tier, "phase": phase, "repeat": repeat,
                              "load_before": round(load, 2),
                              "load_after": round(os.getloadavg()[0], 2), **marks}
@@ -85,6 +96,7 @@ def main() -> None:
                     results.append(entry)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(os.path.dirname(source), ignore_errors=True)
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     with open(OUT, "w") as f:
         json.dump({"what": "seconds from `python -m submit` to milestones of the job",

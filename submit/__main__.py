@@ -115,15 +115,15 @@ def submit_command(ctx, job_id, scale_tier, config_path, job_dir, staging_bucket
                          "process, which ends at once; use a path or gs:// URL, or stream")
     _check_job_id_free(spec, resume)
     if spec.package_uri is None:
-        spec_path = package.check_package_path(spec.package_path)
+        source_dir = package.check_package_path(spec.package_path)
     home = package.mljob_home()
     with tempfile.TemporaryDirectory(prefix="mljob-sdist-") as tmp:
         if spec.package_uri:
             pkg = package.fetch(spec.package_uri, tmp)
         else:
-            exclude = (spec.job_dir,) if spec.job_dir and storage.is_local(spec.job_dir) \
-                else ()
-            pkg = package.build(spec_path, tmp, exclude=exclude)
+            local_job_dir = spec.job_dir and storage.is_local(spec.job_dir)
+            exclude = (storage.local_path(spec.job_dir),) if local_job_dir else ()
+            pkg = package.build(source_dir, tmp, exclude=exclude)
             pkg = dataclasses.replace(pkg, url=package.staging_url(
                 pkg, job_id=spec.job_id, staging_bucket=spec.staging_bucket,
                 job_dir=spec.job_dir))
