@@ -17,8 +17,8 @@ python -m bench.overhead "${quick[@]}"
 python -m bench.scaling "${quick[@]}"
 if [[ ${#quick[@]} -eq 0 ]]; then
   # The long runs: CNN on the full Fashion-MNIST to >= 90% (tens of minutes each).
-  python -m bench.time_to_accuracy --setup single --timeout 2400
-  python -m bench.time_to_accuracy --setup ps --timeout 2700
+  python -m bench.time_to_accuracy --setup single --timeout 1800
+  python -m bench.time_to_accuracy --setup ps --timeout 1800
 fi
 python -m bench.memory
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
