@@ -29,18 +29,23 @@ def _check_trained(tmp_path, chief_log, strategy: str) -> None:
     assert export_accuracy(str(export)) > 0.6
 
 
-def test_ps_cluster_of_chief_two_workers_one_ps(reaper, tmp_path):
-    spec = cluster(free_ports(4), workers=2, ps=1)
+def test_ps_cluster_of_chief_two_workers_one_ps_from_the_seed_flags(reaper, tmp_path):
+    # The original samples' flags: worker 0 of --worker-hosts is the chief.
+    chief_port, w0_port, w1_port, ps_port = free_ports(4)
+    hosts = ["--worker-hosts", ",".join(f"127.0.0.1:{p}" for p in (chief_port, w0_port,
+                                                                    w1_port)),
+             "--ps-hosts", f"127.0.0.1:{ps_port}"]
     launcher = reaper.python("-c", "import time; time.sleep(600)")
     watched = {"MLJOB_PARENT_PID": str(launcher.pid)}
-    args = _job_args(tmp_path)
-    ps = start(reaper, tmp_path / "ps0.log", args, tf_config=tf_config(spec, "ps", 0),
+    args = _job_args(tmp_path, *hosts)
+    ps = start(reaper, tmp_path / "ps0.log", [*args, "--job-name", "ps", "--task-index", "0"],
                env=watched)
-    worker0 = start(reaper, tmp_path / "w0.log", args,
-                    tf_config=tf_config(spec, "worker", 0))
-    worker1 = start(reaper, tmp_path / "w1.log", args,
-                    tf_config=tf_config(spec, "worker", 1), env=watched)
-    chief = start(reaper, tmp_path / "chief.log", args, tf_config=tf_config(spec, "chief"))
+    worker0 = start(reaper, tmp_path / "w0.log",
+                    [*args, "--job-name", "worker", "--task-index", "1"])
+    worker1 = start(reaper, tmp_path / "w1.log",
+                    [*args, "--job-name", "worker", "--task-index", "2"], env=watched)
+    chief = start(reaper, tmp_path / "chief.log",
+                  [*args, "--job-name", "worker", "--task-index", "0"])
     assert wait_exit(chief, CHIEF_TIMEOUT, tmp_path / "chief.log") == 0, \
         read(tmp_path / "chief.log")
     _check_trained(tmp_path, tmp_path / "chief.log", "ps")
@@ -83,7 +88,25 @@ def test_two_ps_shard_variables_and_master_is_a_chief(reaper, tmp_path):
         assert not pid_alive(proc.pid)
 
 
-def test_multiworker_chief_and_one_worker(reaper, tmp_path):
+def test_multiworker_sigterm_saves_then_restart_resumes(reaper, tmp_path):
+    # Run 1: a long job, one step per call; SIGTERM to the chief once it is under way.
+    spec = cluster(free_ports(2), workers=1, ps=0)
+    long_run = _job_args(tmp_path, "--train-steps", "100000", "--steps-per-execution", "1")
+    worker = start(reaper, tmp_path / "w0-1.log", long_run,
+                   tf_config=tf_config(spec, "worker"))
+    chief = start(reaper, tmp_path / "chief-1.log", long_run,
+                  tf_config=tf_config(spec, "chief"))
+    wait_for(lambda: lines(tmp_path / "chief-1.log", "step 100/") or chief.poll() is not None,
+             CHIEF_TIMEOUT, "the multiworker chief to reach step 100")
+    chief.send_signal(signal.SIGTERM)
+    assert wait_exit(chief, 60, tmp_path / "chief-1.log") == 143, read(tmp_path / "chief-1.log")
+    # The worker has nothing to save; it must not hang in a collective with a dead chief.
+    assert wait_exit(worker, 60, tmp_path / "w0-1.log") != 0
+    state = read(tmp_path / "job" / "checkpoints" / "checkpoint")
+    saved = int(state.split('"ckpt-', 1)[1].split('"', 1)[0])
+    assert 100 <= saved < 300, state
+
+    # Run 2: the same job restarted (new ports) resumes from that checkpoint and finishes.
     spec = cluster(free_ports(2), workers=1, ps=0)
     args = _job_args(tmp_path)
     worker = start(reaper, tmp_path / "w0.log", args, tf_config=tf_config(spec, "worker"))
@@ -91,31 +114,14 @@ def test_multiworker_chief_and_one_worker(reaper, tmp_path):
     assert wait_exit(chief, CHIEF_TIMEOUT, tmp_path / "chief.log") == 0, \
         read(tmp_path / "chief.log")
     assert wait_exit(worker, 60, tmp_path / "w0.log") == 0, read(tmp_path / "w0.log")
-    _check_trained(tmp_path, tmp_path / "chief.log", "multiworker")
-    assert "replicas=2" in lines(tmp_path / "chief.log", "training started:")[0]
+    started = lines(tmp_path / "chief.log", "training started:")[0]
+    assert started.startswith(f"training started: strategy=multiworker step={saved} "
+                              "train_steps=300 ") and "replicas=2" in started
+    assert lines(tmp_path / "chief.log", "training finished: step=300")
+    assert export_accuracy(str(tmp_path / "job" / "model")) > 0.6
     # Only the chief writes: the worker's saves went to temp dirs it deleted.
     assert sorted(os.listdir(tmp_path / "job")) == ["checkpoints", "model", "summaries"]
     assert not pid_alive(worker.pid) and not pid_alive(chief.pid)
-
-
-def test_seed_flags_launch_a_ps_cluster(reaper, tmp_path):
-    chief_port, worker_port, ps_port = free_ports(3)
-    hosts = ["--worker-hosts", f"127.0.0.1:{chief_port},127.0.0.1:{worker_port}",
-             "--ps-hosts", f"127.0.0.1:{ps_port}"]
-    args = _job_args(tmp_path, *hosts)
-    servers = [
-        start(reaper, tmp_path / "ps0.log", [*args, "--job-name", "ps", "--task-index", "0"]),
-        start(reaper, tmp_path / "w1.log",
-              [*args, "--job-name", "worker", "--task-index", "1"]),
-    ]
-    chief = start(reaper, tmp_path / "chief.log",
-                  [*args, "--job-name", "worker", "--task-index", "0"])
-    assert wait_exit(chief, CHIEF_TIMEOUT, tmp_path / "chief.log") == 0, \
-        read(tmp_path / "chief.log")
-    _check_trained(tmp_path, tmp_path / "chief.log", "ps")
-    for proc in servers:
-        proc.send_signal(signal.SIGTERM)
-        assert wait_exit(proc, 15) == 0
 
 
 def test_evaluator_follows_the_chief_and_exits_after_the_final_checkpoint(reaper, tmp_path):
@@ -123,8 +129,6 @@ def test_evaluator_follows_the_chief_and_exits_after_the_final_checkpoint(reaper
             "--eval-every", "0", "--job-dir", str(tmp_path / "job")]
     evaluator = start(reaper, tmp_path / "eval.log", args,
                       tf_config='{"cluster": {}, "task": {"type": "evaluator", "index": 0}}')
-    wait_for(lambda: "evaluator started" in read(tmp_path / "eval.log"), 120,
-             "the evaluator to start")
     chief = start(reaper, tmp_path / "chief.log", args)
     assert wait_exit(chief, CHIEF_TIMEOUT, tmp_path / "chief.log") == 0
     assert wait_exit(evaluator, 120, tmp_path / "eval.log") == 0, read(tmp_path / "eval.log")

@@ -45,6 +45,13 @@ class StopSignal:
         signal.signal(signal.SIGINT, self._handle)
         return self
 
+    def install_default(self) -> "StopSignal":
+        """For replicas with nothing to save: SIGTERM and SIGINT end the process at once
+        (the parent-death check still goes through `requested()`)."""
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        return self
+
     def _handle(self, signum, _frame) -> None:
         self.signum = signum
         self._event.set()
@@ -88,6 +95,7 @@ def serve(info: ClusterInfo, stop: StopSignal) -> int:
     cluster = tf.train.ClusterSpec(info.tf_config()["cluster"])
     tf.distribute.Server(cluster, job_name=info.task_type, task_index=info.task_index,
                          protocol="grpc", start=True)
+    stop.install()  # after the server: TensorFlow's runtime may set its own handlers
     print(f"{info.task_name} serving {info.task_type} {info.task_index} at {info.address}",
           flush=True)
     while not stop.wait(3600):

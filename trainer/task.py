@@ -179,16 +179,13 @@ def _run_role(args, info: cluster_lib.ClusterInfo, kind: str | None) -> int:
         from trainer import evaluator
         return evaluator.run(config_from(args), stop)
     if kind == "ps" and info.task_type in (cluster_lib.PS, cluster_lib.WORKER):
-        stop.install()
         return servers.serve(info, stop)
     import tensorflow as tf
     if kind is None:
         kind = info.strategy_kind(args.strategy,
                                   num_gpus=len(tf.config.list_physical_devices("GPU")))
-    if info.is_chief:
-        # Only the chief saves on a signal; other multiworker replicas have nothing to
-        # save and keep the default (die at once) so they never hang in a collective.
-        stop.install()
+    # Until the strategy starts (train.run takes the signals over then), SIGTERM
+    # ends a replica at once: there is nothing to save yet.
     from trainer import train
     try:
         return train.run(info, config_from(args), kind, stop)

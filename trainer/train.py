@@ -275,6 +275,12 @@ def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> 
     if kind == "ps":
         wait_for_peers(info, stop)
     strategy, coordinator = make_strategy(kind, info, config.ps_shards)
+    # TensorFlow's coordination service (multiworker) sets its own SIGTERM handler in
+    # C++ when the strategy starts, which swallows the signal: take it back.
+    if chief:
+        stop.install()
+    else:  # nothing to save: die at once, even inside a collective that waits forever
+        stop.install_default()
     replicas = info.num_workers if kind == "ps" else strategy.num_replicas_in_sync
     if kind in ("multiworker", "mirrored") and config.batch_size % replicas:
         raise UsageError(f"--batch-size {config.batch_size} cannot be split evenly over "
@@ -351,6 +357,8 @@ class _Loop:
         loss = accuracy = float("nan")
         while step < cfg.train_steps:
             if stop.requested():
+                if not self.chief:  # nothing to save; never wait in a collective
+                    raise Preempted(f"stopped at step {step} ({stop.reason()})")
                 break
             num = 1 if step == start else min(cfg.steps_per_execution,
                                               self._next_boundary(step) - step)
