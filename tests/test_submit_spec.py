@@ -84,6 +84,8 @@ CASES = [
     (["--config", "{bad_yaml}"], "is not valid YAML"),
     (["--config", "{huge}"], "the limit is 1048576"),
     (["--config", "{bad_machine}"], "unknown masterType 'gigantic'"),
+    (["--config", "{tuning}"], "hyperparameter tuning is not run by the local runner"),
+    (["--config", "{accel_key}"], "acceleratorConfig has unknown key 'cores'"),
     (["--config", "{accel}"], "needs 1 GPU(s) per replica and this machine has 0"),
     (["--scale-tier", "BASIC_GPU"], "needs 1 GPU(s) per replica and this machine has 0"),
     (["--job-dir", "s3://bucket/x"], "unknown URL scheme 's3'"),
@@ -112,6 +114,8 @@ def test_usage_errors_exit_2_and_stage_nothing(capsys, tmp_path, pkg, extra, mes
         "bad_yaml": "trainingInput: [unclosed\n",
         "huge": "# " + "x" * (1024 * 1024) + "\ntrainingInput: {}\n",
         "bad_machine": "trainingInput:\n  scaleTier: CUSTOM\n  masterType: gigantic\n",
+        "tuning": "trainingInput:\n  hyperparameters: {goal: MAXIMIZE, maxTrials: 4}\n",
+        "accel_key": "trainingInput:\n  masterConfig: {acceleratorConfig: {cores: 2}}\n",
         "accel": "trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"
                  "  masterConfig:\n    acceleratorConfig: {count: 1, type: NVIDIA_TESLA_T4}\n",
     }
@@ -294,3 +298,16 @@ def test_help_explains_submit_jobs_and_local(capsys):
     assert status == 0
     for text in ("python -m submit JOB_ID", "jobs list", "local train"):
         assert text in out
+
+
+def test_package_uris_run_an_already_staged_package(capsys, tmp_path, pkg):
+    from submit import package
+    built = package.build(pkg, str(tmp_path / "dist"))
+    config = write(tmp_path, "config.yaml", "trainingInput:\n  packageUris: [%s]\n"
+                   % json.dumps(built.local_file))
+    plan = dry_run(capsys, "job04", "--config", config, "--job-dir", str(tmp_path / "job"))
+    assert plan["package_url"] == built.local_file
+    assert plan["package_sha256"] == built.sha256
+    status, _, err = run(capsys, "job04", "--config", config, "--package-path", pkg,
+                         "--job-dir", str(tmp_path / "job"))
+    assert status == 2 and "give one staged package" in err
