@@ -133,7 +133,7 @@ def test_cluster_errors_come_before_tensorflow_loads(tmp_path):
 def test_partitioner_choice():
     import tensorflow as tf
 
-    from trainer.train import make_partitioner
+    from trainer.strategies import make_partitioner
     assert make_partitioner(0, num_ps=1) is None          # one ps: nothing to spread
     assert make_partitioner(1, num_ps=3) is None          # --ps-shards 1: no sharding
     auto = make_partitioner(0, num_ps=3)

@@ -18,33 +18,28 @@ take part in every save (TensorFlow's pattern) but write to temp dirs they delet
 from __future__ import annotations
 
 import dataclasses
-import re
-import socket
 import time
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from trainer import data as data_lib
 from trainer import model as model_lib
 from trainer import storage
 from trainer.checkpoints import CheckpointStore
-from trainer.cluster import PS, WORKER, ClusterInfo
+from trainer.cluster import ClusterInfo
 from trainer.errors import EXIT_OK, EXIT_PREEMPTED, PeerUnavailableError, TrainerError, \
     UsageError
 from trainer.evaluator import evaluate
 from trainer.servers import StopSignal
+from trainer.strategies import make_strategy, peer_named_in, wait_for_peers, weight_parts, \
+    weights_numpy, worker_shard_dataset
 from trainer.summaries import Progress, SummaryWriters
 
 # Steps run by one tf.function call (one scheduled function under ps). 20 keeps the
 # coordinator's ~10 ms per function under a third of a CPU step of the MLP at batch 100,
 # while a log line still comes every few chunks. bench/ tunes it.
 STEPS_PER_EXECUTION = 20
-# Variables at least this big are split over the ps when --ps-shards is 0 (automatic):
-# below it, one more gRPC round trip per shard costs more than the bandwidth it spreads.
-MIN_SHARD_BYTES = 256 << 10
-PEER_WAIT_SECONDS = 120.0  # how long the chief waits for the ps and workers to come up
 
 
 class Preempted(TrainerError):
@@ -78,83 +73,6 @@ class TrainConfig:
     @property
     def export_url(self) -> str:
         return storage.join(self.job_dir, "model")
-
-
-def make_strategy(kind: str, info: ClusterInfo, ps_shards: int = 0):
-    """(strategy, coordinator or None) for a strategy kind from ClusterInfo.strategy_kind."""
-    if kind == "single":
-        return tf.distribute.get_strategy(), None
-    if kind == "mirrored":
-        return tf.distribute.MirroredStrategy(), None
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(info.tf_config()["cluster"]), task_type=info.task_type,
-        task_id=info.task_index, rpc_layer="grpc")
-    if kind == "multiworker":
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver), None
-    strategy = tf.distribute.ParameterServerStrategy(
-        resolver, variable_partitioner=make_partitioner(ps_shards, info.num_ps))
-    return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)
-
-
-def make_partitioner(ps_shards: int, num_ps: int):
-    """--ps-shards: 0 automatic (MinSizePartitioner over the ps), 1 none, N fixed."""
-    partitioners = tf.distribute.experimental.partitioners
-    if ps_shards == 1 or (ps_shards == 0 and num_ps < 2):
-        return None
-    if ps_shards == 0:
-        return partitioners.MinSizePartitioner(min_shard_bytes=MIN_SHARD_BYTES,
-                                               max_shards=num_ps)
-    return partitioners.FixedShardsPartitioner(num_shards=ps_shards)
-
-
-def wait_for_peers(info: ClusterInfo, stop: StopSignal,
-                   timeout: float = PEER_WAIT_SECONDS) -> None:
-    """Block until every ps and worker accepts TCP connections: they may start after the
-    chief, and the strategy fails at once on a peer that is not listening yet."""
-    waiting = [a for job in (PS, WORKER) for a in info.cluster.get(job, ())]
-    deadline = time.monotonic() + timeout
-    while waiting:
-        waiting = [a for a in waiting if not _listening(a)]
-        if not waiting:
-            return
-        if time.monotonic() > deadline:
-            raise PeerUnavailableError(
-                f"{', '.join(waiting)} did not come up within {timeout:.0f}s; check that "
-                "every ps and worker replica is running, then restart the job")
-        if stop.wait(0.5):
-            raise Preempted(f"stopped while waiting for the cluster ({stop.reason()})")
-
-
-def _listening(address: str) -> bool:
-    host, port = address.rsplit(":", 1)
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-def weight_parts(variable) -> list:
-    """The tf.Variables behind a Keras variable: its shards when the ps sharded it.
-
-    Keras 3 cannot take gradients of, or apply an optimizer to, a ShardedVariable, so the
-    tape and the optimizer work on the shards; the layers still read the whole variable.
-    """
-    inner = variable.value
-    if isinstance(inner, tf.__internal__.distribute.ShardedVariable):
-        return list(inner.variables)
-    return [variable]
-
-
-def weights_numpy(model: keras.Model) -> list[np.ndarray]:
-    """The model's weights in get_weights() order, shards concatenated: what the
-    single-node export and the histograms take."""
-    out = []
-    for w in model.weights:
-        parts = weight_parts(w)
-        out.append(np.concatenate([p.numpy() for p in parts], axis=0)
-                   if len(parts) > 1 else np.asarray(w.numpy()))
-    return out
 
 
 class Replica:
@@ -247,33 +165,13 @@ class Replica:
             self.coordinator.join()
 
 
-def worker_shard_dataset(images, labels, batch_size: int, worker_index, num_workers: int,
-                         seed: int):
-    """Under ps: this worker's shard (every num_workers-th example from its index),
-    shuffled, repeated, batched. The worker index is a tensor known only when the dataset
-    is built on the worker, which `data.train_dataset` (Python-int shard index) cannot
-    take, so this mirrors it with `Dataset.shard`."""
-    all_images = tf.constant(images)
-    all_labels = tf.constant(labels, dtype=tf.int64)
-    ds = tf.data.Dataset.range(len(labels)).shard(num_workers, worker_index)
-    buffer = -(-len(labels) // num_workers)
-    ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-    ds = ds.repeat().batch(batch_size, drop_remainder=True)
-
-    def to_batch(idx):
-        pixels = tf.cast(tf.reshape(tf.gather(all_images, idx), [-1, 28 * 28]), tf.float32)
-        return pixels / 255.0, tf.gather(all_labels, idx)
-
-    return ds.map(to_batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-
-
 def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> int:
     """Train to config.train_steps (resuming from the latest checkpoint), then export.
     Returns the exit status; raises TrainerError subclasses for the rest."""
     chief = info.is_chief
     progress = Progress(config.train_steps, enabled=chief)
-    if kind == "ps":
-        wait_for_peers(info, stop)
+    if kind == "ps" and not wait_for_peers(info, stop):
+        raise Preempted(f"stopped while waiting for the cluster ({stop.reason()})")
     strategy, coordinator = make_strategy(kind, info, config.ps_shards)
     # TensorFlow's coordination service (multiworker) sets its own SIGTERM handler in
     # C++ when the strategy starts, which swallows the signal: take it back.
@@ -311,7 +209,7 @@ def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> 
             if kind not in ("ps", "multiworker"):
                 raise
             raise PeerUnavailableError(
-                f"{_peer_named_in(str(exc), info)} stopped answering; restart the job to "
+                f"{peer_named_in(str(exc), info)} stopped answering; restart the job to "
                 "resume from the latest checkpoint") from None
         if step < config.train_steps:
             raise Preempted(f"stopped at step {step} ({stop.reason()}); checkpoint saved, "
@@ -416,17 +314,4 @@ class _Loop:
         self.writers.sync()
 
 
-def _peer_named_in(text: str, info: ClusterInfo) -> str:
-    """The replica a gRPC error names ('ps-replica-0 (host:port)'): a parameter server
-    when one is named, since a ps is what the coordinator cannot do without."""
-    named = re.findall(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)", text)
-    named.sort(key=lambda jt: jt[0] != PS)
-    for job, index in named:
-        hosts = info.cluster.get(job, ())
-        if int(index) < len(hosts):
-            return f"{job}-replica-{index} ({hosts[int(index)]})"
-    return "a member of the cluster"
-
-
-__all__ = ["TrainConfig", "STEPS_PER_EXECUTION", "MIN_SHARD_BYTES", "Preempted",
-           "make_strategy", "make_partitioner", "weights_numpy", "Replica", "run"]
+__all__ = ["TrainConfig", "STEPS_PER_EXECUTION", "Preempted", "Replica", "run"]
