@@ -30,6 +30,7 @@ print("module", __file__)
 print("parent", os.environ.get("MLJOB_PARENT_PID"), os.getppid())
 if task.get("type") in ("chief", "master"):
     if job_dir:
+        print("resumed", os.path.exists(os.path.join(job_dir, "checkpoints", "checkpoint")))
         os.makedirs(os.path.join(job_dir, "checkpoints"), exist_ok=True)
         with open(os.path.join(job_dir, "checkpoints", "checkpoint"), "w") as f:
             f.write("ckpt-3\n")
@@ -233,6 +234,24 @@ def test_memory_job_dir_is_mirrored_before_success(capsys, pkg, memfs):
     record = json.loads(memfs.cat_file("/bucket/job01/jobs/job01.json"))
     assert record["state"] == "SUCCEEDED"
     assert_all_dead(records.load("job01"))
+
+
+def test_memory_job_dir_resume_sees_only_its_own_job_dir(capsys, pkg, memfs):
+    common = ["--package-path", pkg, "--module-name", "fakejob.task"]
+
+    def resumed(job_dir):
+        log = memfs.cat_file(f"{job_dir}/logs/master-replica-0.log").decode()
+        texts = [line.split("\t")[-1] for line in log.splitlines()]
+        return [t for t in texts if t.startswith("resumed ")]
+
+    for argv in (["--job-dir", "memory://a/job01"], ["--job-dir", "memory://b/job01"],
+                 ["--job-dir", "memory://a/job01", "--resume"]):
+        status, _, err = submit_in_process(capsys, "job01", *argv, *common)
+        assert status == 0, err
+    # a new job dir starts empty, though the same job id ran before on this machine
+    assert resumed("/b/job01") == ["resumed False"]
+    # --resume starts from what the memory:// job dir holds; its log is appended to
+    assert resumed("/a/job01") == ["resumed False", "resumed True"]
 
 
 def _custom_mem(pkg) -> str:

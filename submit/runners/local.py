@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -182,11 +183,14 @@ class LocalRunner:
             self.terminal.close()
 
     def _prepare(self) -> None:
+        # A mirrored folder starts as a copy of its URL: what an earlier job of the same
+        # id left locally must not leak into this one (stale checkpoints would be
+        # resumed), while a job dir's own checkpoints must be there to resume from.
+        for mirror in self.mirrors:
+            shutil.rmtree(mirror.local_dir, ignore_errors=True)
+            mirror.seed()
         for folder in (self.plan.run_dir, self.plan.log_dir, self.plan.cwd):
             os.makedirs(folder, exist_ok=True)
-        if self.plan.replica_job_dir and self.plan.mirrors and \
-                self.plan.mirrors[0][0] == self.plan.replica_job_dir:
-            self.mirrors[0].seed()  # --resume from what the job dir already holds
         if self.plan.mode == "cloud":
             _, created = ensure_environment(self.plan.package_url, self.plan.package_sha256,
                                             self.plan.package_top_dir)
