@@ -161,3 +161,8 @@ def test_gs_job_dir_on_the_emulator_publishes_and_resumes(gcs_emulator):
     assert "training started: strategy=single step=40 train_steps=60" in out
     assert storage.read_bytes(f"{job}/checkpoints/checkpoint").startswith(
         b'model_checkpoint_path: "ckpt-60"')
+
+
+def test_flag_choices_match_the_model_module():
+    from trainer import model
+    assert task.MODELS == model.MODELS  # repeated in task.py to keep TensorFlow unloaded
