@@ -111,6 +111,7 @@ class Replica:
     peak_rss: int = 0   # bytes, max over samples of the process tree's RSS
     hwm_rss: int = 0    # bytes, the kernel's high-water mark (VmHWM) of the main process
     cpu_seconds: float = 0.0
+    cpu_samples: list = dataclasses.field(default_factory=list)  # (monotonic, cpu seconds)
 
     def stderr_tail(self, n: int = 15) -> str:
         try:
@@ -197,6 +198,7 @@ class Cluster:
                 replica.cpu_seconds = times.user + times.system
             except psutil.Error:
                 continue
+            replica.cpu_samples.append((time.monotonic(), replica.cpu_seconds))
             replica.peak_rss = max(replica.peak_rss, rss)
             replica.hwm_rss = max(replica.hwm_rss, _vm_hwm(replica.proc.pid))
 
@@ -395,6 +397,7 @@ def throughput(lines, batch_size: int, skip_fraction: float = 0.1) -> dict:
         "examples_per_s": round(examples / window, 1),
         "ms_per_step": round(1000 * window / (last["step"] - first["step"]), 3),
         "window_steps": [first["step"], last["step"]],
+        "window_t": [round(first["t"], 3), round(last["t"], 3)],
         "window_s": round(window, 2),
         "reported_examples_per_s_median": round(_median(reported), 1) if reported else None,
     }
@@ -524,11 +527,46 @@ def measure(label: str, args: Sequence[str], *, batch_size: int, module: str = "
     evals = parse_evals(run.lines)
     if evals:
         record["final_test_accuracy"] = evals[-1]["accuracy"]
-    print(f"   {record['examples_per_s']:,.0f} examples/s ({record['ms_per_step']} ms/step; "
+    record.update(window_cpu(run, record, batch_size))
+    print(f"   {record['examples_per_s']:,.0f} examples/s ({record['ms_per_step']} ms/step, "
+          f"{record.get('cpu_ms_per_step')} CPU-ms/step; "
           f"trainer says {record['reported_examples_per_s_median']}), peak RSS "
           + ", ".join(f"{k} {v:.0f}" for k, v in record["peak_rss_mib"].items()) + " MiB"
           + f", load {load[0]}", flush=True)
     return record
+
+
+def window_cpu(run: RunResult, record: dict, batch_size: int) -> dict:
+    """CPU seconds all replicas together spent inside the throughput window.
+
+    On a shared machine wall time depends on what else runs; CPU time per step much
+    less so. examples per CPU-second x free cores approximates examples/s on an idle
+    machine (as long as the replicas can keep those cores busy)."""
+    t0, t1 = (run.leader.started + t for t in record["window_t"])
+    total = 0.0
+    for replica in run.replicas:
+        a, b = _cpu_at(replica.cpu_samples, t0), _cpu_at(replica.cpu_samples, t1)
+        if a is None or b is None:
+            return {}
+        total += b - a
+    steps = record["window_steps"][1] - record["window_steps"][0]
+    if total <= 0 or steps <= 0:
+        return {}
+    return {"cpu_s_in_window": round(total, 2),
+            "cpu_ms_per_step": round(1000 * total / steps, 2),
+            "examples_per_cpu_s": round(steps * batch_size / total, 1),
+            "cores_busy": round(total / (t1 - t0), 2)}
+
+
+def _cpu_at(samples: list, when: float) -> float | None:
+    """CPU seconds at `when`, linearly interpolated between the samples around it
+    (a process that had exited by then keeps its last value)."""
+    if not samples or when < samples[0][0]:
+        return None
+    for (ta, ca), (tb, cb) in zip(samples, samples[1:]):
+        if ta <= when <= tb:
+            return ca + (cb - ca) * (when - ta) / max(tb - ta, 1e-9)
+    return samples[-1][1]
 
 
 def _describe_cluster(workers: int, ps: int) -> str:

@@ -90,6 +90,10 @@ def summarize(runs: list[dict], models: list[str], packed: list[int]) -> dict:
                          "overhead_ms_per_step": round(ps - single, 3),
                          "overhead_ms_per_scheduled_function": round((ps - single) * spe, 2),
                          "ps_over_single": round(ps / single, 3)})
+            if "cpu_ms_per_step" in got["single"] and "cpu_ms_per_step" in got["ps"]:
+                # CPU of every replica together: the work distribution adds per step.
+                rows[-1].update(single_cpu_ms_per_step=got["single"]["cpu_ms_per_step"],
+                                ps_cpu_ms_per_step=got["ps"]["cpu_ms_per_step"])
         out[model] = {"rows": rows, "recommendation": recommend(rows)}
     return out
 

@@ -20,22 +20,30 @@ def machine_line(result: dict) -> str:
             f"after {result['load_average_after']}")
 
 
-def throughput(result: dict) -> list[str]:
-    out = ["### Single-node throughput (batch 100, examples/s after warm-up)", "",
+def throughput(result: dict, title: str) -> list[str]:
+    out = [f"### {title} (batch 100, examples/s after warm-up)", "",
            f"Machine: {machine_line(result)}", ""]
     for model, entry in result["summary"].items():
-        ref = entry["configs"].get("keras fit (defaults)", {}).get("examples_per_s_median")
-        out += [f"**{model.upper()}** (trainer / keras fit = "
-                f"{entry.get('ratio_trainer_over_keras')})", "",
-                "| configuration | examples/s (median) | runs | ms/step | vs keras fit | "
-                "test acc. after run | peak RSS MiB |", "|---|---:|---:|---:|---:|---:|---:|"]
+        ref = entry["configs"].get("keras fit (defaults)", {})
+        ratio = f"trainer / keras fit = {entry.get('ratio_trainer_over_keras')} in examples/s"
+        if "ratio_cpu_trainer_over_keras" in entry:
+            ratio += f", {entry['ratio_cpu_trainer_over_keras']} in CPU time per step"
+        out += [f"**{model.upper()}** ({ratio})", "",
+                "| configuration | examples/s (median) | all runs | ms/step | vs keras fit | "
+                "CPU-ms/step | vs keras fit (CPU) | test acc. after run | peak RSS MiB |",
+                "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
         for label, row in entry["configs"].items():
-            rel = f"{row['examples_per_s_median'] / ref:.2f}x" if ref else "-"
+            rel = (f"{row['examples_per_s_median'] / ref['examples_per_s_median']:.2f}x"
+                   if ref else "-")
+            cpu = row.get("cpu_ms_per_step_median")
+            rel_cpu = (f"{ref['cpu_ms_per_step_median'] / cpu:.2f}x"
+                       if cpu and ref.get("cpu_ms_per_step_median") else "-")
             acc = row.get("final_test_accuracy")
-            out.append(f"| {label} | {row['examples_per_s_median']:,.0f} | "
-                       f"{len(row['examples_per_s_all'])} | {row['ms_per_step_median']:.2f} | "
-                       f"{rel} | {acc if acc is not None else '-'} | "
-                       f"{row['peak_rss_mib']:,.0f} |")
+            runs = ", ".join(f"{v:,.0f}" for v in row["examples_per_s_all"])
+            out.append(f"| {label} | {row['examples_per_s_median']:,.0f} | {runs} | "
+                       f"{row['ms_per_step_median']:.2f} | {rel} | "
+                       f"{f'{cpu:.2f}' if cpu else '-'} | {rel_cpu} | "
+                       f"{acc if acc is not None else '-'} | {row['peak_rss_mib']:,.0f} |")
         out.append("")
     return out
 
@@ -46,13 +54,15 @@ def overhead(result: dict) -> list[str]:
     for model, entry in result["summary"].items():
         out += [f"**{model.upper()}**: recommended {entry['recommendation']}", "",
                 "| steps packed | single ms/step | ps ms/step | overhead ms/step | "
-                "overhead ms per scheduled function | ps / single |",
-                "|---:|---:|---:|---:|---:|---:|"]
+                "overhead ms per scheduled function | ps / single | CPU-ms/step single | "
+                "CPU-ms/step ps (all replicas) |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in entry["rows"]:
             out.append(f"| {r['steps_per_execution']} | {r['single_ms_per_step']:.2f} | "
                        f"{r['ps_ms_per_step']:.2f} | {r['overhead_ms_per_step']:.2f} | "
                        f"{r['overhead_ms_per_scheduled_function']:.1f} | "
-                       f"{r['ps_over_single']:.2f} |")
+                       f"{r['ps_over_single']:.2f} | {r.get('single_cpu_ms_per_step', '-')} | "
+                       f"{r.get('ps_cpu_ms_per_step', '-')} |")
         out.append("")
     return out
 
@@ -60,14 +70,15 @@ def overhead(result: dict) -> list[str]:
 def scaling(result: dict) -> list[str]:
     out = [f"### Scaling on one machine ({result['model'].upper()}, batch 100, "
            f"{result['train_steps']} steps)", "", f"Machine: {machine_line(result)}", "",
-           "| configuration | examples/s | vs single node | peak RSS MiB by replica | "
-           "CPU s by replica |", "|---|---:|---:|---|---|"]
+           "| configuration | examples/s | vs single node | CPU-ms/step (all replicas) | "
+           "examples per CPU-s | peak RSS MiB by replica | load at start |",
+           "|---|---:|---:|---:|---:|---|---|"]
     for r in result["runs"]:
         rate = f"{r['examples_per_s']:,.0f}" if "examples_per_s" in r else "failed"
         mem = ", ".join(f"{k} {v:,.0f}" for k, v in r["peak_rss_mib"].items())
-        cpu = ", ".join(f"{k} {v:.0f}" for k, v in r["cpu_s"].items())
-        out.append(f"| {r['label']} | {rate} | {r.get('relative_to_single', '-')} | {mem} "
-                   f"| {cpu} |")
+        out.append(f"| {r['label']} | {rate} | {r.get('relative_to_single', '-')} | "
+                   f"{r.get('cpu_ms_per_step', '-')} | {r.get('examples_per_cpu_s', '-')} | "
+                   f"{mem} | {r['load_average'][0]} |")
     net = result["network_model"]
     out += ["", f"### Network model ({net['model'].upper()}: {net['parameters']:,} parameters, "
             f"{net['weights_bytes'] / 1e6:.2f} MB of float32 weights, "
@@ -131,8 +142,12 @@ def memory(result: dict) -> list[str]:
 
 def main() -> int:
     lines: list[str] = []
-    for name, render in (("throughput", throughput), ("overhead", overhead),
-                         ("scaling", scaling)):
+    for name, title in (("throughput_core", "Trainer against Keras fit, interleaved repeats"),
+                        ("throughput", "Single-node throughput, every variant")):
+        result = common.read_json(name)
+        if result:
+            lines += throughput(result, title)
+    for name, render in (("overhead", overhead), ("scaling", scaling)):
         result = common.read_json(name)
         if result:
             lines += render(result)

@@ -118,7 +118,8 @@ def plot(suffix: str = "") -> None:
                      color=c, markersize=3, label=f"{names[setup]}: test loss")
         ax_acc.plot([e["t"] / 60 for e in evals], [e["accuracy"] for e in evals], "o-",
                     color=c, markersize=3,
-                    label=f"{names[setup]} (final {r['final_test_accuracy']:.4f})"
+                    label=f"{names[setup]} (last: {r['final_test_accuracy']:.4f} at step "
+                    f"{r['final_step']}{'' if r['rc'] == 0 else ', stopped early'})"
                     if r.get("final_test_accuracy") else names[setup])
         if r.get("seconds_to_target"):
             ax_acc.axvline(r["seconds_to_target"] / 60, color=c, linestyle=":", linewidth=1)
