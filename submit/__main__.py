@@ -89,11 +89,13 @@ def cli():
               help="Follow the job's logs until it ends (default), or return at once.")
 @click.option("--dry-run", is_flag=True, help="Print the resolved plan as JSON; run nothing.")
 @click.option("--resume", is_flag=True, help="Reuse a job id already used in the job dir.")
-@click.option("--restart-policy", default="Never", show_default=True,
+@click.option("--restart-policy", default=None,
               type=click.Choice(specs.RESTART_POLICIES),
-              help="When a replica that exits is started again.")
-@click.option("--max-restarts", default=0, show_default=True, type=int,
-              help="Restarts allowed per replica.")
+              help="When a replica that exits is started again, for every replica type "
+                   "[default: each type's restartPolicy in --config, else Never].")
+@click.option("--max-restarts", default=None, type=int,
+              help="Restarts allowed per replica [default: each type's maxRestarts in "
+                   "--config, else 0].")
 @click.pass_context
 def submit_command(ctx, job_id, scale_tier, config_path, job_dir, staging_bucket,
                    package_path, module_name, worker_count, parameter_server_count,

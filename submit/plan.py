@@ -44,6 +44,8 @@ class ReplicaPlan:
     env: Mapping[str, str]
     tf_config: Mapping[str, Any]
     log_file: str
+    restart_policy: str = "Never"   # this replica's, from its type's group
+    max_restarts: int = 0
 
     @property
     def is_chief(self) -> bool:
@@ -161,12 +163,14 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
                          "job": dict(spec.training_input), "environment": "cloud"}
             label = f"{LABEL_TYPES[task_type]}-replica-{index}"
             hosts = cluster.get(name, ())
+            group = spec.group(task_type)
             replicas.append(ReplicaPlan(
                 label=label, task_type=name, index=index,
                 address=hosts[index] if index < len(hosts) else None,
                 command=(python, "-m", spec.module_name, *trainer_args),
                 env={**base_env, "TF_CONFIG": json.dumps(tf_config, sort_keys=True)},
-                tf_config=tf_config, log_file=os.path.join(log_dir, f"{label}.log")))
+                tf_config=tf_config, log_file=os.path.join(log_dir, f"{label}.log"),
+                restart_policy=group.restart_policy, max_restarts=group.max_restarts))
     return JobPlan(
         job_id=spec.job_id, mode=mode, scale_tier=spec.scale_tier, job_dir=job_dir,
         replica_job_dir=replica_job_dir, run_dir=run_dir, log_dir=log_dir,

@@ -21,6 +21,7 @@ from submit.errors import ConfigError, UsageError
 
 CHIEF, MASTER, WORKER, PS, EVALUATOR = "chief", "master", "worker", "ps", "evaluator"
 MAX_CONFIG_BYTES = 1024 * 1024
+MAX_CONFIG_DEPTH = 50  # a job config nests 4 deep; parsers recurse per level
 MAX_REPLICAS_PER_TYPE = 64  # a local runner starts one process per replica
 JOB_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 URL_SCHEMES = ("file", "memory", "gs")
@@ -65,7 +66,9 @@ TRAINING_INPUT_KEYS: dict[str, tuple] = {
     "pythonModule": (str,), "hyperparameters": (dict,), "useChiefInTfConfig": (bool,),
 }
 TOP_LEVEL_KEYS = ("trainingInput", "labels", "jobId")
-REPLICA_CONFIG_KEYS = ("acceleratorConfig",)
+# Per replica type: its GPUs, and (as Kubeflow's replica specs) when it is restarted.
+REPLICA_CONFIG_KEYS = ("acceleratorConfig", "restartPolicy", "maxRestarts")
+MAX_RESTARTS = 100
 ACCELERATOR_KEYS = ("count", "type")
 # (task type, count key, machine type key, replica config key)
 GROUP_KEYS = ((WORKER, "workerCount", "workerType", "workerConfig"),
@@ -81,6 +84,8 @@ class ReplicaGroup:
     count: int
     machine_type: str
     gpus: int = 0
+    restart_policy: str = "Never"   # Never, OnFailure, ExitCode, Always
+    max_restarts: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +114,9 @@ class JobSpec:
     def count(self, task_type: str) -> int:
         return sum(g.count for g in self.groups if g.task_type == task_type)
 
+    def group(self, task_type: str) -> ReplicaGroup | None:
+        return next((g for g in self.groups if g.task_type == task_type), None)
+
     @property
     def gpus_needed(self) -> int:
         return max((g.gpus for g in self.groups), default=0)
@@ -134,6 +142,9 @@ def load_config(path: str) -> dict:
             document = json.loads(text)
         except ValueError as exc:
             raise ConfigError(f"--config {path} is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ConfigError(f"--config {path} nests values too deeply; a job config "
+                              f"needs at most {MAX_CONFIG_DEPTH} levels") from None
     else:
         document = _safe_yaml(text, path)
     if not isinstance(document, dict):
@@ -149,9 +160,19 @@ def load_config(path: str) -> dict:
 
 
 def _safe_yaml(text: str, path: str) -> Any:
-    """yaml.safe_load, after refusing aliases (a few lines of them expand to gigabytes)."""
+    """yaml.safe_load, after refusing aliases (a few lines of them expand to gigabytes)
+    and deep nesting (the loader recurses once per level: thousands overflow the stack)."""
+    depth = 0
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_CONFIG_DEPTH:
+                    raise ConfigError(
+                        f"--config {path} line {event.start_mark.line + 1} nests values "
+                        f"more than {MAX_CONFIG_DEPTH} levels deep; a job config needs 4")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
             if isinstance(event, yaml.AliasEvent):
                 line = event.start_mark.line + 1
                 raise ConfigError(f"--config {path} line {line} uses the YAML alias "
@@ -180,6 +201,14 @@ def check_training_input(ti: Mapping[str, Any]) -> None:
         if config is None:
             continue
         _no_unknown(config, REPLICA_CONFIG_KEYS, f"trainingInput.{key}")
+        policy = config.get("restartPolicy", "Never")
+        if policy not in RESTART_POLICIES:
+            raise ConfigError(f"trainingInput.{key}.restartPolicy must be one of "
+                              f"{', '.join(RESTART_POLICIES)}, not {policy!r:.60}")
+        most = config.get("maxRestarts", 0)
+        if isinstance(most, bool) or not isinstance(most, int) or not 0 <= most <= MAX_RESTARTS:
+            raise ConfigError(f"trainingInput.{key}.maxRestarts must be an integer from 0 "
+                              f"to {MAX_RESTARTS}, not {most!r:.60}")
         accel = config.get("acceleratorConfig", {})
         if not isinstance(accel, dict):
             raise ConfigError(f"trainingInput.{key}.acceleratorConfig must be a mapping "
@@ -194,9 +223,12 @@ def check_training_input(ti: Mapping[str, Any]) -> None:
 def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
             worker_count=None, parameter_server_count=None, evaluator_count=None,
             job_dir=None, staging_bucket=None, package_path=None, module_name=None,
-            args=None, restart_policy="Never", max_restarts=0,
+            args=None, restart_policy=None, max_restarts=None,
             staged=True) -> JobSpec:
     """Merge flags (None when not given) over trainingInput and check the result.
+
+    Restarts: --restart-policy/--max-restarts, when given, apply to every replica type;
+    otherwise each type's `<type>Config.restartPolicy/maxRestarts` (default Never, 0).
 
     staged=False is `local train`: the working tree runs, nothing needs a staging place.
     """
@@ -244,12 +276,17 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
     elif staged and not job_dir and not staging_bucket:
         raise UsageError("If local packages are provided, the --staging-bucket or "
                          "--job-dir flag must be given.")
-    if restart_policy not in RESTART_POLICIES:
+    if restart_policy is not None and restart_policy not in RESTART_POLICIES:
         raise UsageError(f"unknown --restart-policy {restart_policy!r}; use one of "
                          f"{', '.join(RESTART_POLICIES)}")
-    if isinstance(max_restarts, bool) or not 0 <= max_restarts <= 100:
-        raise UsageError(f"--max-restarts {max_restarts} is out of range; use 0 to 100")
-    groups = _groups(SCALE_TIERS[tier_name], ti)
+    if max_restarts is not None and (isinstance(max_restarts, bool) or
+                                     not 0 <= max_restarts <= MAX_RESTARTS):
+        raise UsageError(f"--max-restarts {max_restarts} is out of range; use 0 to "
+                         f"{MAX_RESTARTS}")
+    groups = tuple(_with_restarts(g, ti, restart_policy, max_restarts)
+                   for g in _groups(SCALE_TIERS[tier_name], ti))
+    restart_policy = restart_policy or "Never"
+    max_restarts = max_restarts or 0
     use_chief = ti.get("useChiefInTfConfig", True)
     ti["useChiefInTfConfig"] = use_chief
     return JobSpec(job_id=job_id, scale_tier=tier_name, groups=groups, job_dir=job_dir,
@@ -259,11 +296,26 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
                    max_restarts=max_restarts)
 
 
+def _with_restarts(group: ReplicaGroup, ti: dict, policy, most) -> ReplicaGroup:
+    """The group with its restart policy: the flags', else its type's config's."""
+    key = CONFIG_KEYS[group.task_type]
+    config = ti.get(key) or {}
+    return dataclasses.replace(
+        group, restart_policy=policy or config.get("restartPolicy", "Never"),
+        max_restarts=most if most is not None else config.get("maxRestarts", 0))
+
+
+CONFIG_KEYS = {CHIEF: "masterConfig", **{t: cfg for t, _, _, cfg in GROUP_KEYS}}
+
+
 def _groups(tier: ScaleTier, ti: dict) -> tuple[ReplicaGroup, ...]:
     custom = tier.name == "CUSTOM"
     if not custom:
-        given = [k for _, c, t, cfg in GROUP_KEYS for k in (c, t, cfg) if k in ti]
-        given += [k for k in ("masterType", "masterConfig") if k in ti]
+        # A fixed tier fixes counts, machines and GPUs; restart settings are free.
+        given = [k for _, c, t, cfg in GROUP_KEYS for k in (c, t, cfg) if k in ti
+                 and (k != cfg or "acceleratorConfig" in (ti[k] or {}))]
+        given += [k for k in ("masterType", "masterConfig") if k in ti
+                  and (k != "masterConfig" or "acceleratorConfig" in (ti[k] or {}))]
         if given:
             flag = {"workerCount": "--worker-count", "parameterServerCount":
                     "--parameter-server-count", "evaluatorCount": "--evaluator-count"}

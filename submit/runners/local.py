@@ -7,11 +7,15 @@ SIGKILL. SIGINT or SIGTERM to the supervising process cancels the job (CANCELLIN
 CANCELLED). Replicas cannot outlive the supervisor even when it is SIGKILLed: each runs
 in its own session with PR_SET_PDEATHSIG=SIGTERM, and has MLJOB_PARENT_PID to watch.
 
-Restart policies, per job (as Kubeflow's TFJob names them): Never; OnFailure (any
-non-zero exit); ExitCode (exit statuses 128-255, the trainer's retryable ones: 143
-preempted, 200 peer unavailable, and deaths by signal); Always (ps, workers and
-evaluators also when they exit 0). Each replica may restart `max_restarts` times, after
-a back-off of 1, 2, 4 ... 30 seconds.
+Restart policies, per replica type (as Kubeflow's TFJob names them): Never; OnFailure
+(any non-zero exit); ExitCode (exit statuses 128-255, the trainer's retryable ones: 143
+preempted, 200 peer unavailable, and deaths by signal; 1-127 are permanent); Always (ps,
+workers and evaluators also when they exit 0). Each replica may restart its type's
+`max_restarts` times, after a back-off of 1, 2, 4 ... 30 seconds.
+
+A ps or worker serves until the job ends, and exits 0 when told to stop (SIGTERM): one
+that exits 0 while the chief still runs was stopped from outside (preempted), and is
+judged as exit status 143 would be, so that ExitCode and OnFailure bring it back.
 """
 from __future__ import annotations
 
@@ -47,6 +51,9 @@ except OSError:
 def exit_status(returncode: int) -> int:
     """Popen's -N (killed by signal N) as a shell reports it: 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+PREEMPTED = 143  # 128 + SIGTERM, the trainer's status after a stop request
 
 
 def should_restart(policy: str, status: int, *, is_chief: bool) -> bool:
@@ -212,8 +219,11 @@ class LocalRunner:
                 if replica is chief and status == 0:
                     self._drain_evaluators()
                     return jobs.SUCCEEDED, None
-                if (replica.restarts < self.plan.max_restarts and should_restart(
-                        self.plan.restart_policy, status, is_chief=replica.plan.is_chief)):
+                judged = status
+                if status == 0 and replica.plan.task_type in ("ps", "worker"):
+                    judged = PREEMPTED  # a server stopped before the job ended
+                if (replica.restarts < replica.plan.max_restarts and should_restart(
+                        replica.plan.restart_policy, judged, is_chief=replica.plan.is_chief)):
                     delay = min(2.0 ** replica.restarts, 30.0)
                     replica.restart_at = time.monotonic() + delay
                     self.terminal.note(f"{replica.plan.label} exited with status {status}; "
