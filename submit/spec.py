@@ -23,7 +23,7 @@ CHIEF, MASTER, WORKER, PS, EVALUATOR = "chief", "master", "worker", "ps", "evalu
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_CONFIG_DEPTH = 50  # a job config nests 4 deep; parsers recurse per level
 MAX_REPLICAS_PER_TYPE = 64  # a local runner starts one process per replica
-JOB_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
+JOB_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # whole string: fullmatch
 URL_SCHEMES = ("file", "memory", "gs")
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
 
@@ -181,8 +181,8 @@ def _safe_yaml(text: str, path: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"--config {path} is not valid YAML{where}: "
-                          f"{getattr(exc, 'problem', None) or exc}") from None
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
+        raise ConfigError(f"--config {path} is not valid YAML{where}: {problem}") from None
 
 
 def check_training_input(ti: Mapping[str, Any]) -> None:
@@ -367,7 +367,7 @@ def _gpus(ti: dict, config_key: str, machine: str) -> int:
 
 
 def check_job_id(job_id: str) -> None:
-    if not JOB_ID.match(job_id or ""):
+    if not JOB_ID.fullmatch(job_id or ""):  # `$` would let "job01\n" through
         raise UsageError(f"invalid job id {job_id!r}: use letters, digits and underscores, "
                          "starting with a letter, at most 128 characters (e.g. job01)")
 
