@@ -432,6 +432,15 @@ def write_json(name: str, payload: dict, load_before: list[float] | None = None)
     return path
 
 
+def update_json(name: str, record: dict) -> None:
+    """Rewrite a result in place (a recomputed summary), keeping its date and loads."""
+    path = os.path.join(RESULTS, f"{name}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=2)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
 def read_json(name: str) -> dict | None:
     path = os.path.join(RESULTS, f"{name}.json")
     if not os.path.exists(path):
