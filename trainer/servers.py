@@ -11,6 +11,14 @@ main thread waits on an Event instead, and the process ends with `os._exit` when
   stopping it), checked every `PARENT_POLL_SECONDS`.
 
 A server stopped this way exits 0: for a ps or worker, being stopped is how a job ends.
+
+A chief (or evaluator) stopped this way saves a checkpoint first, which needs its peers:
+under ps a step in flight on a worker that is gone never finishes, and the main thread
+waits inside TensorFlow, where neither the stop flag nor the launcher's death is looked
+at. So `install()` also starts a watchdog thread that notices the launcher's death by
+itself and ends the process (exit 143, without the new checkpoint) once a stop request
+has gone unanswered for `MLJOB_STOP_DEADLINE` seconds (default 60): a process asked to
+stop never lives on, orphaned, waiting for peers that are gone.
 """
 from __future__ import annotations
 
@@ -24,6 +32,9 @@ from trainer.cluster import ClusterInfo
 
 PARENT_PID_ENV = "MLJOB_PARENT_PID"
 PARENT_POLL_SECONDS = 1.0
+STOP_DEADLINE_ENV = "MLJOB_STOP_DEADLINE"
+STOP_DEADLINE_SECONDS = 60.0
+EXIT_PREEMPTED = 143  # trainer.errors.EXIT_PREEMPTED (not imported: keep this module light)
 
 
 class StopSignal:
@@ -39,11 +50,30 @@ class StopSignal:
         self.parent_gone = False
         self._parent = _parse_pid(environ.get(PARENT_PID_ENV))
         self._next_parent_check = 0.0
+        self._lock = threading.Lock()
+        self._deadline = _parse_seconds(environ.get(STOP_DEADLINE_ENV), STOP_DEADLINE_SECONDS)
+        self._watchdog: threading.Thread | None = None
 
     def install(self) -> "StopSignal":
         signal.signal(signal.SIGTERM, self._handle)
         signal.signal(signal.SIGINT, self._handle)
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(target=self._watch, name="stop-watchdog",
+                                              daemon=True)
+            self._watchdog.start()
         return self
+
+    def _watch(self) -> None:
+        """Notice a stop even while the main thread waits in TensorFlow; end the process
+        when the stop has gone unanswered for the deadline."""
+        while not self.requested():
+            self._event.wait(PARENT_POLL_SECONDS)
+        time.sleep(self._deadline)
+        _say(f"error: still running {self._deadline:g} s after the stop request "
+             f"({self.reason()}): a step in flight never finished (its peers are gone?); "
+             "exiting without a new checkpoint, run again to resume from the latest one",
+             sys.stderr)
+        _exit(EXIT_PREEMPTED)
 
     def install_default(self) -> "StopSignal":
         """For replicas with nothing to save: SIGTERM and SIGINT end the process at once
@@ -61,12 +91,13 @@ class StopSignal:
         PARENT_POLL_SECONDS, so calling this every step costs nothing)."""
         if self._event.is_set():
             return True
-        now = time.monotonic()
-        if self._parent is not None and now >= self._next_parent_check:
-            self._next_parent_check = now + PARENT_POLL_SECONDS
-            if not _alive(self._parent):
-                self.parent_gone = True
-                self._event.set()
+        with self._lock:  # the main thread and the watchdog both ask
+            now = time.monotonic()
+            if self._parent is not None and now >= self._next_parent_check:
+                self._next_parent_check = now + PARENT_POLL_SECONDS
+                if not _alive(self._parent):
+                    self.parent_gone = True
+                    self._event.set()
         return self._event.is_set()
 
     def wait(self, timeout: float) -> bool:
@@ -100,14 +131,34 @@ def serve(info: ClusterInfo, stop: StopSignal) -> int:
           flush=True)
     while not stop.wait(3600):
         pass
-    print(f"{info.task_name} stopping: {stop.reason()}", flush=True)
+    _say(f"{info.task_name} stopping: {stop.reason()}", sys.stdout)
     _exit(0)
 
 
+def _say(text: str, stream) -> None:
+    """Print a line; a launcher that died took the pipe with it, which must not keep
+    this process from exiting (SIGPIPE is ignored in Python: writes raise)."""
+    try:
+        print(text, file=stream, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 def _exit(status: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
     os._exit(status)
+
+
+def _parse_seconds(text: str | None, default: float) -> float:
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 def _parse_pid(text: str | None) -> int | None:
