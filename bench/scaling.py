@@ -87,16 +87,31 @@ def main(argv=None) -> int:
     for r in runs:
         if single and "examples_per_s" in r:
             r["relative_to_single"] = round(r["examples_per_s"] / single["examples_per_s"], 3)
-    network = network_model(args.model, args.batch_size,
-                            1000 / single["ms_per_step"] if single else None)
-    common.write_json("scaling", {"model": args.model, "batch_size": args.batch_size,
-                                  "train_steps": steps, "quick": args.quick, "runs": runs,
-                                  "network_model": network}, load_before)
+    network = network_model(args.model, args.batch_size, host_steps_per_s(single))
+    if args.model_only and previous:
+        previous.update(runs=runs, network_model=network)
+        common.update_json("scaling", previous)
+    else:
+        common.write_json("scaling", {"model": args.model, "batch_size": args.batch_size,
+                                      "train_steps": steps, "quick": args.quick,
+                                      "runs": runs, "network_model": network}, load_before)
     plot(runs, network, args.model)
     for r in runs:
         print(f"{r['label']:34s} {r.get('examples_per_s', 'failed')!s:>10} examples/s "
               f"({r.get('relative_to_single', '-')}x single)")
     return 0
+
+
+def host_steps_per_s(single: dict | None) -> float | None:
+    """One idle host's training steps/s: this machine's examples per CPU-second times its
+    cores (the shared machine's wall time says more about its load than about the
+    trainer); the wall-time figure when no CPU figure was recorded."""
+    if not single:
+        return None
+    if single.get("examples_per_cpu_s"):
+        cores = common.machine()["logical_cores"]
+        return single["examples_per_cpu_s"] * cores / single.get("batch_size", 100)
+    return 1000 / single["ms_per_step"]
 
 
 def network_model(model: str, batch_size: int, single_steps_per_s: float | None) -> dict:
@@ -138,17 +153,21 @@ def plot(runs: list[dict], network: dict, model: str) -> None:
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5))
     done = [r for r in runs if "examples_per_s" in r]
     labels = [r["label"] for r in done]
-    values = [r["examples_per_s"] for r in done]
+    # Examples per CPU-second of all replicas together: what distribution costs, steady
+    # whatever else the shared machine runs (wall examples/s printed above each bar).
+    by_cpu = all(r.get("examples_per_cpu_s") for r in done)
+    values = [r["examples_per_cpu_s"] if by_cpu else r["examples_per_s"] for r in done]
     colors = ["#4c72b0" if r["strategy"] == "single" else
               "#c44e52" if r["strategy"] == "ps" else "#55a868" for r in done]
     bars = ax.bar(range(len(done)), values, color=colors)
-    for bar, r in zip(bars, done):
-        ax.annotate(f"{r['examples_per_s']:,.0f}\n{r.get('relative_to_single', 1):.2f}x",
+    for bar, r, v in zip(bars, done, values):
+        ax.annotate(f"{v:,.0f} ({v / values[0]:.2f}x)\nwall {r['examples_per_s']:,.0f}/s",
                     (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(done)))
     ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=7)
-    ax.set_ylabel("examples/s (after warm-up)")
+    ax.set_ylabel("examples per CPU-second, all replicas" if by_cpu
+                  else "examples/s (after warm-up)")
     ax.set_title(f"{model.upper()} on one 2-core machine: the cost of distribution",
                  fontsize=10)
     ax.set_ylim(top=max(values or [1]) * 1.2)
