@@ -95,6 +95,10 @@ CONFIGS = {
     "args not strings": ("trainingInput:\n  args: [1, 2]\n", "args must be a list of strings"),
     "unknown replica config key": ("trainingInput:\n  workerConfig: {imageUri: x}\n",
                                    "workerConfig has unknown key 'imageUri'"),
+    "unknown restart policy": ("trainingInput:\n  workerConfig: {restartPolicy: Sometimes}\n",
+                               "workerConfig.restartPolicy must be one of Never, OnFailure"),
+    "negative maxRestarts": ("trainingInput:\n  masterConfig: {maxRestarts: -1}\n",
+                             "masterConfig.maxRestarts must be an integer from 0 to 100"),
     "count below zero in accelerator": (
         "trainingInput:\n  masterConfig: {acceleratorConfig: {count: -1}}\n",
         "count must be a non-negative integer"),
@@ -120,6 +124,18 @@ def test_deeply_nested_json_config_exits_2(capsys, tmp_path, pkg):
     status, err = submit(capsys, "job01", "--job-dir", str(tmp_path / "job"),
                          "--package-path", pkg, "--config", str(config))
     assert status == 2 and "nests values too deeply" in one_error_line(err)
+    nothing_written(tmp_path / "job")
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--restart-policy", "Sometimes"], "Invalid value for '--restart-policy'"),
+    (["--max-restarts", "101"], "--max-restarts 101 is out of range; use 0 to 100"),
+    (["--max-restarts", "-1"], "--max-restarts -1 is out of range"),
+])
+def test_bad_restart_flags_exit_2(capsys, tmp_path, pkg, flags, words):
+    status, err = submit(capsys, "job01", "--job-dir", str(tmp_path / "job"),
+                         "--package-path", pkg, *flags)
+    assert status == 2 and words in one_error_line(err)
     nothing_written(tmp_path / "job")
 
 
