@@ -14,6 +14,14 @@ costs about 10 ms per function, a step of the MLP about 1 ms).
 
 Only the chief writes (checkpoints, summaries, the export); the other multiworker replicas
 take part in every save (TensorFlow's pattern) but write to temp dirs they delete.
+
+Stopping under multiworker: a replica that gets SIGTERM (or loses its launcher) only
+sets a flag. Each chunk all-reduces every replica's flag after its last step, so all
+replicas learn of a stop at the end of the same chunk, save the same step together and
+exit 143. Replicas never decide alone: one that left the step loop early would leave the
+others waiting in a collective. (TensorFlow's `PreemptionCheckpointHandler` does the same
+through the coordination service, but saves with its own checkpoint manager, not to our
+job dir, and exits by itself.)
 """
 from __future__ import annotations
 
@@ -78,9 +86,12 @@ class TrainConfig:
 class Replica:
     """The model, its optimizer and step, and the compiled chunk of training steps."""
 
-    def __init__(self, strategy, coordinator, config: TrainConfig, num_workers: int = 1):
+    def __init__(self, strategy, coordinator, config: TrainConfig, num_workers: int = 1,
+                 *, agree_on_stop: bool = False):
         self.strategy, self.coordinator, self.config = strategy, coordinator, config
         self.num_workers = num_workers
+        # Under multiworker every chunk all-reduces the replicas' stop flags (see above).
+        self.agree_on_stop = agree_on_stop
         with strategy.scope():
             self.model = model_lib.build(config.model, dropout=config.dropout,
                                          seed=config.seed)
@@ -136,28 +147,39 @@ class Replica:
         correct = tf.cast(tf.equal(tf.argmax(logits, axis=1), labels), tf.float32)
         return loss, tf.reduce_mean(correct)
 
-    def _train_chunk(self, iterator, num_steps):
+    def _train_chunk(self, iterator, num_steps, stop_flag):
         # Steps before the last return nothing: fetching values costs a round trip.
         for _ in tf.range(num_steps - 1):
             self.strategy.run(self._train_step, args=next(iterator))
         loss, accuracy = self.strategy.run(self._train_step, args=next(iterator))
         sum_, mean = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
+        stops = stop_flag
+        if self.agree_on_stop:  # how many replicas were asked to stop, the same on all
+            stops = self.strategy.run(_all_replicas_sum, args=(stop_flag,))
+            stops = self.strategy.experimental_local_results(stops)[0]
         return (self.strategy.reduce(sum_, loss, axis=None),
-                self.strategy.reduce(mean, accuracy, axis=None))
+                self.strategy.reduce(mean, accuracy, axis=None), stops)
 
-    def run_chunk(self, num_steps: int):
-        """Run (or, under ps, schedule) num_steps steps; a handle for `result`."""
+    def run_chunk(self, num_steps: int, stop: bool = False):
+        """Run (or, under ps, schedule) num_steps steps; a handle for `result`. `stop`
+        is this replica's stop flag, which `stopping(handle)` reports agreed on."""
         n = tf.constant(num_steps, dtype=tf.int32)
+        flag = tf.constant(1.0 if stop else 0.0)
         if self.coordinator is not None:
-            return self.coordinator.schedule(self._chunk, args=(self._iterator, n))
-        return self._chunk(self._iterator, n)
+            return self.coordinator.schedule(self._chunk, args=(self._iterator, n, flag))
+        return self._chunk(self._iterator, n, flag)
 
     def result(self, handle) -> tuple[float, float]:
         if self.coordinator is not None:
-            loss, accuracy = handle.fetch()
+            loss, accuracy, _ = handle.fetch()
         else:
-            loss, accuracy = handle
+            loss, accuracy, _ = handle
         return float(loss), float(accuracy)
+
+    def stopping(self, handle) -> bool:
+        """Under multiworker: whether any replica asked to stop before this chunk ran
+        (every replica gets the same answer, from the chunk's all-reduce)."""
+        return float(handle[2]) > 0
 
     def sync(self) -> None:
         """Wait until every scheduled step has run (under ps); a no-op otherwise."""
@@ -174,17 +196,17 @@ def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> 
         raise Preempted(f"stopped while waiting for the cluster ({stop.reason()})")
     strategy, coordinator = make_strategy(kind, info, config.ps_shards)
     # TensorFlow's coordination service (multiworker) sets its own SIGTERM handler in
-    # C++ when the strategy starts, which swallows the signal: take it back.
-    if chief:
-        stop.install()
-    else:  # nothing to save: die at once, even inside a collective that waits forever
-        stop.install_default()
+    # C++ when the strategy starts, which swallows the signal: take it back. Every
+    # replica that trains takes part in the save (multiworker peers through the
+    # all-reduced stop flag); the watchdog ends one whose peers never answer.
+    stop.install()
     replicas = info.num_workers if kind == "ps" else strategy.num_replicas_in_sync
     if kind in ("multiworker", "mirrored") and config.batch_size % replicas:
         raise UsageError(f"--batch-size {config.batch_size} cannot be split evenly over "
                          f"{replicas} replicas; use a multiple of {replicas}")
     dataset = data_lib.load(config.data_dir, config.train_files, config.eval_files)
-    replica = Replica(strategy, coordinator, config, num_workers=info.num_workers)
+    replica = Replica(strategy, coordinator, config, num_workers=info.num_workers,
+                      agree_on_stop=kind == "multiworker")
     store = CheckpointStore(config.job_dir, keep=config.keep_checkpoints, writer=chief)
     writers = SummaryWriters(config.job_dir, enabled=chief)
     try:
@@ -212,7 +234,8 @@ def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> 
                 f"{peer_named_in(str(exc), info)} stopped answering; restart the job to "
                 "resume from the latest checkpoint") from None
         if step < config.train_steps:
-            raise Preempted(f"stopped at step {step} ({stop.reason()}); checkpoint saved, "
+            why = stop.reason() if stop.requested() else "another replica was stopped"
+            raise Preempted(f"stopped at step {step} ({why}); checkpoint saved, "
                             "run again to resume")
         if chief:
             url = replica_export(replica, config)
@@ -221,6 +244,13 @@ def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> 
     finally:
         writers.close()
         store.close()
+
+
+def _all_replicas_sum(value):
+    # A tensor of this replica's own (identity): the argument itself, the same object on
+    # every local replica, has no device for MultiWorkerMirroredStrategy to reduce to.
+    return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
+                                                          tf.identity(value))
 
 
 def replica_export(replica: Replica, config: TrainConfig) -> str:
@@ -253,14 +283,15 @@ class _Loop:
         step, mark_step, mark_time = start, start, time.monotonic()
         started = time.monotonic()
         loss = accuracy = float("nan")
+        agree = self.replica.agree_on_stop
         while step < cfg.train_steps:
-            if stop.requested():
-                if not self.chief:  # nothing to save; never wait in a collective
-                    raise Preempted(f"stopped at step {step} ({stop.reason()})")
+            # Alone, a replica stops before a chunk; under multiworker all stop together
+            # after the chunk whose all-reduce first carries a stop flag (below).
+            if not agree and stop.requested():
                 break
             num = 1 if step == start else min(cfg.steps_per_execution,
                                               self._next_boundary(step) - step)
-            handle = self.replica.run_chunk(num)
+            handle = self.replica.run_chunk(num, stop=agree and stop.requested())
             step += num
             self.progress.bar(step)
             if step == start + 1 or step % cfg.log_every == 0 or step == cfg.train_steps:
@@ -273,7 +304,7 @@ class _Loop:
                 self.writers.train(step, loss=loss, accuracy=accuracy,
                                    learning_rate=cfg.learning_rate,
                                    steps_per_sec=steps_per_sec, examples_per_sec=examples)
-            if step == cfg.train_steps:
+            if step == cfg.train_steps or (agree and self.replica.stopping(handle)):
                 break
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                 self.save(step)
