@@ -75,13 +75,6 @@ class StopSignal:
              sys.stderr)
         _exit(EXIT_PREEMPTED)
 
-    def install_default(self) -> "StopSignal":
-        """For replicas with nothing to save: SIGTERM and SIGINT end the process at once
-        (the parent-death check still goes through `requested()`)."""
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        return self
-
     def _handle(self, signum, _frame) -> None:
         self.signum = signum
         self._event.set()
