@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 
 from conftest import ROOT, pid_alive
 from test_faults_cluster import Job

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import queue
 import subprocess
-import sys
 import threading
 import time
 import urllib.request

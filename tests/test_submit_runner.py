@@ -157,7 +157,7 @@ def test_custom_job_runs_each_replica_from_the_staged_package(capsys, tmp_path, 
         parent, ppid = printed(log_file, "parent").split()
         assert parent == ppid == str(os.getpid())  # MLJOB_PARENT_PID is the runner
     assert len(seen_ports) == 1  # every replica sees the same cluster
-    assert f"master-replica-0\tstep 3/3 loss=0.3" in out
+    assert "master-replica-0\tstep 3/3 loss=0.3" in out
 
 
 def test_second_submit_reuses_the_package_environment(capsys, tmp_path, pkg):
