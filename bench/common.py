@@ -399,11 +399,11 @@ def throughput(lines, batch_size: int, skip_fraction: float = 0.1) -> dict:
         "window_steps": [first["step"], last["step"]],
         "window_t": [round(first["t"], 3), round(last["t"], 3)],
         "window_s": round(window, 2),
-        "reported_examples_per_s_median": round(_median(reported), 1) if reported else None,
+        "reported_examples_per_s_median": round(median(reported), 1) if reported else None,
     }
 
 
-def _median(values: list[float]) -> float:
+def median(values: list[float]) -> float:
     values = sorted(values)
     mid = len(values) // 2
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2

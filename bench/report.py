@@ -1,6 +1,6 @@
 """The README's tables, printed as Markdown from bench/results/*.json.
 
-    python -m bench.report > /tmp/tables.md
+    python -m bench.report > tables.md
 
 Nothing is measured here; it only reads what the benchmarks wrote, so the numbers in
 bench/README.md can be regenerated and checked against the JSON files.

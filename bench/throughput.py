@@ -77,7 +77,16 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="short runs, to check it works")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--name", default="throughput", help="results file name")
+    p.add_argument("--resummarize", action="store_true",
+                   help="recompute the summary and plot of --name from its recorded runs")
     args = p.parse_args(argv)
+    if args.resummarize:
+        result = common.read_json(args.name)
+        models = list(dict.fromkeys(r["model"] for r in result["runs"]))
+        result["summary"] = summarize(result["runs"], models, result["batch_size"])
+        common.update_json(args.name, result)
+        plot(result["summary"], models, args.name)
+        return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     table = QUICK_STEPS if args.quick else STEPS
     repeats = 1 if args.quick else args.repeats
@@ -119,17 +128,18 @@ def summarize(runs: list[dict], models: list[str], batch_size: int = 100) -> dic
                 by_label.setdefault(r["label"], []).append(r)
         rows = {}
         for label, rs in by_label.items():
-            rates = sorted(r["examples_per_s"] for r in rs)
-            rows[label] = {"examples_per_s_median": rates[len(rates) // 2],
+            rates = [r["examples_per_s"] for r in rs]
+            rows[label] = {"examples_per_s_median": round(common.median(rates), 1),
                            "examples_per_s_all": rates,
-                           "ms_per_step_median": sorted(r["ms_per_step"] for r in rs)[len(rs) // 2],
+                           "ms_per_step_median": round(common.median(
+                               [r["ms_per_step"] for r in rs]), 3),
                            "peak_rss_mib": max(max(r["peak_rss_mib"].values()) for r in rs),
                            "final_test_accuracy": rs[-1].get("final_test_accuracy")}
-            cpu = sorted(r["cpu_ms_per_step"] for r in rs if "cpu_ms_per_step" in r)
+            cpu = [r["cpu_ms_per_step"] for r in rs if "cpu_ms_per_step" in r]
             if cpu:
-                rows[label]["cpu_ms_per_step_median"] = cpu[len(cpu) // 2]
+                rows[label]["cpu_ms_per_step_median"] = round(common.median(cpu), 2)
                 rows[label]["examples_per_cpu_s_median"] = round(
-                    1000 * batch_size / cpu[len(cpu) // 2], 1)
+                    1000 * batch_size / common.median(cpu), 1)
         entry = {"configs": rows}
         ours, theirs = rows.get(CORE[0][0]), rows.get(CORE[1][0])
         if ours and theirs:
