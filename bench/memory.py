@@ -19,6 +19,7 @@ import sys
 from bench import common
 
 KINDS = ("single", "baseline", "chief", "worker", "ps")
+OURS = ("throughput", "overhead", "scaling", "time_to_accuracy")
 
 
 def replica_kind(name: str) -> str:
@@ -30,7 +31,7 @@ def collect() -> list[dict]:
     rows = []
     for path in sorted(glob.glob(os.path.join(common.RESULTS, "*.json"))):
         name = os.path.splitext(os.path.basename(path))[0]
-        if name == "memory":
+        if not name.startswith(OURS):  # startup/predict results are measured elsewhere
             continue
         with open(path) as f:
             result = json.load(f)

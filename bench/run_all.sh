@@ -13,6 +13,9 @@ fi
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 python -m bench.throughput "${quick[@]}"
+# The two defaults and the promising variants again, interleaved, with CPU time per step.
+python -m bench.throughput "${quick[@]}" --repeats 2 --name throughput_core \
+  --only "trainer (defaults),keras fit (defaults),keras mixed_bfloat16,keras float-once"
 python -m bench.overhead "${quick[@]}"
 python -m bench.scaling "${quick[@]}"
 if [[ ${#quick[@]} -eq 0 ]]; then
