@@ -21,7 +21,6 @@ import os
 import platform
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,8 @@ import time
 from typing import Sequence
 
 import psutil
+
+from trainer.procs import free_ports, stop_process  # noqa: F401 (bench modules use both)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -80,20 +81,6 @@ def _version(dist: str) -> str | None:
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 # ---- processes -------------------------------------------------------------------------
@@ -223,27 +210,6 @@ def _vm_hwm(pid: int) -> int:
     except (OSError, ValueError):
         pass
     return 0
-
-
-def stop_process(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    """SIGTERM to the process group, a grace period, then SIGKILL to the group."""
-    if proc.poll() is None:
-        _signal_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
-    _signal_group(proc.pid, signal.SIGKILL)  # whatever it forked
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(10)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # ---- clusters --------------------------------------------------------------------------

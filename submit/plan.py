@@ -18,13 +18,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import sys
 from typing import Any, Mapping
 
 from submit import spec as specs
 from submit.package import Package
 from trainer import storage
+from trainer.procs import free_ports
 
 LABEL_TYPES = {specs.CHIEF: "master", specs.WORKER: "worker", specs.PS: "ps",
                specs.EVALUATOR: "evaluator"}
@@ -96,20 +96,6 @@ class JobPlan:
         data["trainer_args"] = tuple(data["trainer_args"])
         data["cluster"] = {k: tuple(v) for k, v in data["cluster"].items()}
         return cls(**data)
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free ports on 127.0.0.1 (held together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def build(spec: specs.JobSpec, package: Package | None, *, home: str,

@@ -3,14 +3,15 @@ a real GCS emulator on 127.0.0.1, and a clean memory:// store."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
+
+# free_ports and pid_alive are imported from here by the tests.
+from trainer.procs import free_ports, pid_alive, stop_process  # noqa: F401
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,20 +26,6 @@ os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("MLJOB_HOME", str(tmp_path_factory.mktemp("mljob-home")))
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Reaper:
@@ -58,27 +45,11 @@ class Reaper:
         return self.popen([sys.executable, *args], **kwargs)
 
     def stop(self, proc: subprocess.Popen, grace: float = 5.0) -> None:
-        if proc.poll() is None:
-            _signal_group(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        _signal_group(proc.pid, signal.SIGKILL)  # children the process may have left
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc, grace)
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
             self.stop(proc)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 @pytest.fixture
@@ -88,20 +59,6 @@ def reaper():
         yield r
     finally:
         r.stop_all()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="session")
@@ -134,12 +91,7 @@ def gcs_emulator():
                 os.environ.pop("STORAGE_EMULATOR_HOST", None)
             else:
                 os.environ["STORAGE_EMULATOR_HOST"] = old
-        _signal_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        stop_process(proc)
         _reset_gcsfs()
 
 

@@ -28,10 +28,11 @@ import contextlib
 import functools
 import os
 import shutil
-import signal
 import subprocess
 import uuid
 from typing import Iterator, Sequence
+
+from trainer.procs import stop_process
 
 SUBNET = "10.213.0"          # a /24 that exists only inside the namespaces
 PREFIX = "mljob-"
@@ -200,26 +201,4 @@ def _ip(*args: str) -> None:
 
 
 def _stop(proc: subprocess.Popen, own_group: bool) -> None:
-    """SIGTERM the process (its group when it leads one), wait a grace period, then
-    SIGKILL what is left of the group."""
-    if proc.poll() is None:
-        if own_group:
-            _signal_group(proc.pid, signal.SIGTERM)
-        else:
-            proc.terminate()
-        try:
-            proc.wait(STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-    if own_group:
-        _signal_group(proc.pid, signal.SIGKILL)  # children it may have left
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(10)
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    stop_process(proc, STOP_GRACE_S, own_group=own_group)

@@ -29,6 +29,7 @@ import threading
 import time
 
 from trainer.cluster import ClusterInfo
+from trainer.procs import pid_alive
 
 PARENT_PID_ENV = "MLJOB_PARENT_PID"
 PARENT_POLL_SECONDS = 1.0
@@ -88,7 +89,7 @@ class StopSignal:
             now = time.monotonic()
             if self._parent is not None and now >= self._next_parent_check:
                 self._next_parent_check = now + PARENT_POLL_SECONDS
-                if not _alive(self._parent):
+                if not pid_alive(self._parent):
                     self.parent_gone = True
                     self._event.set()
         return self._event.is_set()
@@ -159,20 +160,6 @@ def _parse_pid(text: str | None) -> int | None:
         return None
     pid = int(text)
     return pid if pid > 0 else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # an unreaped zombie is gone for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return True  # no /proc (macOS): kill(0) said it exists
 
 
 __all__ = ["StopSignal", "serve", "PARENT_PID_ENV"]
