@@ -15,15 +15,23 @@ import keras
 from trainer.errors import UsageError
 
 MODELS = ("cnn", "mlp")
+# --mixed-precision: "off" keeps every layer float32; "mixed_bfloat16" computes in
+# bfloat16 with float32 variables (so checkpoints and the export do not change).
+PRECISIONS = ("off", "mixed_bfloat16")
 IMAGE_PIXELS = 28 * 28
 NUM_CLASSES = 10
 
 
-def build(name: str, *, dropout: float = 0.4, seed: int | None = None) -> keras.Model:
-    """A fresh, built model: float32 [B, 784] -> logits [B, 10].
+def build(name: str, *, dropout: float = 0.4, seed: int | None = None,
+          precision: str = "off") -> keras.Model:
+    """A fresh, built model: float32 [B, 784] -> float32 logits [B, 10].
 
     seed makes the initial weights and the dropout masks reproducible; each layer gets
     its own derived seed so the two conv layers do not start from the same kernel.
+    precision (one of PRECISIONS) is given to the layers as their dtype policy rather
+    than set globally, so it cannot leak into other models of the process (the export's
+    fresh float32 model). The logits layer stays float32 either way: the softmax
+    cross-entropy is unstable in bfloat16.
     """
     if name not in MODELS:
         raise UsageError(f"unknown model {name!r}; "
@@ -31,37 +39,41 @@ def build(name: str, *, dropout: float = 0.4, seed: int | None = None) -> keras.
     if not 0.0 <= dropout < 1.0:
         raise UsageError(f"--dropout must be in [0, 1), got {dropout}; "
                          "pass e.g. --dropout 0.4")
+    if precision not in PRECISIONS:
+        raise UsageError(f"unknown mixed precision {precision!r}; "
+                         f"use --mixed-precision with one of {', '.join(PRECISIONS)}")
     seeds = _SeedSequence(seed)
+    dtype = None if precision == "off" else precision  # None: Keras's float32 default
     image = keras.Input(shape=(IMAGE_PIXELS,), dtype="float32", name="image")
     if name == "cnn":
-        logits = _cnn(image, dropout, seeds)
+        logits = _cnn(image, dropout, seeds, dtype)
     else:
-        logits = _mlp(image, seeds)
+        logits = _mlp(image, seeds, dtype)
     return keras.Model(inputs=image, outputs=logits, name=name)
 
 
-def _cnn(image, dropout: float, seeds: "_SeedSequence"):
+def _cnn(image, dropout: float, seeds: "_SeedSequence", dtype):
     """The seeds' convolutional model (TensorFlow's 'Deep MNIST for experts')."""
-    x = keras.layers.Reshape((28, 28, 1), name="to_grid")(image)
+    x = keras.layers.Reshape((28, 28, 1), name="to_grid", dtype=dtype)(image)
     x = keras.layers.Conv2D(32, 5, padding="same", activation="relu", name="conv1",
-                            kernel_initializer=seeds.glorot())(x)
-    x = keras.layers.MaxPooling2D(2, name="pool1")(x)
+                            kernel_initializer=seeds.glorot(), dtype=dtype)(x)
+    x = keras.layers.MaxPooling2D(2, name="pool1", dtype=dtype)(x)
     x = keras.layers.Conv2D(64, 5, padding="same", activation="relu", name="conv2",
-                            kernel_initializer=seeds.glorot())(x)
-    x = keras.layers.MaxPooling2D(2, name="pool2")(x)
-    x = keras.layers.Flatten(name="flatten")(x)
+                            kernel_initializer=seeds.glorot(), dtype=dtype)(x)
+    x = keras.layers.MaxPooling2D(2, name="pool2", dtype=dtype)(x)
+    x = keras.layers.Flatten(name="flatten", dtype=dtype)(x)
     x = keras.layers.Dense(1024, activation="relu", name="dense1",
-                           kernel_initializer=seeds.glorot())(x)
-    x = keras.layers.Dropout(dropout, seed=seeds.next(), name="dropout")(x)
-    return keras.layers.Dense(NUM_CLASSES, name="logits",
+                           kernel_initializer=seeds.glorot(), dtype=dtype)(x)
+    x = keras.layers.Dropout(dropout, seed=seeds.next(), name="dropout", dtype=dtype)(x)
+    return keras.layers.Dense(NUM_CLASSES, name="logits", dtype="float32",
                               kernel_initializer=seeds.glorot())(x)
 
 
-def _mlp(image, seeds: "_SeedSequence"):
+def _mlp(image, seeds: "_SeedSequence", dtype):
     """The seeds' MLP: 784 -> 100 sigmoid -> 10."""
     x = keras.layers.Dense(100, activation="sigmoid", name="hidden",
-                           kernel_initializer=seeds.glorot())(image)
-    return keras.layers.Dense(NUM_CLASSES, name="logits",
+                           kernel_initializer=seeds.glorot(), dtype=dtype)(image)
+    return keras.layers.Dense(NUM_CLASSES, name="logits", dtype="float32",
                               kernel_initializer=seeds.glorot())(x)
 
 
@@ -105,5 +117,6 @@ def weights_bytes(name: str) -> int:
     return 4 * num_parameters(name)
 
 
-__all__ = ["MODELS", "IMAGE_PIXELS", "NUM_CLASSES", "build", "num_parameters",
+__all__ = ["MODELS", "PRECISIONS", "IMAGE_PIXELS", "NUM_CLASSES", "build",
+           "num_parameters",
            "weights_bytes"]

@@ -77,6 +77,7 @@ class TrainConfig:
     log_every: int = 100
     seed: int | None = None
     dropout: float = 0.4
+    mixed_precision: str = "off"    # or "mixed_bfloat16"; variables stay float32
 
     @property
     def export_url(self) -> str:
@@ -94,7 +95,8 @@ class Replica:
         self.agree_on_stop = agree_on_stop
         with strategy.scope():
             self.model = model_lib.build(config.model, dropout=config.dropout,
-                                         seed=config.seed)
+                                         seed=config.seed,
+                                         precision=config.mixed_precision)
             self.optimizer = keras.optimizers.Adam(config.learning_rate)
             self.parts = [p for w in self.model.trainable_weights for p in weight_parts(w)]
             self.optimizer.build(self.parts)
@@ -215,7 +217,8 @@ def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> 
             f"training started: strategy={kind} step={start} train_steps="
             f"{config.train_steps} model={config.model} replicas={replicas} "
             f"batch_size={config.batch_size} steps_per_execution="
-            f"{config.steps_per_execution} data={dataset.source!r} job_dir={config.job_dir}")
+            f"{config.steps_per_execution} mixed_precision={config.mixed_precision} "
+            f"data={dataset.source!r} job_dir={config.job_dir}")
         if kind == "ps":
             progress.line("variables: " + " ".join(
                 f"{path}={n}" for path, n in replica.shards().items()) + " (shards)")
