@@ -118,5 +118,4 @@ def weights_bytes(name: str) -> int:
 
 
 __all__ = ["MODELS", "PRECISIONS", "IMAGE_PIXELS", "NUM_CLASSES", "build",
-           "num_parameters",
-           "weights_bytes"]
+           "num_parameters", "weights_bytes"]
