@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, free_ports, pid_alive
 from submit import jobs as records
 from submit import logs
-from submit.__main__ import main
+from test_submit_spec import run as submit_in_process, write_package
 
 FAKE_TASK = r'''
 import json, os, sys, time
@@ -54,27 +54,9 @@ time.sleep(600)
 '''
 
 
-def write_package(folder) -> str:
-    os.makedirs(os.path.join(folder, "fakejob"), exist_ok=True)
-    with open(os.path.join(folder, "setup.py"), "w") as f:
-        f.write('from setuptools import setup\n'
-                'setup(name="fakejob", version="0.1", packages=["fakejob"])\n')
-    with open(os.path.join(folder, "fakejob", "__init__.py"), "w") as f:
-        f.write("")
-    with open(os.path.join(folder, "fakejob", "task.py"), "w") as f:
-        f.write(FAKE_TASK)
-    return str(folder)
-
-
 @pytest.fixture
 def pkg(tmp_path):
-    return write_package(tmp_path / "pkg")
-
-
-def submit_in_process(capsys, *argv):
-    status = main(list(argv), standalone_mode=False)
-    out, err = capsys.readouterr()
-    return status, out, err
+    return write_package(tmp_path / "pkg", FAKE_TASK)
 
 
 def log_lines(log_file: str) -> list[list[str]]:

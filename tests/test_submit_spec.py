@@ -14,13 +14,13 @@ from submit.__main__ import main
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def write_package(folder) -> str:
-    """A minimal training package: setup.py and a module (never run in these tests)."""
+def write_package(folder, task_source: str = "print('hello')\n") -> str:
+    """A minimal training package: setup.py and a module `fakejob.task`."""
     os.makedirs(os.path.join(folder, "fakejob"), exist_ok=True)
     with open(os.path.join(folder, "setup.py"), "w") as f:
         f.write('from setuptools import setup\n'
                 'setup(name="fakejob", version="0.1", packages=["fakejob"])\n')
-    for name, text in (("__init__.py", ""), ("task.py", "print('hello')\n")):
+    for name, text in (("__init__.py", ""), ("task.py", task_source)):
         with open(os.path.join(folder, "fakejob", name), "w") as f:
             f.write(text)
     return str(folder)

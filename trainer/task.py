@@ -53,24 +53,21 @@ def _int_at_least(text: str, low: int) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} is not positive")
-    return value
+def _float_where(check, wanted: str):
+    """An argparse type: a float for which check(value) holds, else '<value> is not <wanted>'."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"{value} is not {wanted}")
+        return value
+    return parse
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"{value} is not in [0, 1)")
-    return value
+_positive_float = _float_where(lambda v: v > 0, "positive")
+_fraction = _float_where(lambda v: 0.0 <= v < 1.0, "in [0, 1)")
 
 
 def parser() -> argparse.ArgumentParser:
