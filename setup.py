@@ -20,6 +20,7 @@ setup(
         "click>=8.1",
         "PyYAML>=6",
         "psutil>=5.9",
+        "setuptools>=61",  # the launcher builds the sdist with `setup.py sdist`
         "starlette>=0.37",
         "uvicorn>=0.29",
     ],
