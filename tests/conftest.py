@@ -61,26 +61,36 @@ def reaper():
         r.stop_all()
 
 
+def start_gcs_emulator(popen, port: int, bucket: str, *, in_memory: bool = True,
+                       cwd: str | None = None) -> subprocess.Popen:
+    """Start gcp-storage-emulator on 127.0.0.1:port with `bucket` through popen (which
+    must start it in its own session), and return once it answers."""
+    args = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+            "--port", str(port), "--default-bucket", bucket, "-q"]
+    proc = popen(args + (["--in-memory"] if in_memory else []), cwd=cwd,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/storage/v1/b", timeout=1).read()
+            return proc
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                stop_process(proc)
+                raise RuntimeError("the GCS emulator did not start")
+            time.sleep(0.1)
+
+
 @pytest.fixture(scope="session")
 def gcs_emulator():
     """A real GCS emulator server (gcp-storage-emulator) on 127.0.0.1 with bucket
     `mljob-test`; yields its URL and sets STORAGE_EMULATOR_HOST for gcsfs and children."""
     port = free_ports(1)[0]
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
-         "--port", str(port), "--default-bucket", "mljob-test", "--in-memory", "-q"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = start_gcs_emulator(
+        lambda args, **kw: subprocess.Popen(args, start_new_session=True, **kw),
+        port, "mljob-test")
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("the GCS emulator did not start")
-                time.sleep(0.2)
         old = os.environ.get("STORAGE_EMULATOR_HOST")
         os.environ["STORAGE_EMULATOR_HOST"] = url
         _reset_gcsfs()

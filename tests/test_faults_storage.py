@@ -18,11 +18,10 @@ import queue
 import subprocess
 import threading
 import time
-import urllib.request
 
 import pytest
 
-from conftest import _reset_gcsfs, free_ports
+from conftest import _reset_gcsfs, free_ports, start_gcs_emulator
 from trainer import storage
 
 BUCKET = "mljob-faults"
@@ -70,19 +69,9 @@ class Emulator:
         self.proc = None
 
     def start(self):
-        self.proc = self.reaper.python(
-            "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port",
-            str(self.port), "--default-bucket", BUCKET, "-q", cwd=self.workdir,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=1).read()
-                return
-            except OSError:
-                assert self.proc.poll() is None and time.time() < deadline, \
-                    "the GCS emulator did not start"
-                time.sleep(0.1)
+        # On disk (not --in-memory), so the bucket's objects survive a restart.
+        self.proc = start_gcs_emulator(self.reaper.popen, self.port, BUCKET,
+                                       in_memory=False, cwd=self.workdir)
 
     def stop(self):
         self.reaper.stop(self.proc)
