@@ -37,20 +37,26 @@ def decode_instance(instance, sig: Signature) -> dict:
     """One row-format instance -> {input name: array without the batch dimension}."""
     names = list(sig.inputs)
     if isinstance(instance, dict) and not _is_b64(instance):
-        unknown = sorted(set(instance) - set(names))
-        if unknown:
-            raise InstanceError(f"unknown input {unknown[0]!r}; signature {sig.name} takes "
-                                f"{_listing(names)}")
-        missing = [n for n in names if n not in instance]
-        if missing:
-            raise InstanceError(f"missing input {missing[0]!r}; signature {sig.name} takes "
-                                f"{_listing(names)}")
+        _check_names(instance, sig)
         return {n: to_array(instance[n], n, sig.inputs[n], batched=False) for n in names}
     if len(names) != 1:
         raise InstanceError(f"a bare value needs a signature with one input, but "
                             f"{sig.name} takes {_listing(names)}: send an object like "
                             f"{{{', '.join(repr(n) + ': ...' for n in names)}}}")
     return {names[0]: to_array(instance, names[0], sig.inputs[names[0]], batched=False)}
+
+
+def _check_names(given: dict, sig: Signature) -> None:
+    """Every input of the signature given, and nothing else."""
+    names = list(sig.inputs)
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise InstanceError(f"unknown input {unknown[0]!r}; signature {sig.name} takes "
+                            f"{_listing(names)}")
+    missing = [n for n in names if n not in given]
+    if missing:
+        raise InstanceError(f"missing input {missing[0]!r}; signature {sig.name} takes "
+                            f"{_listing(names)}")
 
 
 def stack(decoded: list, sig: Signature) -> dict:
@@ -67,13 +73,7 @@ def decode_columns(inputs, sig: Signature) -> dict:
             raise InstanceError(f"bare inputs need a signature with one input, but "
                                 f"{sig.name} takes {_listing(names)}")
         inputs = {names[0]: inputs}
-    unknown = sorted(set(inputs) - set(names))
-    if unknown:
-        raise InstanceError(f"unknown input {unknown[0]!r}; signature {sig.name} takes "
-                            f"{_listing(names)}")
-    missing = [n for n in names if n not in inputs]
-    if missing:
-        raise InstanceError(f"missing input {missing[0]!r}")
+    _check_names(inputs, sig)
     batch = {n: to_array(inputs[n], n, sig.inputs[n], batched=True) for n in names}
     sizes = {n: a.shape[0] for n, a in batch.items()}
     if len(set(sizes.values())) > 1:
