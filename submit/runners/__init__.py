@@ -1,14 +1,19 @@
-"""Runners execute a JobPlan. Each backend is a module with a class taking
-`(plan, record, publish=..., terminal=...)` and a `run() -> final state` method; the
-registry imports a backend only when it is asked for, so a cluster engine's SDK is never
-loaded for local jobs."""
+"""Runners execute a job. `local` supervises one process per replica on this machine
+(`LocalRunner(plan, record, publish=..., terminal=...).run() -> final state`); `kubeflow`
+and `vertex` are cluster engines (`submit.runners.engine.ClusterEngine`) that hand the job
+to Kubernetes or Vertex AI. The registry imports a backend only when it is asked for, so
+an engine's SDK is never loaded for local jobs, and a missing SDK gets an install hint."""
 from __future__ import annotations
 
 import importlib
 
 from submit.errors import UsageError
 
-RUNNERS = {"local": "submit.runners.local:LocalRunner"}
+RUNNERS = {"local": "submit.runners.local:LocalRunner",
+           "kubeflow": "submit.runners.kubeflow:KubeflowEngine",
+           "vertex": "submit.runners.vertex:VertexEngine"}
+ENGINES = ("kubeflow", "vertex")
+EXTRAS = {"kubeflow": "kubeflow", "vertex": "vertex"}  # setup.py extras per runner
 
 
 def get(name: str):
@@ -21,4 +26,9 @@ def get(name: str):
     try:
         return getattr(importlib.import_module(module), attr)
     except ImportError as exc:
-        raise UsageError(f"runner {name!r} needs {exc.name}; install it with pip") from None
+        if exc.name and exc.name.startswith(("submit", "trainer")):
+            raise
+        extra = EXTRAS.get(name)
+        hint = f"pip install 'mljob[{extra}]'" if extra else f"pip install {exc.name}"
+        raise UsageError(f"runner {name!r} needs the Python package {exc.name!r}; "
+                         f"install it with {hint}") from None
