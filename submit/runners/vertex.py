@@ -1,0 +1,444 @@
+"""The Vertex AI engine: the job as a CustomJob of up to four worker pools.
+
+Vertex AI runs a Python package the way Cloud ML Engine did: each replica pip-installs
+the staged sdist (`package_uris`) into an executor image and runs `python -m MODULE ARGS`,
+with TF_CONFIG set by Vertex. The pools come in Vertex's fixed order: 0 the chief (one
+replica), 1 workers, 2 parameter servers, 3 evaluators; a skipped middle pool is an empty
+WorkerPoolSpec (the API's rule: "all worker pools except the first one are optional and
+can be skipped by providing an empty value") and trailing empty pools are left out.
+
+Every client call goes over REST: `JobServiceClient(transport="rest")` at
+`{region}-aiplatform.googleapis.com` for jobs, Cloud Logging's `entries:list` for logs,
+both with Application Default Credentials. As STORAGE_EMULATOR_HOST does for gs://,
+MLJOB_VERTEX_API_ENDPOINT and MLJOB_LOGGING_API_ENDPOINT (e.g. http://127.0.0.1:PORT)
+send those calls elsewhere with anonymous credentials; the tests point them at a
+recording HTTP endpoint, so the code path is the production one.
+"""
+from __future__ import annotations
+
+import calendar
+import contextlib
+import json
+import os
+import re
+import time
+from typing import Any, Iterator, Mapping
+
+import google.auth
+import requests
+from google.api_core import exceptions as api_exceptions
+from google.auth import exceptions as auth_exceptions
+from google.auth.credentials import AnonymousCredentials
+from google.auth.transport.requests import AuthorizedSession
+from google.cloud import aiplatform_v1
+
+from submit import jobs, logs, spec as specs
+from submit.errors import SubmitError, UsageError
+from submit.package import Package
+from submit.runners.engine import ClusterEngine, EngineOptions, EngineStatus, Rendered
+from submit.spec import JobSpec
+
+VERTEX_ENDPOINT_ENV = "MLJOB_VERTEX_API_ENDPOINT"
+LOGGING_ENDPOINT_ENV = "MLJOB_LOGGING_API_ENDPOINT"
+LOGGING_API = "https://logging.googleapis.com"
+PROJECT_ENVS = ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT")
+DEFAULT_REGION = "us-central1"
+CALL_TIMEOUT_S = 60.0
+LOG_LAG_S = 5.0
+# The newest TensorFlow prebuilt training images Vertex lists (TF 2.17, Python 3.10).
+IMAGE = "{registry}-docker.pkg.dev/vertex-ai/training/tf-{kind}.2-17.py310:latest"
+REGISTRIES = {"europe": "europe", "asia": "asia", "australia": "asia"}  # else "us"
+
+_REGION = re.compile(r"[a-z]+(-[a-z]+)+[0-9]{1,2}")
+_PROJECT = re.compile(r"([a-z][a-z0-9.\-]*[a-z0-9]:)?[a-z][a-z0-9\-]{4,28}[a-z0-9]|[0-9]+")
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+
+# Cloud ML's legacy machine names -> (Compute Engine type, accelerator, count), from Cloud
+# ML's table of equivalents. K80s are retired (and CUDA 12 images cannot drive them): the
+# *_gpu names get T4s, the inexpensive GPU every N1 region has; an N1 VM takes at most
+# four T4s, so complex_model_l_gpu's eight K80s become four T4s.
+T4, P100, V100 = "NVIDIA_TESLA_T4", "NVIDIA_TESLA_P100", "NVIDIA_TESLA_V100"
+MACHINES: dict[str, tuple[str, str | None, int]] = {
+    "standard": ("n1-standard-4", None, 0),
+    "large_model": ("n1-highmem-8", None, 0),
+    "complex_model_s": ("n1-highcpu-8", None, 0),
+    "complex_model_m": ("n1-highcpu-16", None, 0),
+    "complex_model_l": ("n1-highcpu-32", None, 0),
+    "standard_gpu": ("n1-standard-8", T4, 1),
+    "complex_model_m_gpu": ("n1-standard-16", T4, 4),
+    "complex_model_l_gpu": ("n1-standard-32", T4, 4),
+    "standard_p100": ("n1-standard-8", P100, 1),
+    "complex_model_m_p100": ("n1-standard-16", P100, 4),
+    "standard_v100": ("n1-standard-8", V100, 1),
+    "large_model_v100": ("n1-highmem-8", V100, 1),
+    "complex_model_m_v100": ("n1-standard-16", V100, 4),
+    "complex_model_l_v100": ("n1-standard-32", V100, 8),
+}
+RETIRED_ACCELERATORS = {"NVIDIA_TESLA_K80": T4}
+# Vertex's pool index and task-name prefix per replica type; Cloud ML's labels.
+POOLS = (specs.CHIEF, specs.WORKER, specs.PS, specs.EVALUATOR)
+LABELS = {specs.CHIEF: "master", specs.WORKER: "worker", specs.PS: "ps",
+          specs.EVALUATOR: "evaluator"}
+STATES = {  # Vertex JobState -> (record state, message)
+    "JOB_STATE_UNSPECIFIED": (jobs.QUEUED, None), "JOB_STATE_QUEUED": (jobs.QUEUED, None),
+    "JOB_STATE_PENDING": (jobs.PREPARING, None), "JOB_STATE_RUNNING": (jobs.RUNNING, None),
+    "JOB_STATE_UPDATING": (jobs.RUNNING, None),
+    "JOB_STATE_PAUSED": (jobs.QUEUED, "Vertex AI paused the job"),
+    "JOB_STATE_SUCCEEDED": (jobs.SUCCEEDED, None), "JOB_STATE_FAILED": (jobs.FAILED, None),
+    "JOB_STATE_EXPIRED": (jobs.FAILED, "Vertex AI let the job expire"),
+    "JOB_STATE_PARTIALLY_SUCCEEDED": (jobs.FAILED, "Vertex AI reports partial success"),
+    "JOB_STATE_CANCELLING": (jobs.CANCELLING, None),
+    "JOB_STATE_CANCELLED": (jobs.CANCELLED, None),
+}
+
+
+class VertexEngine(ClusterEngine):
+    """`--runner vertex`: see the module docstring and docs/engine-vertex.md."""
+
+    name = "vertex"
+    poll_s = 5.0   # between Cloud Logging reads while following (its quota: 60 a minute)
+
+    def __init__(self, options: EngineOptions):
+        super().__init__(options)
+
+    # -- check and render: no network ------------------------------------------------
+
+    def check(self, spec: JobSpec) -> None:
+        if not spec.job_dir:
+            raise UsageError("--runner vertex needs --job-dir gs://BUCKET/PATH: it becomes "
+                             "the job's base output directory, which every replica writes")
+        if not spec.job_dir.startswith("gs://"):
+            raise UsageError(f"--job-dir {spec.job_dir} cannot be reached by Vertex AI "
+                             "replicas; use a gs://BUCKET/PATH job dir with --runner vertex")
+        if spec.staging_bucket and not spec.staging_bucket.startswith("gs://"):
+            raise UsageError(f"--staging-bucket {spec.staging_bucket} cannot be read by "
+                             "Vertex AI; use a gs://BUCKET, or drop it to stage under "
+                             "--job-dir")
+        if spec.package_uri and not spec.package_uri.startswith("gs://"):
+            raise UsageError(f"trainingInput.packageUris {spec.package_uri} cannot be read "
+                             "by Vertex AI; stage the package to gs:// or use --package-path")
+        self._location(spec)
+        image, account = self.options.image, self.options.service_account
+        if image is not None and (not image or re.search(r"\s", image)):
+            raise UsageError(f"--image {image!r} is not an image URI; pass one of Vertex's "
+                             "prebuilt training images, e.g. " + _image(DEFAULT_REGION, False))
+        if account is not None and not _EMAIL.fullmatch(account):
+            raise UsageError(f"--service-account {account!r} is not a service account "
+                             "email; write it like NAME@PROJECT.iam.gserviceaccount.com")
+        for group in spec.groups:
+            _machine_spec(spec, group)
+
+    def render(self, spec: JobSpec, package: Package) -> Rendered:
+        project, region = self._location(spec)
+        parent = f"projects/{project}/locations/{region}"
+        pools = [_pool(spec, spec.group(t), package, self.options.image, region)
+                 if spec.group(t) else aiplatform_v1.WorkerPoolSpec() for t in POOLS]
+        while not spec.group(POOLS[len(pools) - 1]):
+            pools.pop()   # trailing empty pools are left out; pool 0 always exists
+        job_spec = aiplatform_v1.CustomJobSpec(
+            worker_pool_specs=pools,
+            base_output_directory=aiplatform_v1.GcsDestination(
+                output_uri_prefix=spec.job_dir))
+        if self.options.service_account:
+            job_spec.service_account = self.options.service_account
+        if any(g.restart_policy != "Never" for g in spec.groups):
+            # Vertex restarts a lost replica itself and has no per-exit-code policy; what
+            # it can do is restart the whole job when a replica restarts, so every replica
+            # resumes together from the latest checkpoint, as the trainer expects.
+            job_spec.scheduling = aiplatform_v1.Scheduling(
+                restart_job_on_worker_restart=True)
+        request = aiplatform_v1.CreateCustomJobRequest(
+            parent=parent, custom_job=aiplatform_v1.CustomJob(
+                display_name=spec.job_id, job_spec=job_spec,
+                labels=_labels(spec, package)))
+        text = _to_json(request)
+        handle = {"project": project, "region": region, "parent": parent,
+                  "display_name": spec.job_id}
+        return Rendered(body=json.loads(text), text=text, handle=handle)
+
+    def _location(self, spec: JobSpec) -> tuple[str, str]:
+        project = self.options.project or next(
+            (os.environ[k] for k in PROJECT_ENVS if os.environ.get(k)), None)
+        if not project:
+            raise UsageError("--runner vertex needs a Google Cloud project; pass --project "
+                             "PROJECT_ID (or set GOOGLE_CLOUD_PROJECT)")
+        if not _PROJECT.fullmatch(project):
+            raise UsageError(f"--project {project!r} is not a Google Cloud project id; "
+                             "pass one like my-project-123 (see `gcloud projects list`)")
+        region = self.options.region or spec.training_input.get("region") or DEFAULT_REGION
+        if not _REGION.fullmatch(region):
+            raise UsageError(f"--region {region!r} is not a Google Cloud region; pass one "
+                             f"like {DEFAULT_REGION} or europe-west4")
+        return project, region
+
+    # -- the API ------------------------------------------------------------------------
+
+    def create(self, rendered: Rendered) -> Mapping[str, Any]:
+        handle = dict(rendered.handle)
+        request = aiplatform_v1.CreateCustomJobRequest.from_json(rendered.text)
+        with _api_errors(f"create job {handle['display_name']}", handle):
+            job = _job_client(handle["region"]).create_custom_job(
+                request=request, timeout=CALL_TIMEOUT_S)
+        handle["name"] = job.name
+        handle["id"] = job.name.rsplit("/", 1)[-1]
+        return handle
+
+    def status(self, handle: Mapping[str, Any]) -> EngineStatus:
+        with _api_errors(f"describe job {handle.get('display_name')}", handle):
+            job = _job_client(handle["region"]).get_custom_job(
+                name=handle["name"], timeout=CALL_TIMEOUT_S)
+        state_name = getattr(job.state, "name", str(job.state))  # an int if unknown
+        state, message = STATES.get(state_name, (jobs.RUNNING, None))
+        if state == jobs.FAILED and job.error.message:
+            message = _one_line(job.error.message)
+        return EngineStatus(state=state, message=message)
+
+    def cancel(self, handle: Mapping[str, Any]) -> str:
+        with _api_errors(f"cancel job {handle.get('display_name')}", handle):
+            _job_client(handle["region"]).cancel_custom_job(
+                name=handle["name"], timeout=CALL_TIMEOUT_S)
+        return jobs.CANCELLING
+
+    def logs(self, handle: Mapping[str, Any], *, task_name: str | None = None,
+             follow: bool = True) -> Iterator[str]:
+        """Replica logs from Cloud Logging, as `gcloud ai custom-jobs stream-logs` reads
+        them: resource type ml_job, the job's numeric id, one replica by its task name.
+        Following polls from the last entry seen until the job has ended and a read finds
+        nothing new (Logging may receive the last lines after the job ends); while the job
+        runs, the last LOG_LAG_S seconds are left for the next read, as gcloud does, so
+        that an entry that arrives late is not passed over."""
+        job_id = handle["name"].rsplit("/", 1)[-1]
+        filters = ['resource.type="ml_job"', f'resource.labels.job_id="{job_id}"']
+        if task_name:
+            filters.append(f'resource.labels.task_name="{vertex_task_name(task_name)}"')
+        session, url = _logging_session()
+        position = _Position()
+        ended = False
+        while True:
+            if follow and not ended:
+                ended = self.status(handle).state in jobs.FINAL_STATES
+            window = [] if ended or not follow else \
+                [f'timestamp<"{_rfc3339(time.time() - LOG_LAG_S)}"']
+            new = 0
+            for entry in _entries(session, url, handle, filters + position.bounds() + window):
+                if position.advance(entry):
+                    new += 1
+                    yield from _format(entry)
+            if not follow or (ended and not new):
+                return
+            time.sleep(self.poll_s)
+
+
+def _pool(spec: JobSpec, group: specs.ReplicaGroup, package: Package, image: str | None,
+          region: str) -> aiplatform_v1.WorkerPoolSpec:
+    machine = _machine_spec(spec, group)
+    return aiplatform_v1.WorkerPoolSpec(
+        replica_count=group.count, machine_spec=machine,
+        python_package_spec=aiplatform_v1.PythonPackageSpec(
+            executor_image_uri=image or _image(region, bool(machine.accelerator_count)),
+            package_uris=[package.url], python_module=spec.module_name,
+            args=list(spec.trainer_args),
+            env=[aiplatform_v1.EnvVar(name="CLOUD_ML_JOB_ID", value=spec.job_id)]))
+
+
+def _machine_spec(spec: JobSpec, group: specs.ReplicaGroup) -> aiplatform_v1.MachineSpec:
+    """The group's machine: its legacy name's equivalent (n1-* names pass through), with
+    `<type>Config.acceleratorConfig` overriding the accelerator's type and count."""
+    key = specs.CONFIG_KEYS[group.task_type]
+    accel = (spec.training_input.get(key) or {}).get("acceleratorConfig") or {}
+    machine_type, accel_type, count = MACHINES.get(group.machine_type,
+                                                   (group.machine_type, None, 0))
+    accel_type = accel.get("type") or accel_type
+    count = accel.get("count") or count or (1 if accel_type else 0)
+    machine = aiplatform_v1.MachineSpec(machine_type=machine_type)
+    if count:
+        accel_type = accel_type or T4
+        if accel_type in RETIRED_ACCELERATORS:
+            raise UsageError(f"trainingInput.{key}.acceleratorConfig.type {accel_type} is "
+                             "retired on Vertex AI; use "
+                             f"{RETIRED_ACCELERATORS[accel_type]} or another current GPU")
+        try:
+            machine.accelerator_type = aiplatform_v1.AcceleratorType[accel_type]
+        except KeyError:
+            known = [a.name for a in aiplatform_v1.AcceleratorType
+                     if a.name.startswith("NVIDIA") and a.name not in RETIRED_ACCELERATORS]
+            raise UsageError(f"trainingInput.{key}.acceleratorConfig.type {accel_type!r} is "
+                             f"not a Vertex AI accelerator; use one of {', '.join(known)}") \
+                from None
+        machine.accelerator_count = count
+    return machine
+
+
+def _image(region: str, gpu: bool) -> str:
+    registry = REGISTRIES.get(region.split("-", 1)[0], "us")
+    return IMAGE.format(registry=registry, kind="gpu" if gpu else "cpu")
+
+
+def _labels(spec: JobSpec, package: Package) -> dict[str, str]:
+    """Vertex label values are at most 63 lower-case letters, digits, `_` and `-`: job ids
+    are letters, digits and `_`, so lower-casing is enough (display_name keeps the case)."""
+    return {"mljob-job-id": spec.job_id.lower()[:63],
+            "mljob-scale-tier": spec.scale_tier.lower(),
+            "mljob-package-sha256": package.sha256[:16]}
+
+
+def _to_json(request) -> str:
+    """The request as the REST API takes it: camelCase, enums by name, only fields that
+    are set, keys sorted so that --dry-run prints the same text for the same job."""
+    return type(request).to_json(request, use_integers_for_enums=False, sort_keys=True,
+                                 indent=2, always_print_fields_with_no_presence=False)
+
+
+def vertex_task_name(label: str) -> str:
+    """`master-replica-0` -> `workerpool0-0` (Vertex's names pass through)."""
+    if re.fullmatch(r"workerpool[0-3]-\d+|service", label):
+        return label
+    match = re.fullmatch(r"(master|worker|ps|evaluator)-replica-(\d+)", label)
+    if not match:
+        raise UsageError(f"--task-name {label!r} names no replica; use master-replica-0, "
+                         "worker-replica-N, ps-replica-N or evaluator-replica-N")
+    pool = POOLS.index(next(t for t, name in LABELS.items() if name == match[1]))
+    return f"workerpool{pool}-{match[2]}"
+
+
+def replica_label(task_name: str) -> str:
+    """`workerpool1-3` -> `worker-replica-3`, as Cloud ML labelled replicas."""
+    match = re.fullmatch(r"workerpool([0-3])-(\d+)", task_name)
+    return f"{LABELS[POOLS[int(match[1])]]}-replica-{match[2]}" if match else task_name
+
+
+# -- clients and errors ----------------------------------------------------------------
+
+def _job_client(region: str) -> aiplatform_v1.JobServiceClient:
+    endpoint = os.environ.get(VERTEX_ENDPOINT_ENV)
+    credentials = AnonymousCredentials() if endpoint else None  # None: ADC
+    return aiplatform_v1.JobServiceClient(
+        credentials=credentials, transport="rest",
+        client_options={"api_endpoint": endpoint or f"{region}-aiplatform.googleapis.com"})
+
+
+def _logging_session() -> tuple[AuthorizedSession, str]:
+    endpoint = os.environ.get(LOGGING_ENDPOINT_ENV)
+    if endpoint:
+        credentials = AnonymousCredentials()
+    else:
+        with _api_errors("read the job's logs", {}):
+            credentials, _ = google.auth.default(
+                scopes=["https://www.googleapis.com/auth/logging.read"])
+    return AuthorizedSession(credentials), f"{(endpoint or LOGGING_API).rstrip('/')}" \
+                                           "/v2/entries:list"
+
+
+FIXES = {400: "check the request --dry-run prints", 401: "run `gcloud auth "
+         "application-default login`", 403: "run `gcloud auth application-default login` "
+         "with an account that has roles/aiplatform.user (and roles/logging.viewer for "
+         "logs) in the project, and enable the Vertex AI API", 404: "check --project and "
+         "--region, and that the job exists", 409: "pick another job id",
+         429: "wait a minute or ask for more quota"}
+
+
+@contextlib.contextmanager
+def _api_errors(action: str, handle: Mapping[str, Any]):
+    """Google API and credential errors -> one-line SubmitError naming the fix."""
+    where = f" in project {handle['project']} region {handle['region']}" \
+        if handle.get("project") else ""
+    try:
+        yield
+    except auth_exceptions.DefaultCredentialsError as exc:
+        raise SubmitError(f"cannot {action}: no Application Default Credentials "
+                          f"({_one_line(str(exc))[:160]}); run `gcloud auth "
+                          "application-default login` or set GOOGLE_APPLICATION_CREDENTIALS "
+                          "to a service account key file") from None
+    except (auth_exceptions.GoogleAuthError, requests.RequestException) as exc:
+        raise SubmitError(f"cannot {action}{where}: {_one_line(str(exc))[:300]}; check the "
+                          "network and run `gcloud auth application-default login`") from None
+    except api_exceptions.GoogleAPICallError as exc:
+        code = int(exc.code) if exc.code else 0
+        message = re.sub(r"^[A-Z]+ \S+: ", "", exc.message or str(exc))  # drop method, URL
+        fix = FIXES.get(code, "try again later" if code >= 500 else "see the message")
+        raise SubmitError(f"Vertex AI refused to {action}{where}: {code} "
+                          f"{_one_line(message)[:300]}; {fix}") from None
+    except api_exceptions.GoogleAPIError as exc:  # retries ran out, and the like
+        raise SubmitError(f"cannot {action}{where}: {_one_line(str(exc))[:300]}; try again "
+                          "later") from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# -- Cloud Logging ---------------------------------------------------------------------
+
+def _entries(session: AuthorizedSession, url: str, handle: Mapping[str, Any],
+             filters: list[str]) -> Iterator[dict]:
+    body: dict[str, Any] = {"resourceNames": [f"projects/{handle['project']}"],
+                            "filter": " AND ".join(filters), "orderBy": "timestamp asc",
+                            "pageSize": 1000}
+    while True:
+        with _api_errors(f"read the logs of job {handle.get('display_name')}", handle):
+            response = session.post(url, json=body, timeout=CALL_TIMEOUT_S)
+        if response.status_code >= 400:
+            raise SubmitError(f"Cloud Logging refused to read the logs of job "
+                              f"{handle.get('display_name')}: {response.status_code} "
+                              f"{_logging_error(response)}; "
+                              f"{FIXES.get(response.status_code, 'try again later')}")
+        page = response.json()
+        yield from page.get("entries", ())
+        if not page.get("nextPageToken"):
+            return
+        body["pageToken"] = page["nextPageToken"]
+
+
+def _logging_error(response: requests.Response) -> str:
+    try:
+        return _one_line(str(response.json()["error"]["message"]))[:300]
+    except (ValueError, KeyError, TypeError):
+        return _one_line(response.text)[:300] or response.reason
+
+
+class _Position:
+    """The last entry read (timestamp, insertId): reads ask only for later entries, and
+    entries at or before it (a page read twice) are skipped."""
+
+    def __init__(self):
+        self.key: tuple[str, str] | None = None
+
+    def bounds(self) -> list[str]:
+        if self.key is None:
+            return []
+        stamp, insert_id = self.key
+        return [f'(timestamp>"{stamp}" OR (timestamp="{stamp}" AND '
+                f'insertId>"{insert_id}"))']
+
+    def advance(self, entry: Mapping[str, Any]) -> bool:
+        key = (_timestamp(entry.get("timestamp", "")), str(entry.get("insertId", "")))
+        if self.key is not None and key <= self.key:
+            return False
+        self.key = key
+        return True
+
+
+def _rfc3339(when: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + \
+        f".{int(when % 1 * 1e9):09d}Z"
+
+
+def _timestamp(stamp: str) -> str:
+    """RFC 3339 in UTC with nine fraction digits, so that string order is time order."""
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z", stamp)
+    return f"{match[1]}.{(match[2] or '').ljust(9, '0')}Z" if match else stamp
+
+
+def _format(entry: Mapping[str, Any]) -> Iterator[str]:
+    task = (entry.get("resource", {}).get("labels", {}).get("task_name")
+            or entry.get("labels", {}).get("ml.googleapis.com/task_name") or "service")
+    payload = entry.get("jsonPayload")
+    text = str(payload.get("message") or "") if isinstance(payload, dict) \
+        else str(entry.get("textPayload") or "")
+    severity = entry.get("severity") or "DEFAULT"
+    severity = "INFO" if severity == "DEFAULT" else severity   # as the local runner's
+    stamp = entry.get("timestamp", "")
+    when = calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) \
+        if re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", stamp) else None
+    for line in text.splitlines() or [""]:
+        yield logs.format_line(replica_label(task), line, severity, when)
