@@ -129,7 +129,7 @@ def test_custom_job_fields():
         assert package["packageUris"] == [PACKAGE.url]
         assert package["pythonModule"] == "trainer.task"
         assert package["args"] == ARGS + ["--job-dir", JOB_DIR]
-        assert package["env"] == [{"name": "CLOUD_ML_JOB_ID", "value": "job01"}]
+        assert package["env"] == [{"name": "MLJOB_JOB_ID", "value": "job01"}]
     assert workers["pythonPackageSpec"]["executorImageUri"] == \
         "us-docker.pkg.dev/vertex-ai/training/tf-gpu.2-17.py310:latest"
     assert chief["pythonPackageSpec"]["executorImageUri"] == \

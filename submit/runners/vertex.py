@@ -45,6 +45,9 @@ PROJECT_ENVS = ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT")
 DEFAULT_REGION = "us-central1"
 CALL_TIMEOUT_S = 60.0
 LOG_LAG_S = 5.0
+# The job id as submitted. Not CLOUD_ML_JOB_ID: Vertex sets that one itself, to the
+# CustomJob's numeric id, and its own tools (the TensorBoard profiler) read it.
+JOB_ID_ENV = "MLJOB_JOB_ID"
 # The newest TensorFlow prebuilt training images Vertex lists (TF 2.17, Python 3.10).
 IMAGE = "{registry}-docker.pkg.dev/vertex-ai/training/tf-{kind}.2-17.py310:latest"
 REGISTRIES = {"europe": "europe", "asia": "asia", "australia": "asia"}  # else "us"
@@ -238,7 +241,7 @@ def _pool(spec: JobSpec, group: specs.ReplicaGroup, package: Package, image: str
             executor_image_uri=image or _image(region, bool(machine.accelerator_count)),
             package_uris=[package.url], python_module=spec.module_name,
             args=list(spec.trainer_args),
-            env=[aiplatform_v1.EnvVar(name="CLOUD_ML_JOB_ID", value=spec.job_id)]))
+            env=[aiplatform_v1.EnvVar(name=JOB_ID_ENV, value=spec.job_id)]))
 
 
 def _machine_spec(spec: JobSpec, group: specs.ReplicaGroup) -> aiplatform_v1.MachineSpec:
