@@ -1,4 +1,5 @@
-"""Checkpoints in `<job-dir>/checkpoints/`, on any fsspec URL.
+"""Checkpoints in `<job-dir>/checkpoints/` (or Vertex AI's AIP_CHECKPOINT_DIR), on any
+fsspec URL.
 
 Layout (TensorFlow's own, so `tf.train.latest_checkpoint` and TensorBoard read it):
 `ckpt-<step>.index`, `ckpt-<step>.data-00000-of-00001` and the `checkpoint` state file
@@ -40,8 +41,8 @@ class CheckpointStore:
     """The job's checkpoints. `writer` is True on the chief only: other replicas that
     must take part in a save (MultiWorkerMirroredStrategy) write to a temp dir instead."""
 
-    def __init__(self, job_dir: str, *, keep: int, writer: bool):
-        self.url = storage.join(job_dir, "checkpoints")
+    def __init__(self, url: str, *, keep: int, writer: bool):
+        self.url = url  # the checkpoints folder itself (TrainConfig.checkpoint_url)
         self.keep = max(1, keep)
         self.writer = writer
         self.in_place = writer and storage.is_local(self.url)

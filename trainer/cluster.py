@@ -1,20 +1,19 @@
-"""The cluster this replica belongs to, parsed once from TF_CONFIG or the seeds' flags.
+"""The cluster this replica belongs to, parsed once from TF_CONFIG, Vertex AI's
+CLUSTER_SPEC or the seeds' flags into a `ClusterInfo`; no other module reads them.
+Parsing imports no TensorFlow, so a malformed cluster is reported (exit status 2)
+before any server starts. Accepted, first match wins:
 
-Everything TensorFlow needs to know about the cluster comes from `ClusterInfo`; no other
-module reads TF_CONFIG. Parsing imports nothing from TensorFlow, so a malformed cluster is
-reported (exit status 2) before any server starts.
-
-Accepted shapes:
-- TF_CONFIG as Cloud ML (runtime 2.1+), `gcloud ai-platform local train` and Kubeflow's
-  TFJob set it: `{"cluster": {...}, "task": {"type": ..., "index": ...}, ...}`, with
-  `environment`, `job`, `trial` and `cloud` tolerated. `master` is the legacy name of
-  `chief` and is renamed, since TensorFlow's ParameterServerStrategy refuses it.
-- The seeds' flags: `--ps-hosts`, `--worker-hosts`, `--job-name`, `--task-index`;
-  worker 0 is then the chief.
-- Neither (or a cluster holding only the chief): a single-node run.
-
-An evaluator listed inside `cluster` (some Kubeflow versions do that) is left out of the
-training cluster: TensorFlow's strategies hang when it is there.
+- the seeds' flags `--ps-hosts --worker-hosts --job-name --task-index` (worker 0 is the
+  chief); refused when TF_CONFIG or CLUSTER_SPEC is also set;
+- TF_CONFIG as Cloud ML, `gcloud ai-platform local train`, Kubeflow's TFJob and Vertex
+  AI set it: `{"cluster": {...}, "task": {"type": ..., "index": ...}}` with
+  `environment`, `job` (object or JSON string), `trial` and `cloud` tolerated, an index
+  as a digit string accepted, `master` (legacy chief) renamed to `chief` (TensorFlow's
+  ParameterServerStrategy refuses it), and an evaluator listed in `cluster` (some
+  Kubeflow versions do that) left out of it (TensorFlow's strategies hang on it);
+- CLUSTER_SPEC (Vertex AI), when TF_CONFIG is unset: `workerpool0`..`workerpool3`
+  become chief, worker, ps and evaluator;
+- none (or a cluster holding only the chief): a single node.
 """
 from __future__ import annotations
 
@@ -28,6 +27,11 @@ MASTER = "master"  # legacy name of chief (Cloud ML before runtime 2.1)
 ROLES = (CHIEF, MASTER, WORKER, PS, EVALUATOR)
 TRAINING_JOBS = (CHIEF, WORKER, PS)
 TOLERATED_KEYS = ("cluster", "task", "environment", "job", "trial", "cloud", "rpc_layer")
+# Vertex AI's worker pools by position (workerPoolSpecs[0..3]); a Reduction Server in
+# pool 2 would be taken for parameter servers (not supported).
+VERTEX_POOLS = {"workerpool0": CHIEF, "workerpool1": WORKER, "workerpool2": PS,
+                "workerpool3": EVALUATOR}
+CLUSTER_SPEC_KEYS = ("cluster", "task", "environment", "job")
 STRATEGIES = ("auto", "ps", "multiworker", "mirrored", "single")
 
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
@@ -44,7 +48,8 @@ class ClusterInfo:
     `cluster` is the training cluster as TensorFlow must see it: jobs `chief`, `worker`
     and `ps` only (master renamed, evaluators removed), each a tuple of host:port.
     `task_type` is one of chief, worker, ps, evaluator; `legacy_master` records that the
-    job called its chief `master`, so logs and labels can keep the user's name.
+    job called its chief `master`, so logs and labels can keep the user's name. `source`
+    names what described the cluster (TF_CONFIG, CLUSTER_SPEC, the seeds' flags; "": none).
     """
 
     task_type: str = CHIEF
@@ -53,6 +58,7 @@ class ClusterInfo:
     legacy_master: bool = False
     environment: str | None = None
     trial: str | None = None
+    source: str = ""
 
     @property
     def is_chief(self) -> bool:
@@ -146,35 +152,42 @@ def parse_tf_config(text: str | None) -> ClusterInfo:
     """Parse TF_CONFIG's text; None or blank means a single-node run."""
     if text is None or not text.strip():
         return ClusterInfo()
-    try:
-        config = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ClusterConfigError(
-            f"TF_CONFIG is not valid JSON ({_short(exc)}); set it to an object like "
-            '{"cluster": {"chief": ["host:2222"]}, "task": {"type": "chief", "index": 0}}'
-        ) from None
-    if not isinstance(config, dict):
-        raise ClusterConfigError(
-            f"TF_CONFIG must be a JSON object, not {type(config).__name__}; set it to an "
-            'object like {"cluster": {...}, "task": {"type": "chief", "index": 0}}')
-    unknown = sorted(set(config) - set(TOLERATED_KEYS))
-    if unknown:
-        raise ClusterConfigError(
-            f"TF_CONFIG has unknown key {unknown[0]!r}; allowed keys are "
-            f"{', '.join(TOLERATED_KEYS)}")
-    cluster = config.get("cluster") or {}
-    task = config.get("task") or {}
-    if not isinstance(cluster, dict):
-        raise ClusterConfigError(
-            "TF_CONFIG 'cluster' must be an object mapping job names to lists of host:port")
-    if not isinstance(task, dict):
-        raise ClusterConfigError(
-            'TF_CONFIG \'task\' must be an object like {"type": "worker", "index": 0}')
-    environment = config.get("environment")
-    trial = task.get("trial", config.get("trial"))
+    config = _load_object(text, "TF_CONFIG", TOLERATED_KEYS,
+                          '{"cluster": {"chief": ["host:2222"]}, '
+                          '"task": {"type": "chief", "index": 0}}')
+    cluster, task = _cluster_and_task(config, "TF_CONFIG", "chief, worker, ps")
     return _build(cluster, task, source="TF_CONFIG",
-                  environment=environment if isinstance(environment, str) else None,
-                  trial=None if trial is None else str(trial))
+                  **_labels(config, task.get("trial", config.get("trial"))))
+
+
+def parse_cluster_spec(text: str | None) -> ClusterInfo:
+    """Parse Vertex AI's CLUSTER_SPEC: worker pools 0..3 become chief, worker, ps and
+    evaluator; None or blank means a single-node run."""
+    if text is None or not text.strip():
+        return ClusterInfo()
+    config = _load_object(text, "CLUSTER_SPEC", CLUSTER_SPEC_KEYS,
+                          '{"cluster": {"workerpool0": ["host:2222"]}, '
+                          '"task": {"type": "workerpool0", "index": 0}}')
+    cluster, task = _cluster_and_task(config, "CLUSTER_SPEC", "workerpool0..3")
+    unknown = [pool for pool in cluster if pool not in VERTEX_POOLS]
+    pool = task.get("type")
+    if unknown or (task and (not isinstance(pool, str) or pool not in VERTEX_POOLS)):
+        what = f"cluster has unknown worker pool {unknown[0]!r}" if unknown else \
+            f"task type {pool!r} is unknown"
+        raise ClusterConfigError(f"CLUSTER_SPEC {what}; use Vertex AI's pools " + ", ".join(
+            f"{name} ({role})" for name, role in VERTEX_POOLS.items()))
+    chief = cluster.get("workerpool0")
+    if isinstance(chief, list) and len(chief) > 1:
+        raise ClusterConfigError(
+            f"CLUSTER_SPEC workerpool0 has {len(chief)} replicas, but it is the chief; "
+            "set its replicaCount to 1 and put the other replicas in workerpool1")
+    if any(cluster.values()) and not chief:
+        raise ClusterConfigError(
+            "CLUSTER_SPEC has worker pools but no workerpool0; Vertex AI's first pool is "
+            "the chief (primary replica) and is required, with replicaCount 1")
+    roles = {VERTEX_POOLS[name]: hosts for name, hosts in cluster.items()}
+    task = dict(task, type=VERTEX_POOLS[pool]) if task else task
+    return _build(roles, task, source="CLUSTER_SPEC", **_labels(config, task.get("trial")))
 
 
 def parse_flags(ps_hosts: str | None, worker_hosts: str | None, job_name: str | None,
@@ -204,19 +217,64 @@ def parse_flags(ps_hosts: str | None, worker_hosts: str | None, job_name: str | 
 
 def from_environment(environ: Mapping[str, str], *, ps_hosts=None, worker_hosts=None,
                      job_name=None, task_index=None) -> ClusterInfo:
-    """The one entry point: flags when given, else TF_CONFIG, else a single node."""
+    """The one entry point: flags when given, else TF_CONFIG, else CLUSTER_SPEC (Vertex
+    AI sets both for TensorFlow; TF_CONFIG wins), else a single node."""
     flags_given = any(v is not None for v in (ps_hosts, worker_hosts, job_name, task_index))
-    if flags_given and environ.get("TF_CONFIG", "").strip():
-        raise ClusterConfigError(
-            "both TF_CONFIG and --ps-hosts/--worker-hosts describe the cluster; "
-            "unset TF_CONFIG or drop the flags")
+    tf_config, cluster_spec = environ.get("TF_CONFIG") or "", environ.get("CLUSTER_SPEC") or ""
     if flags_given:
+        for name, value in (("TF_CONFIG", tf_config), ("CLUSTER_SPEC", cluster_spec)):
+            if value.strip():
+                raise ClusterConfigError(
+                    f"both {name} and --ps-hosts/--worker-hosts describe the cluster; "
+                    f"unset {name} or drop the flags")
         return parse_flags(ps_hosts, worker_hosts, job_name, task_index)
-    return parse_tf_config(environ.get("TF_CONFIG"))
+    if tf_config.strip():
+        return parse_tf_config(tf_config)
+    return parse_cluster_spec(cluster_spec)
+
+
+def _load_object(text: str, name: str, allowed: tuple, example: str) -> dict:
+    """The variable's JSON object, its keys checked against `allowed`."""
+    try:
+        config = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ClusterConfigError(
+            f"{name} is not valid JSON ({_short(exc)}); set it to an object like "
+            f"{example}") from None
+    if not isinstance(config, dict):
+        raise ClusterConfigError(
+            f"{name} must be a JSON object, not {type(config).__name__}; set it to an "
+            f"object like {example}")
+    unknown = sorted(set(config) - set(allowed))
+    if unknown:
+        raise ClusterConfigError(
+            f"{name} has unknown key {unknown[0]!r}; allowed keys are {', '.join(allowed)}")
+    return config
+
+
+def _cluster_and_task(config: dict, name: str, jobs: str) -> tuple[dict, dict]:
+    cluster, task = config.get("cluster") or {}, config.get("task") or {}
+    if not isinstance(cluster, dict):
+        raise ClusterConfigError(
+            f"{name} 'cluster' must be an object mapping job names ({jobs}) to lists "
+            "of host:port")
+    if not isinstance(task, dict):
+        raise ClusterConfigError(
+            f'{name} \'task\' must be an object like {{"type": ..., "index": 0}}')
+    return cluster, task
+
+
+def _labels(config: dict, trial) -> dict:
+    """environment and trial for ClusterInfo; Vertex AI sets trial "" outside tuning."""
+    environment = config.get("environment")
+    return {"environment": environment if isinstance(environment, str) else None,
+            "trial": None if trial is None or trial == "" else str(trial)}
 
 
 def _build(cluster: dict, task: dict, *, source: str, environment: str | None = None,
            trial: str | None = None) -> ClusterInfo:
+    """Check a cluster in TensorFlow's job names (chief/master, worker, ps, evaluator)
+    and this replica's task in it; `source` names the input in every message."""
     for job in cluster:
         if job not in ROLES:
             raise ClusterConfigError(
@@ -229,8 +287,7 @@ def _build(cluster: dict, task: dict, *, source: str, environment: str | None = 
     hosts: dict[str, list[str]] = {}
     for job, value in cluster.items():
         if isinstance(value, dict):  # TF also allows {index: address} for sparse jobs
-            value = [value[k] for k in sorted(value, key=lambda k: int(k))] \
-                if all(str(k).isdigit() for k in value) else None
+            value = _dense_hosts(value, job, source)
         if not isinstance(value, list) or not all(isinstance(h, str) for h in value):
             raise ClusterConfigError(
                 f"{source} cluster job {job!r} must be a list of 'host:port' strings")
@@ -270,7 +327,7 @@ def _build(cluster: dict, task: dict, *, source: str, environment: str | None = 
     if task_type == MASTER:
         task_type = CHIEF
         legacy_master = True
-    if isinstance(task_index, str) and task_index.isdigit():
+    if isinstance(task_index, str) and task_index.isdecimal():  # Kubeflow variants
         task_index = int(task_index)
     if isinstance(task_index, bool) or not isinstance(task_index, int):
         raise ClusterConfigError(
@@ -297,7 +354,7 @@ def _build(cluster: dict, task: dict, *, source: str, environment: str | None = 
     elif task_type != CHIEF or task_index != 0:
         raise ClusterConfigError(
             f"{source} task is {task_type} {task_index}, but the cluster is empty; "
-            "list the cluster's hosts, or unset TF_CONFIG for a single-node run")
+            f"list the cluster's hosts, or unset {source} for a single-node run")
 
     if hosts.get(PS) and not hosts.get(WORKER):
         raise ClusterConfigError(
@@ -309,7 +366,21 @@ def _build(cluster: dict, task: dict, *, source: str, environment: str | None = 
             "add a 'chief' (or 'master') job")
     cluster_out = {job: tuple(hosts[job]) for job in TRAINING_JOBS if hosts.get(job)}
     return ClusterInfo(task_type=task_type, task_index=task_index, cluster=cluster_out,
-                       legacy_master=legacy_master, environment=environment, trial=trial)
+                       legacy_master=legacy_master, environment=environment, trial=trial,
+                       source=source)
+
+
+def _dense_hosts(value: dict, job: str, source: str) -> list | None:
+    """A job given as {index: address}, as a list; None when the keys are not indexes.
+    Kubeflow's enableDynamicWorker lists only the replica itself: no strategy trains so."""
+    if not all(isinstance(k, str) and k.isdecimal() for k in value):
+        return None
+    indexes = sorted(int(k) for k in value)
+    if indexes != list(range(len(indexes))):
+        raise ClusterConfigError(
+            f"{source} cluster job {job!r} lists only task(s) {indexes[:5]} (sparse, as "
+            "Kubeflow's enableDynamicWorker sets it); list every task, e.g. turn it off")
+    return [value[k] for k in sorted(value, key=int)]
 
 
 def _check_address(address: str, where: str) -> None:

@@ -1,9 +1,10 @@
 """Evaluation on the test set: inline on the chief, and the evaluator replica.
 
 The evaluator is not part of the training cluster (TensorFlow's strategies hang when it
-is); it follows `<job-dir>/checkpoints/` through the `checkpoint` state file (published
-last, so the checkpoint it names is complete), evaluates each new checkpoint on the test
-set, writes `<job-dir>/summaries/eval/` events, and exits 0 once it has evaluated the
+is); it follows the chief's checkpoints (`<job-dir>/checkpoints/`, or AIP_CHECKPOINT_DIR:
+config.checkpoint_url) through the `checkpoint` state file (published last, so the
+checkpoint it names is complete), evaluates each new checkpoint on the test set, writes
+`eval/` events under config.summary_url, and exits 0 once it has evaluated the
 final checkpoint (step >= --train-steps). SIGTERM, SIGINT or the launcher's death
 (MLJOB_PARENT_PID) end it early, also with status 0: being stopped is how it ends when
 the chief fails.
@@ -56,8 +57,9 @@ def run(config, stop: StopSignal, poll_seconds: float = POLL_SECONDS) -> int:
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
     checkpoint = tf.train.Checkpoint(model={w.path: w.value for w in model.weights},
                                      step=step_var)
-    store = CheckpointStore(config.job_dir, keep=config.keep_checkpoints, writer=False)
-    writers = SummaryWriters(config.job_dir, enabled=True, jobs=("eval",))
+    store = CheckpointStore(config.checkpoint_url, keep=config.keep_checkpoints,
+                            writer=False)
+    writers = SummaryWriters(config.summary_url, enabled=True, jobs=("eval",))
     progress = Progress(config.train_steps, enabled=True)
     progress.line(f"evaluator started: following {store.url} until step "
                   f"{config.train_steps}")

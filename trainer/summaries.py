@@ -2,7 +2,8 @@
 
 Event files go to `<job-dir>/summaries/train` (loss, accuracy, learning_rate,
 steps_per_sec, examples_per_sec, weight histograms `weights/<name>`) and
-`<job-dir>/summaries/eval` (loss, accuracy). TensorFlow writes event files only to
+`<job-dir>/summaries/eval` (loss, accuracy); with Vertex AI's AIP_TENSORBOARD_LOG_DIR set,
+`train/` and `eval/` go under that instead (TrainConfig.summary_url). TensorFlow writes event files only to
 local paths here, so for a remote job dir they are written to a scratch folder and
 uploaded (`sync`) at every checkpoint and at the end; a local job dir is written in place.
 
@@ -28,9 +29,9 @@ EVAL_TAGS = ("loss", "accuracy")
 class SummaryWriters:
     """The chief's event files; on other replicas (enabled=False) every call is a no-op."""
 
-    def __init__(self, job_dir: str, *, enabled: bool, jobs: tuple = ("train", "eval")):
+    def __init__(self, url: str, *, enabled: bool, jobs: tuple = ("train", "eval")):
         self.enabled = enabled
-        self.url = storage.join(job_dir, "summaries")
+        self.url = url  # the folder holding train/ and eval/ (TrainConfig.summary_url)
         self._scratch = None
         if not enabled:
             return

@@ -8,12 +8,17 @@ replica takes its role:
 - ps, and worker under the ps strategy: serves until stopped (trainer.servers);
 - chief, and every worker under multiworker, or a single node: trains (trainer.train).
 
+Where the outputs go is resolved here once (`resolve_outputs`): under `--job-dir`, except
+that Vertex AI's AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR, when set,
+take the export, the checkpoints and the summaries (docs/trainer.md).
+
 This is the one place that turns typed errors into messages and exit statuses
 (trainer/errors.py): 0 ok, 1 failed, 2 usage, 143 stopped after saving, 200 a peer is gone.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import sys
@@ -26,6 +31,10 @@ from trainer.errors import EXIT_FAILED, EXIT_USAGE, TrainerError, UsageError
 MODELS = ("cnn", "mlp")  # trainer.model.MODELS, repeated to keep TensorFlow unimported
 PRECISIONS = ("off", "mixed_bfloat16")  # trainer.model.PRECISIONS, likewise
 DEFAULT_JOBS_DIR = "jobs"
+# Vertex AI sets these to <baseOutputDirectory>/model/, /checkpoints/ and /logs/; each
+# replaces its folder under the job dir.
+AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, AIP_TENSORBOARD_LOG_DIR = (
+    "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,11 +120,75 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from(args: argparse.Namespace):
+@dataclasses.dataclass(frozen=True)
+class Outputs:
+    """Where this job's outputs go, resolved once from --job-dir and the environment."""
+
+    job_dir: str
+    export_url: str        # the SavedModel: AIP_MODEL_DIR or <job-dir>/model
+    checkpoint_url: str    # AIP_CHECKPOINT_DIR or <job-dir>/checkpoints
+    summary_url: str       # AIP_TENSORBOARD_LOG_DIR or <job-dir>/summaries (train/, eval/)
+    from_environment: tuple[str, ...] = ()  # the AIP_* variables in effect
+
+    def describe(self) -> str:
+        return (f"outputs: model={self.export_url} checkpoints={self.checkpoint_url} "
+                f"summaries={self.summary_url} (from {', '.join(self.from_environment)})")
+
+
+def resolve_outputs(job_dir: str | None, environ) -> Outputs:
+    """--job-dir and the AIP_* variables, checked; a bad URL is a UsageError naming it.
+
+    Without --job-dir the job dir is the parent of AIP_MODEL_DIR when that is set (where
+    Vertex AI's base output directory is), else jobs/trainer-<UTC time>."""
+    aip = {}
+    for name in (AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, AIP_TENSORBOARD_LOG_DIR):
+        value = (environ.get(name) or "").strip()
+        if value:
+            aip[name] = _checked_url(_without_slash(value), name)
+    if job_dir is None and AIP_MODEL_DIR in aip:
+        job_dir = _parent(aip[AIP_MODEL_DIR])
+    elif job_dir is None:
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d_%H%M%S")
+        job_dir = os.path.join(DEFAULT_JOBS_DIR, f"trainer-{stamp}")
+    _checked_url(job_dir, "--job-dir")
+    return Outputs(
+        job_dir=job_dir,
+        export_url=aip.get(AIP_MODEL_DIR) or storage.join(job_dir, "model"),
+        checkpoint_url=aip.get(AIP_CHECKPOINT_DIR) or storage.join(job_dir, "checkpoints"),
+        summary_url=aip.get(AIP_TENSORBOARD_LOG_DIR) or storage.join(job_dir, "summaries"),
+        from_environment=tuple(aip))
+
+
+def _checked_url(url: str, name: str) -> str:
+    try:
+        storage.filesystem(url)
+    except storage.StorageError as exc:
+        raise UsageError(f"{name}: {exc}") from None
+    return url
+
+
+def _without_slash(url: str) -> str:
+    """Vertex AI's values end in '/'; joins and the job record want none."""
+    stripped = url.rstrip("/")
+    return stripped if stripped and not stripped.endswith(":") else url
+
+
+def _parent(url: str) -> str:
+    scheme, sep, path = url.rpartition("://")
+    head = path.rpartition("/")[0]
+    if not head:
+        raise UsageError(f"{AIP_MODEL_DIR} {url!r} has no parent folder to use as the job "
+                         "dir; give --job-dir")
+    return f"{scheme}{sep}{head}"
+
+
+def config_from(args: argparse.Namespace, outputs: Outputs):
     """The validated TrainConfig (imports TensorFlow via trainer.train)."""
     from trainer.train import STEPS_PER_EXECUTION, TrainConfig
     return TrainConfig(
-        job_dir=args.job_dir, model=args.model, train_steps=args.train_steps,
+        job_dir=outputs.job_dir, export_url=outputs.export_url,
+        checkpoint_url=outputs.checkpoint_url, summary_url=outputs.summary_url,
+        model=args.model, train_steps=args.train_steps,
         batch_size=args.batch_size, learning_rate=args.learning_rate,
         eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,
@@ -133,10 +206,6 @@ def _check(args: argparse.Namespace, info: cluster_lib.ClusterInfo) -> str | Non
     if bool(args.train_files) != bool(args.eval_files):
         missing = "--eval-files" if args.train_files else "--train-files"
         raise UsageError(f"--train-files and --eval-files go together; add {missing}")
-    try:
-        storage.filesystem(args.job_dir)
-    except storage.StorageError as exc:
-        raise UsageError(f"--job-dir: {exc}") from None
     if info.is_single_node:
         return None  # mirrored or single depends on the GPUs TensorFlow sees
     return info.strategy_kind(args.strategy, num_gpus=0)
@@ -148,13 +217,16 @@ def main(argv: list[str] | None = None) -> int:
         info = cluster_lib.from_environment(
             os.environ, ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
             job_name=args.job_name, task_index=args.task_index)
-        if args.job_dir is None:
-            stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d_%H%M%S")
-            args.job_dir = os.path.join(DEFAULT_JOBS_DIR, f"trainer-{stamp}")
-            if info.is_chief:
-                print(f"no --job-dir given; writing to {args.job_dir}", flush=True)
+        outputs = resolve_outputs(args.job_dir, os.environ)
+        if info.is_chief and args.job_dir is None:
+            print(f"no --job-dir given; writing to {outputs.job_dir}", flush=True)
+        if info.is_chief and outputs.from_environment:
+            print(outputs.describe(), flush=True)
+        if info.is_chief and info.source == "CLUSTER_SPEC":
+            print(f"cluster: {info.describe()} from CLUSTER_SPEC (Vertex AI worker pools)",
+                  flush=True)
         kind = _check(args, info)
-        return _run_role(args, info, kind)
+        return _run_role(args, info, kind, outputs)
     except TrainerError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_status
@@ -169,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _run_role(args, info: cluster_lib.ClusterInfo, kind: str | None) -> int:
+def _run_role(args, info: cluster_lib.ClusterInfo, kind: str | None,
+              outputs: Outputs) -> int:
     # A dead worker goes unnoticed unless gRPC fails fast; read when TF loads gRPC.
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -178,7 +251,7 @@ def _run_role(args, info: cluster_lib.ClusterInfo, kind: str | None) -> int:
     if info.is_evaluator:
         stop.install()
         from trainer import evaluator
-        return evaluator.run(config_from(args), stop)
+        return evaluator.run(config_from(args, outputs), stop)
     if kind == "ps" and info.task_type in (cluster_lib.PS, cluster_lib.WORKER):
         return servers.serve(info, stop)
     import tensorflow as tf
@@ -189,7 +262,7 @@ def _run_role(args, info: cluster_lib.ClusterInfo, kind: str | None) -> int:
     # ends a replica at once: there is nothing to save yet.
     from trainer import train
     try:
-        return train.run(info, config_from(args), kind, stop)
+        return train.run(info, config_from(args, outputs), kind, stop)
     except TrainerError:
         raise
     except Exception:  # a bug: keep the traceback, it is what a report needs
@@ -211,4 +284,4 @@ if __name__ == "__main__":
     _exit(main())
 
 
-__all__ = ["main", "parser", "config_from"]
+__all__ = ["main", "parser", "config_from", "resolve_outputs", "Outputs"]

@@ -58,9 +58,14 @@ class Preempted(TrainerError):
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """The trainer's flags, validated (see docs/trainer.md for each)."""
+    """The trainer's flags, validated (see docs/trainer.md for each), and where the
+    outputs go: trainer.task resolves the three URLs once (Vertex AI's AIP_* variables
+    may move them out of the job dir); left empty they are the job dir's own folders."""
 
     job_dir: str
+    export_url: str = ""            # the SavedModel; default <job-dir>/model
+    checkpoint_url: str = ""        # default <job-dir>/checkpoints
+    summary_url: str = ""           # default <job-dir>/summaries (train/ and eval/ in it)
     model: str = "cnn"
     train_steps: int = 2000
     batch_size: int = 100
@@ -79,9 +84,11 @@ class TrainConfig:
     dropout: float = 0.4
     mixed_precision: str = "off"    # or "mixed_bfloat16"; variables stay float32
 
-    @property
-    def export_url(self) -> str:
-        return storage.join(self.job_dir, "model")
+    def __post_init__(self):
+        for field, folder in (("export_url", "model"), ("checkpoint_url", "checkpoints"),
+                              ("summary_url", "summaries")):
+            if not getattr(self, field):
+                object.__setattr__(self, field, storage.join(self.job_dir, folder))
 
 
 class Replica:
@@ -209,8 +216,9 @@ def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> 
     dataset = data_lib.load(config.data_dir, config.train_files, config.eval_files)
     replica = Replica(strategy, coordinator, config, num_workers=info.num_workers,
                       agree_on_stop=kind == "multiworker")
-    store = CheckpointStore(config.job_dir, keep=config.keep_checkpoints, writer=chief)
-    writers = SummaryWriters(config.job_dir, enabled=chief)
+    store = CheckpointStore(config.checkpoint_url, keep=config.keep_checkpoints,
+                            writer=chief)
+    writers = SummaryWriters(config.summary_url, enabled=chief)
     try:
         start = store.restore(replica.checkpoint) or 0
         progress.line(
