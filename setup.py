@@ -25,6 +25,9 @@ setup(
         "uvicorn>=0.29",
     ],
     extras_require={
+        # the cluster engines' SDKs (`--runner kubeflow`, `--runner vertex`)
+        "kubeflow": ["kubernetes>=29", "kubeflow-training>=1.8,<2"],
+        "vertex": ["google-cloud-aiplatform>=1.60"],
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
@@ -32,6 +35,9 @@ setup(
             "httpx>=0.27",
             "gcp-storage-emulator>=2024.8",
             "tensorboard==2.21.*",
+            "kubernetes>=29",
+            "kubeflow-training>=1.8,<2",
+            "google-cloud-aiplatform>=1.60",
         ],
         "bench": ["matplotlib>=3.8"],
     },

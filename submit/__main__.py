@@ -27,6 +27,7 @@ from submit import jobs as records
 from submit import logs, package, plan as plans, runners, spec as specs
 from submit.errors import (EXIT_OK, EXIT_USAGE, JobCancelled, JobFailed, SubmitError,
                            UsageError)
+from submit.runners.engine import EngineOptions
 from trainer import storage
 
 CANCEL_WAIT_S = 60.0
@@ -96,13 +97,34 @@ def cli():
 @click.option("--max-restarts", default=None, type=int,
               help="Restarts allowed per replica [default: each type's maxRestarts in "
                    "--config, else 0].")
+@click.option("--runner", default="local", show_default=True,
+              type=click.Choice(tuple(runners.RUNNERS)),
+              help="Where the job runs: processes on this machine, a Kubeflow TFJob on "
+                   "the current kubeconfig's cluster, or a Vertex AI CustomJob.")
+@click.option("--image", help="kubeflow: the container image holding the trainer (see "
+                              "the Dockerfile --dry-run prints); vertex: the executor "
+                              "image the package is installed into.")
+@click.option("--namespace", help="kubeflow: the namespace [default: the kubeconfig "
+                                  "context's, else default].")
+@click.option("--kube-context", "context", help="kubeflow: the kubeconfig context "
+                                                "[default: the current one].")
+@click.option("--project", help="vertex: the Google Cloud project [default: "
+                                "$GOOGLE_CLOUD_PROJECT].")
+@click.option("--region", help="vertex: the region [default: us-central1].")
+@click.option("--service-account", help="kubeflow: the pods' service account; vertex: "
+                                        "the service account email replicas run as.")
 @click.pass_context
 def submit_command(ctx, job_id, scale_tier, config_path, job_dir, staging_bucket,
                    package_path, module_name, worker_count, parameter_server_count,
                    evaluator_count, stream_logs, dry_run, resume, restart_policy,
-                   max_restarts):
+                   max_restarts, runner, image, namespace, context, project, region,
+                   service_account):
     """Submit training job JOB_ID; everything after `--` goes to the trainer, followed by
     `--job-dir URL` as Cloud ML passes it."""
+    options = EngineOptions(image=image, namespace=namespace, context=context,
+                            project=project, region=region,
+                            service_account=service_account)
+    options.check_for(runner)
     training_input = specs.load_config(config_path) if config_path else {}
     spec = specs.resolve(
         job_id, training_input, scale_tier=scale_tier, worker_count=worker_count,
@@ -110,12 +132,17 @@ def submit_command(ctx, job_id, scale_tier, config_path, job_dir, staging_bucket
         job_dir=job_dir, staging_bucket=staging_bucket, package_path=package_path,
         module_name=module_name, args=ctx.meta["trainer_args"],
         restart_policy=restart_policy, max_restarts=max_restarts)
-    if spec.gpus_needed:
+    engine = None
+    if runner in runners.ENGINES:
+        engine = runners.get(runner)(options)
+        engine.check(spec)
+    elif spec.gpus_needed:
         specs.check_gpus(spec, specs.local_gpu_count())
     if not stream_logs and spec.job_dir and spec.job_dir.startswith("memory://"):
         raise UsageError("--async cannot use a memory:// job dir: the store lives in this "
                          "process, which ends at once; use a path or gs:// URL, or stream")
-    _check_job_id_free(spec, resume)
+    if not (dry_run and engine is not None):  # an engine's dry run touches no storage
+        _check_job_id_free(spec, resume)
     if spec.package_uri is None:
         source_dir = package.check_package_path(spec.package_path)
     home = package.mljob_home()
@@ -129,6 +156,9 @@ def submit_command(ctx, job_id, scale_tier, config_path, job_dir, staging_bucket
             pkg = dataclasses.replace(pkg, url=package.staging_url(
                 pkg, job_id=spec.job_id, staging_bucket=spec.staging_bucket,
                 job_dir=spec.job_dir))
+        if engine is not None:
+            return _submit_to_engine(engine, spec, pkg, dry_run=dry_run,
+                                     stream=stream_logs)
         plan = plans.build(spec, pkg, home=home)
         if dry_run:
             click.echo(plan.to_json())
@@ -141,6 +171,72 @@ def submit_command(ctx, job_id, scale_tier, config_path, job_dir, staging_bucket
     if not stream_logs:
         return _detach(plan, record)
     return _run(plan, record, stream=True)
+
+
+def _submit_to_engine(engine, spec: specs.JobSpec, pkg: package.Package, *,
+                      dry_run: bool, stream: bool) -> int:
+    """Render the job for the engine; print it (--dry-run), or stage and create it."""
+    rendered = engine.render(spec, pkg)
+    for note in engine.prepare(spec, pkg):
+        click.echo(note, err=True)  # stdout stays the engine's object alone
+    if dry_run:
+        click.echo(rendered.text)
+        return EXIT_OK
+    engine.ready(rendered)
+    if spec.package_uri is None:
+        package.stage(pkg, pkg.url)
+    handle = engine.create(rendered)
+    record = records.JobRecord(
+        job_id=spec.job_id, job_dir=spec.job_dir, scale_tier=spec.scale_tier,
+        package_url=pkg.url, package_sha256=pkg.sha256, module=spec.module_name,
+        trainer_args=list(spec.trainer_args), training_input=dict(spec.training_input),
+        runner=engine.name, engine=dict(handle),
+        replicas=[records.ReplicaRecord(f"{plans.LABEL_TYPES[g.task_type]}-replica-{i}")
+                  for g in spec.groups for i in range(g.count)])
+    records.save(record)
+    click.echo(f"Job [{spec.job_id}] submitted successfully to {engine.name}.")
+    if not stream:
+        click.echo(f"Follow the job with:\n"
+                   f"  python -m submit jobs stream-logs {spec.job_id}\n"
+                   f"  python -m submit jobs describe {spec.job_id}")
+        return EXIT_OK
+    return _follow_engine(engine, record, task_name=None)
+
+
+def _follow_engine(engine, record: records.JobRecord, *, task_name: str | None) -> int:
+    """Stream the engine's logs until the job ends, then record and report its state.
+    Ctrl-C stops following, not the job (as gcloud does)."""
+    try:
+        for line in engine.logs(record.engine, task_name=task_name, follow=True):
+            click.echo(line)
+    except KeyboardInterrupt:
+        click.echo(f"Stopped following; job [{record.job_id}] goes on. Cancel it with "
+                   f"`python -m submit jobs cancel {record.job_id}`.", err=True)
+        return JobCancelled.exit_status
+    record = _refresh(engine, record)
+    click.echo(f"Job [{record.job_id}] {record.state}.")
+    if record.state == records.FAILED:
+        raise JobFailed(f"job {record.job_id} failed: {record.error_message}")
+    if record.state == records.CANCELLED:
+        raise JobCancelled(f"job {record.job_id} was cancelled")
+    return EXIT_OK
+
+
+def _engine_for(record: records.JobRecord):
+    return runners.get(record.runner)(EngineOptions())
+
+
+def _refresh(engine, record: records.JobRecord) -> records.JobRecord:
+    """Ask the engine for the job's state and keep it in the record."""
+    status = engine.status(record.engine)
+    if status.state != record.state or status.message:
+        record.set_state(status.state, status.message)
+    for replica in status.replicas:
+        mine = record.replica(replica.label)
+        mine.state, mine.exit_code, mine.restarts = (replica.state, replica.exit_code,
+                                                     replica.restarts)
+    records.save(record)
+    return record
 
 
 def _check_job_id_free(spec: specs.JobSpec, resume: bool) -> None:
@@ -229,6 +325,8 @@ def jobs_list():
 def jobs_describe(job_id):
     """The job's record, and how to look at it with TensorBoard."""
     record = records.load(job_id)
+    if record.runner != "local":
+        record = _refresh(_engine_for(record), record)
     data = json.loads(record.to_json())
     data["state"] = _state(record)
     for key in ("create_time", "start_time", "end_time"):
@@ -250,6 +348,8 @@ def jobs_describe(job_id):
 def jobs_stream_logs(job_id, task_name):
     """Print the job's logs and follow them until the job ends."""
     record = records.load(job_id)
+    if record.runner != "local":
+        return _follow_engine(_engine_for(record), record, task_name=task_name)
 
     def done() -> bool:
         current = records.load(job_id)
@@ -267,6 +367,12 @@ def jobs_cancel(job_id):
     record = records.load(job_id)
     if record.done:
         raise UsageError(f"job {job_id!r} already ended {record.state}; nothing to cancel")
+    if record.runner != "local":
+        engine = _engine_for(record)
+        record.set_state(engine.cancel(record.engine))
+        records.save(record)
+        click.echo(f"Job [{job_id}] {record.state}.")
+        return EXIT_OK
     if record.supervisor_alive():
         os.kill(record.supervisor_pid, signal.SIGTERM)
         deadline = time.monotonic() + CANCEL_WAIT_S

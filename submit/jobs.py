@@ -55,6 +55,8 @@ class JobRecord:
     replicas: list[ReplicaRecord] = dataclasses.field(default_factory=list)
     error_message: str | None = None
     mode: str = "cloud"
+    runner: str = "local"            # or a cluster engine: kubeflow, vertex
+    engine: dict[str, Any] = dataclasses.field(default_factory=dict)  # the engine's handle
 
     @property
     def done(self) -> bool:

@@ -33,7 +33,7 @@ if os.environ.get("STORAGE_EMULATOR_HOST"):
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import fsspec  # noqa: E402
-from fsspec.core import url_to_fs  # noqa: E402
+from fsspec.core import split_protocol, url_to_fs  # noqa: E402
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,6 +57,9 @@ def filesystem(url: str):
 
 
 def is_local(url: str) -> bool:
+    protocol, _ = split_protocol(url)
+    if protocol not in (None, "file", "local"):  # answered without a client: gcsfs's
+        return False                             # looks for credentials for seconds
     fs, _ = filesystem(url)
     return "file" in _protocols(fs)
 

@@ -107,6 +107,15 @@ class ClusterEngine(abc.ABC):
     def render(self, spec: JobSpec, package: Package) -> Rendered:
         """The engine's job object for a package staged at `package.url`."""
 
+    def prepare(self, spec: JobSpec, package: Package) -> list[str]:
+        """Write what the user needs on this machine before the job can run (Kubeflow:
+        the image's build context); return lines telling them what to do with it."""
+        return []
+
+    def ready(self, rendered: Rendered) -> None:
+        """Raise UsageError when the job cannot be submitted as rendered (a dry run may
+        still print it: Kubeflow's needs --image only to run). Called before staging."""
+
     @abc.abstractmethod
     def create(self, rendered: Rendered) -> Mapping[str, Any]:
         """Submit the job; return its handle (JSON-able), kept in the job record."""

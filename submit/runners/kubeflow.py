@@ -1,0 +1,465 @@
+"""`--runner kubeflow`: the job as a Kubeflow Training Operator TFJob (kubeflow.org/v1).
+
+The TFJob has one replica spec per replica type: Chief (or Master when the config asks
+for Cloud ML's legacy name), Worker, PS and Evaluator, with the counts of the scale tier
+or config.yaml. Every replica runs the same container, `--image`, which holds the staged
+sdist installed on TensorFlow 2.21 (the Dockerfile is generated; `--dry-run` prints it),
+and the same command `python -m <module> <args> --job-dir <gs://...>`. The operator sets
+TF_CONFIG (lower-cased types, port 2222), which the trainer reads unchanged.
+
+Decisions:
+- Restart policies are the TFJob's own (we took their names from it); `runPolicy.
+  backoffLimit` is the largest `maxRestarts` when any type restarts.
+- `cleanPodPolicy: Running`: when the job ends the operator deletes the pods still
+  running (parameter servers, evaluators), so none outlives the job, and keeps finished
+  pods so that their logs can still be read.
+- `successPolicy: ""` is the operator's default: the job succeeds when the chief does.
+- Machine types map to resource requests (`MACHINES`, docs/engine-kubeflow.md): the
+  machine's vCPUs and memory are requested, memory is also the limit, GPUs go in limits
+  as `nvidia.com/gpu`, and a GPU type in `acceleratorConfig` becomes GKE's
+  `cloud.google.com/gke-accelerator` node selector.
+- The job dir must be gs://: pods cannot see this machine's files or memory://.
+- The TFJob's name is the job id in lower case with `-` for `_` (Kubernetes names are
+  DNS labels); the job id itself is kept in the label `mljob/job-id`.
+"""
+from __future__ import annotations
+
+import calendar
+import json
+import os
+import queue
+import re
+import shutil
+import shlex
+import tempfile
+import threading
+import time
+from typing import Any, Iterator, Mapping
+
+import kubernetes
+import yaml
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from submit import jobs as records
+from submit import logs as logfmt
+from submit import spec as specs
+from submit.errors import SubmitError, UsageError
+from submit.package import Package, mljob_home
+from submit.runners.engine import (ClusterEngine, EngineStatus, Rendered,
+                                   ReplicaStatus)
+
+GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "tfjobs"
+CONTAINER, PORT_NAME, PORT = "tensorflow", "tfjob-port", 2222  # what the operator expects
+BASE_IMAGE, BASE_IMAGE_GPU = "tensorflow/tensorflow:2.21.0", "tensorflow/tensorflow:2.21.0-gpu"
+MAX_NAME = 50   # pods are <name>-<type>-<index>; their services must stay DNS labels (63)
+TIMEOUT_S = 30
+POLL_S = 2.0
+REPLICA_TYPES = {specs.CHIEF: "Chief", specs.WORKER: "Worker", specs.PS: "PS",
+                 specs.EVALUATOR: "Evaluator"}
+LABELS = {"chief": "master", "master": "master", "worker": "worker", "ps": "ps",
+          "evaluator": "evaluator"}  # the operator's replica-type label -> Cloud ML's
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+TYPE_LABEL, INDEX_LABEL = "training.kubeflow.org/replica-type", \
+    "training.kubeflow.org/replica-index"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+# Cloud ML's machine names -> (vCPUs, memory in GiB, GPUs): the Compute Engine machines
+# Cloud ML ran them on (standard is n1-standard-4, large_model n1-highmem-8, ...).
+_N1_MEMORY = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}  # GiB per vCPU
+MACHINES: dict[str, tuple[int, float, int]] = {
+    "standard": (4, 15, 0), "large_model": (8, 52, 0), "complex_model_s": (8, 7.2, 0),
+    "complex_model_m": (16, 14.4, 0), "complex_model_l": (32, 28.8, 0),
+    "standard_gpu": (8, 30, 1), "complex_model_m_gpu": (16, 60, 4),
+    "complex_model_l_gpu": (32, 120, 8), "standard_p100": (8, 30, 1),
+    "complex_model_m_p100": (16, 60, 4), "standard_v100": (8, 30, 1),
+    "large_model_v100": (8, 52, 1), "complex_model_m_v100": (16, 60, 4),
+    "complex_model_l_v100": (32, 120, 8)}
+STATES = {"Created": records.QUEUED, "Suspended": records.QUEUED,
+          "Running": records.RUNNING, "Restarting": records.RUNNING,
+          "Succeeded": records.SUCCEEDED, "Failed": records.FAILED}
+
+
+def machine_resources(machine: str, gpus: int) -> tuple[int, float, int]:
+    """(vCPUs, GiB, GPUs) of a Cloud ML or Compute Engine n1 machine name."""
+    if machine in MACHINES:
+        cpus, memory, machine_gpus = MACHINES[machine]
+        return cpus, memory, gpus or machine_gpus
+    family, cpus = re.fullmatch(r"n1-(\w+)-(\d+)", machine).groups()
+    return int(cpus), round(int(cpus) * _N1_MEMORY[family], 2), gpus
+
+
+def resources(group: specs.ReplicaGroup) -> dict:
+    cpus, memory, gpus = machine_resources(group.machine_type, group.gpus)
+    mem = f"{round(memory * 1024)}Mi"
+    out = {"requests": {"cpu": str(cpus), "memory": mem}, "limits": {"memory": mem}}
+    if gpus:
+        out["limits"]["nvidia.com/gpu"] = str(gpus)
+    return out
+
+
+def tfjob_name(job_id: str) -> str:
+    name = job_id.lower().replace("_", "-")
+    if len(name) > MAX_NAME or not _DNS_LABEL.match(name):
+        raise UsageError(f"job id {job_id!r} cannot name a TFJob: with --runner kubeflow "
+                         f"use at most {MAX_NAME} characters, ending in a letter or digit")
+    return name
+
+
+def dockerfile(package: Package, gpu: bool) -> str:
+    """Install the sdist on TensorFlow's image. The base provides TensorFlow 2.21, so the
+    package's own TensorFlow requirement (tensorflow-cpu for mljob) is left out: pip would
+    otherwise lay a second, CPU-only TensorFlow over the base's."""
+    dist = package.top_dir.rsplit("-", 1)[0]
+    sdist = f"/tmp/{package.file_name}"
+    deps = ('import importlib.metadata as m, re, subprocess, sys; '
+            f'r = [q for q in m.requires("{dist}") or [] if "extra ==" not in q '
+            'and not re.match(r"tensorflow(-cpu|-gpu)?\\b", q)]; '
+            'r and subprocess.check_call([sys.executable, "-m", "pip", "install", '
+            '"--no-cache-dir", *r])')
+    return "\n".join([
+        f"# The trainer of {package.file_name} (sha256 {package.sha256[:12]}) on "
+        "TensorFlow 2.21.",
+        f"FROM {BASE_IMAGE_GPU if gpu else BASE_IMAGE}",
+        f"COPY {package.file_name} {sdist}",
+        f"RUN pip install --no-cache-dir --no-deps {sdist} \\",
+        f" && python -c {shlex.quote(deps)} \\",
+        f" && rm {sdist}",
+        "WORKDIR /",
+        ""])
+
+
+def build_context(package: Package, gpu: bool) -> str:
+    """`$MLJOB_HOME/images/<sha256>/`: the Dockerfile and the sdist, ready for `docker
+    build`. Written to a temporary folder and renamed into place, once per package."""
+    folder = os.path.join(mljob_home(), "images", package.sha256[:16])
+    if os.path.isdir(folder):
+        return folder
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(folder))
+    try:
+        with open(os.path.join(tmp, "Dockerfile"), "w") as f:
+            f.write(dockerfile(package, gpu))
+        shutil.copyfile(package.local_file, os.path.join(tmp, package.file_name))
+        os.rename(tmp, folder)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not os.path.isdir(folder):  # not a concurrent build that won the race
+            raise
+    return folder
+
+
+class KubeflowEngine(ClusterEngine):
+    name = "kubeflow"
+
+    def prepare(self, spec: specs.JobSpec, package: Package) -> list[str]:
+        if not package.local_file:
+            return []
+        folder = build_context(package, gpu=spec.gpus_needed > 0)
+        image = self.options.image or "REGISTRY/mljob-trainer:TAG"
+        return [f"The image's build context (Dockerfile and sdist) is {folder}; build "
+                f"and push it with:", f"  docker build -t {image} {folder} && "
+                f"docker push {image}"]
+
+    def check(self, spec: specs.JobSpec) -> None:
+        if not spec.job_dir or not spec.job_dir.startswith("gs://"):
+            raise UsageError("--runner kubeflow needs --job-dir gs://BUCKET/PATH: replicas "
+                             "run in pods and cannot reach "
+                             f"{spec.job_dir or 'a job dir on this machine'}")
+        tfjob_name(spec.job_id)
+        if self.options.namespace is not None and not _DNS_LABEL.match(
+                self.options.namespace):
+            raise UsageError(f"--namespace {self.options.namespace!r} is not a Kubernetes "
+                             "namespace name; use lower-case letters, digits and '-'")
+
+    def render(self, spec: specs.JobSpec, package: Package) -> Rendered:
+        name, namespace = tfjob_name(spec.job_id), self._namespace()
+        image = self.options.image or f"mljob-trainer:{package.sha256[:12]}"
+        labels = {"app.kubernetes.io/managed-by": "mljob", "mljob/job-id": spec.job_id}
+        replica_specs = {}
+        for group in spec.groups:
+            kind = REPLICA_TYPES[group.task_type]
+            if group.task_type == specs.CHIEF and not spec.use_chief:
+                kind = "Master"
+            replica_specs[kind] = self._replica_spec(spec, group, image, labels)
+        most = max((g.max_restarts for g in spec.groups if g.restart_policy != "Never"),
+                   default=None)
+        run_policy: dict[str, Any] = {"cleanPodPolicy": "Running"}
+        if most is not None:
+            run_policy["backoffLimit"] = most
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "TFJob",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels,
+                         "annotations": {"mljob/package-uri": package.url or "",
+                                         "mljob/package-sha256": package.sha256}},
+            "spec": {"runPolicy": run_policy, "successPolicy": "",
+                     "tfReplicaSpecs": replica_specs}}
+        docker = dockerfile(package, gpu=spec.gpus_needed > 0)
+        header = ["# TFJob for mljob job " + spec.job_id + "; apply it with "
+                  "`kubectl apply -f -` or submit without --dry-run.",
+                  f"# Every replica runs --image {image}, built from the staged "
+                  f"package {package.file_name} with this Dockerfile:", "#"]
+        header += [f"#   {line}" for line in docker.rstrip("\n").splitlines()]
+        text = "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False,
+                                                         default_flow_style=False)
+        return Rendered(body=body, text=text,
+                        handle={"name": name, "namespace": namespace,
+                                "context": self.options.context,
+                                "image_given": self.options.image is not None})
+
+    def _replica_spec(self, spec, group, image, labels) -> dict:
+        container = {
+            "name": CONTAINER, "image": image,
+            "command": ["python", "-m", spec.module_name],
+            "args": list(spec.trainer_args),
+            "env": [{"name": "CLOUD_ML_JOB_ID", "value": spec.job_id},
+                    {"name": "PYTHONUNBUFFERED", "value": "1"}],
+            "ports": [{"name": PORT_NAME, "containerPort": PORT}],
+            "resources": resources(group)}
+        pod: dict[str, Any] = {"containers": [container]}
+        if self.options.service_account:
+            pod["serviceAccountName"] = self.options.service_account
+        config = spec.training_input.get(specs.CONFIG_KEYS[group.task_type]) or {}
+        accelerator = (config.get("acceleratorConfig") or {}).get("type")
+        if accelerator and group.gpus:
+            pod["nodeSelector"] = {"cloud.google.com/gke-accelerator":
+                                   accelerator.lower().replace("_", "-")}
+        return {"replicas": group.count, "restartPolicy": group.restart_policy,
+                "template": {"metadata": {"labels": dict(labels)}, "spec": pod}}
+
+    def _namespace(self) -> str:
+        if self.options.namespace:
+            return self.options.namespace
+        try:
+            _, current = kubernetes.config.list_kube_config_contexts(_kubeconfig())
+            context = current
+            if self.options.context:
+                contexts, _ = kubernetes.config.list_kube_config_contexts(_kubeconfig())
+                context = next((c for c in contexts if c["name"] == self.options.context),
+                               current)
+            return (context or {}).get("context", {}).get("namespace") or "default"
+        except (kubernetes.config.ConfigException, OSError, TypeError):
+            return "default"
+
+    # -- talking to the cluster -------------------------------------------------------
+
+    def _client(self, handle: Mapping[str, Any]) -> kubernetes.client.ApiClient:
+        """The kubeconfig's client (its current context, or the job's), else the pod's
+        own service account when running inside a cluster."""
+        context = handle.get("context") or self.options.context
+        try:
+            return kubernetes.config.new_client_from_config(_kubeconfig(), context=context)
+        except (kubernetes.config.ConfigException, OSError) as exc:
+            if os.environ.get("KUBERNETES_SERVICE_HOST") and not context:
+                kubernetes.config.load_incluster_config()
+                return kubernetes.client.ApiClient()
+            raise UsageError(f"no usable kubeconfig ({_one_line(exc)}); point KUBECONFIG "
+                             "at your cluster's config or pick one with --kube-context") \
+                from None
+
+    def ready(self, rendered: Rendered) -> None:
+        if not rendered.handle.get("image_given", True):
+            raise UsageError("--runner kubeflow needs --image REGISTRY/NAME:TAG, an image "
+                             "holding the trainer; build and push one from the Dockerfile "
+                             "that --dry-run prints")
+
+    def create(self, rendered: Rendered) -> Mapping[str, Any]:
+        self.ready(rendered)
+        handle = dict(rendered.handle)
+        handle.pop("image_given", None)
+        api = kubernetes.client.CustomObjectsApi(self._client(handle))
+        with _api_errors(handle, "create the TFJob"):
+            created = api.create_namespaced_custom_object(
+                GROUP, VERSION, handle["namespace"], PLURAL, dict(rendered.body),
+                _request_timeout=TIMEOUT_S)
+        handle["uid"] = (created.get("metadata") or {}).get("uid")
+        if not handle.get("context"):
+            try:
+                _, current = kubernetes.config.list_kube_config_contexts(_kubeconfig())
+                handle["context"] = (current or {}).get("name")
+            except (kubernetes.config.ConfigException, OSError, TypeError):
+                pass  # in-cluster config has no contexts
+        return handle
+
+    def status(self, handle: Mapping[str, Any]) -> EngineStatus:
+        client = self._client(handle)
+        api = kubernetes.client.CustomObjectsApi(client)
+        try:
+            with _api_errors(handle, "read the TFJob"):
+                job = api.get_namespaced_custom_object(
+                    GROUP, VERSION, handle["namespace"], PLURAL, handle["name"],
+                    _request_timeout=TIMEOUT_S)
+        except _Gone:
+            return EngineStatus(records.CANCELLED, f"the TFJob {handle['name']} is gone "
+                                f"from namespace {handle['namespace']} (deleted)")
+        state, message = records.QUEUED, None
+        for condition in (job.get("status") or {}).get("conditions") or []:
+            if condition.get("status") == "True" and condition.get("type") in STATES:
+                state = STATES[condition["type"]]
+                message = condition.get("message") if state == records.FAILED else None
+        return EngineStatus(state, message, tuple(
+            _replica_status(pod) for pod in self._pods(client, handle)))
+
+    def _pods(self, client, handle) -> list:
+        core = kubernetes.client.CoreV1Api(client)
+        with _api_errors(handle, "list the job's pods"):
+            pods = core.list_namespaced_pod(
+                handle["namespace"], label_selector=f"{JOB_NAME_LABEL}={handle['name']}",
+                _request_timeout=TIMEOUT_S).items
+        return sorted(pods, key=_label)
+
+    def logs(self, handle: Mapping[str, Any], *, task_name: str | None = None,
+             follow: bool = True) -> Iterator[str]:
+        """Each container's log once, from its start, labelled by replica: one reader
+        thread per running container; a restarted container is a new one."""
+        client = self._client(handle)
+        core = kubernetes.client.CoreV1Api(client)
+        lines: queue.Queue = queue.Queue()
+        readers: dict[tuple[str, int], threading.Thread] = {}
+        while True:
+            for pod in self._pods(client, handle):
+                label = _label(pod)
+                key = (pod.metadata.name, _restarts(pod))
+                if (task_name and label != task_name) or key in readers or \
+                        pod.status.phase == "Pending":
+                    continue
+                reader = threading.Thread(
+                    target=_read_log, daemon=True,
+                    args=(core, handle["namespace"], pod.metadata.name, label,
+                          follow and pod.status.phase == "Running", lines))
+                readers[key] = reader
+                reader.start()
+            done = not follow or self.status(handle).state in records.FINAL_STATES
+            deadline = time.monotonic() + (TIMEOUT_S if done else POLL_S)
+            while time.monotonic() < deadline:
+                try:
+                    yield lines.get(timeout=0.2)
+                except queue.Empty:
+                    if done and not any(r.is_alive() for r in readers.values()):
+                        break
+            if done:
+                while not lines.empty():
+                    yield lines.get()
+                return
+
+    def cancel(self, handle: Mapping[str, Any]) -> str:
+        api = kubernetes.client.CustomObjectsApi(self._client(handle))
+        try:
+            with _api_errors(handle, "delete the TFJob"):
+                api.delete_namespaced_custom_object(
+                    GROUP, VERSION, handle["namespace"], PLURAL, handle["name"],
+                    propagation_policy="Foreground", _request_timeout=TIMEOUT_S)
+        except _Gone:
+            pass  # already deleted: cancelled all the same
+        return records.CANCELLED
+
+
+class _Gone(SubmitError):
+    """The TFJob is not there (404 on a named object)."""
+
+
+class _api_errors:
+    """Turn the client's exceptions into one-line errors that say what to do."""
+
+    def __init__(self, handle: Mapping[str, Any], doing: str):
+        self.handle, self.doing = handle, doing
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if exc is None:
+            return False
+        where = f"namespace {self.handle['namespace']}"
+        if isinstance(exc, ApiException):
+            reason = _reason(exc)
+            if exc.status == 404 and self.doing.startswith("create"):
+                if "namespace" in reason.lower():
+                    raise UsageError(f"{where} does not exist; create it (kubectl create "
+                                     "namespace ...) or pass another --namespace") from None
+                raise SubmitError(f"the cluster has no TFJob resource ({GROUP}/{VERSION}); "
+                                  "install the Kubeflow Training Operator") from None
+            if exc.status == 404:
+                raise _Gone(reason) from None
+            if exc.status == 409:
+                raise SubmitError(f"a TFJob named {self.handle['name']} already exists in "
+                                  f"{where}; cancel it or pick another job id") from None
+            if exc.status in (401, 403):
+                raise SubmitError(f"cannot {self.doing} in {where}: {reason}; check your "
+                                  "kubeconfig's credentials and RBAC rights") from None
+            raise SubmitError(f"cannot {self.doing} in {where}: HTTP {exc.status} "
+                              f"{reason}") from None
+        if isinstance(exc, (HTTPError, OSError)):
+            raise SubmitError(f"cannot reach the Kubernetes API to {self.doing} "
+                              f"({_one_line(exc)}); check the cluster is up and the "
+                              "kubeconfig's server address") from None
+        return False
+
+
+def _kubeconfig() -> str:
+    """KUBECONFIG as it is now (the client reads it once, when it is imported)."""
+    return os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+
+
+def _reason(exc: ApiException) -> str:
+    try:
+        return json.loads(exc.body).get("message") or exc.reason
+    except (TypeError, ValueError, AttributeError):
+        return str(exc.reason)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
+def _label(pod) -> str:
+    labels = pod.metadata.labels or {}
+    kind = LABELS.get(labels.get(TYPE_LABEL, "").lower(), labels.get(TYPE_LABEL, "?"))
+    return f"{kind}-replica-{labels.get(INDEX_LABEL, '0')}"
+
+
+def _restarts(pod) -> int:
+    statuses = pod.status.container_statuses or []
+    return sum(s.restart_count or 0 for s in statuses if s.name == CONTAINER)
+
+
+def _replica_status(pod) -> ReplicaStatus:
+    phase = pod.status.phase or "Unknown"
+    exit_code = None
+    for status in pod.status.container_statuses or []:
+        terminated = status.state and status.state.terminated
+        if status.name == CONTAINER and terminated:
+            exit_code = terminated.exit_code
+    state = {"Pending": "PENDING", "Running": "RUNNING", "Succeeded": "EXITED",
+             "Failed": "FAILED"}.get(phase, phase.upper())
+    return ReplicaStatus(_label(pod), state, exit_code, _restarts(pod))
+
+
+def _read_log(core, namespace: str, pod: str, label: str, follow: bool,
+              out: queue.Queue) -> None:
+    try:
+        response = core.read_namespaced_pod_log(
+            pod, namespace, container=CONTAINER, follow=follow, timestamps=True,
+            _preload_content=False)
+        pending = b""
+        for chunk in response.stream(decode_content=True):  # chunks, not lines
+            *complete, pending = (pending + chunk).split(b"\n")
+            for line in complete:
+                out.put(_format(label, line.decode("utf-8", "replace")))
+        if pending:
+            out.put(_format(label, pending.decode("utf-8", "replace")))
+        response.release_conn()
+    except (ApiException, HTTPError, OSError) as exc:
+        out.put(logfmt.format_line(label, f"(log unavailable: {_one_line(exc)})",
+                                   "WARNING"))
+
+
+def _format(label: str, line: str) -> str:
+    """`2026-11-22T10:00:00.123456789Z text` (the API's timestamps) as the local
+    runner's log lines."""
+    stamp, _, text = line.partition(" ")
+    try:
+        when = calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return logfmt.format_line(label, line)
+    return logfmt.format_line(label, text, logfmt.severity(text, "stderr"), when)
