@@ -31,6 +31,7 @@ from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.auth.transport.requests import AuthorizedSession
 from google.cloud import aiplatform_v1
+from google.protobuf import json_format
 
 from submit import jobs, logs, spec as specs
 from submit.errors import SubmitError, UsageError
@@ -288,8 +289,7 @@ def _labels(spec: JobSpec, package: Package) -> dict[str, str]:
 def _to_json(request) -> str:
     """The request as the REST API takes it: camelCase, enums by name, only fields that
     are set, keys sorted so that --dry-run prints the same text for the same job."""
-    return type(request).to_json(request, use_integers_for_enums=False, sort_keys=True,
-                                 indent=2, always_print_fields_with_no_presence=False)
+    return json_format.MessageToJson(type(request).pb(request), sort_keys=True, indent=2)
 
 
 def vertex_task_name(label: str) -> str:
