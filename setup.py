@@ -14,7 +14,6 @@ setup(
     package_data={"trainer": ["sample/*.gz", "sample/README.md"]},
     python_requires=">=3.10",
     install_requires=[
-        "tensorflow-cpu==2.21.*",
         "fsspec>=2024.2",
         "gcsfs>=2024.2",
         "click>=8.1",
@@ -25,6 +24,11 @@ setup(
         "uvicorn>=0.29",
     ],
     extras_require={
+        # TensorFlow is an extra: on this machine `cpu` installs it; on a cluster the
+        # image provides it (Kubeflow's TensorFlow base, Vertex's prebuilt executors),
+        # and a hard requirement would make pip lay a second TensorFlow over the image's.
+        "cpu": ["tensorflow-cpu==2.21.*"],
+        "gpu": ["tensorflow[and-cuda]==2.21.*"],
         # the cluster engines' SDKs (`--runner kubeflow`, `--runner vertex`)
         "kubeflow": ["kubernetes>=29", "kubeflow-training>=1.8,<2"],
         "vertex": ["google-cloud-aiplatform>=1.60"],

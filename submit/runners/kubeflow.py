@@ -108,8 +108,8 @@ def tfjob_name(job_id: str) -> str:
 
 def dockerfile(package: Package, gpu: bool) -> str:
     """Install the sdist on TensorFlow's image. The base provides TensorFlow 2.21, so the
-    package's own TensorFlow requirement (tensorflow-cpu for mljob) is left out: pip would
-    otherwise lay a second, CPU-only TensorFlow over the base's."""
+    package's own TensorFlow requirement, if it has one, is left out: pip would otherwise
+    lay a second TensorFlow (tensorflow-cpu, say) over the base's."""
     dist = package.top_dir.rsplit("-", 1)[0]
     sdist = f"/tmp/{package.file_name}"
     deps = ('import importlib.metadata as m, re, subprocess, sys; '
