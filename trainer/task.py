@@ -218,14 +218,16 @@ def main(argv: list[str] | None = None) -> int:
             os.environ, ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
             job_name=args.job_name, task_index=args.task_index)
         outputs = resolve_outputs(args.job_dir, os.environ)
+        kind = _check(args, info)
         if info.is_chief and args.job_dir is None:
-            print(f"no --job-dir given; writing to {outputs.job_dir}", flush=True)
+            whence = f" (the parent of {AIP_MODEL_DIR})" if AIP_MODEL_DIR in \
+                outputs.from_environment else ""
+            print(f"no --job-dir given; writing to {outputs.job_dir}{whence}", flush=True)
         if info.is_chief and outputs.from_environment:
             print(outputs.describe(), flush=True)
         if info.is_chief and info.source == "CLUSTER_SPEC":
             print(f"cluster: {info.describe()} from CLUSTER_SPEC (Vertex AI worker pools)",
                   flush=True)
-        kind = _check(args, info)
         return _run_role(args, info, kind, outputs)
     except TrainerError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
