@@ -190,9 +190,7 @@ def _submit_to_engine(engine, spec: specs.JobSpec, pkg: package.Package, *,
         job_id=spec.job_id, job_dir=spec.job_dir, scale_tier=spec.scale_tier,
         package_url=pkg.url, package_sha256=pkg.sha256, module=spec.module_name,
         trainer_args=list(spec.trainer_args), training_input=dict(spec.training_input),
-        runner=engine.name, engine=dict(handle),
-        replicas=[records.ReplicaRecord(f"{plans.LABEL_TYPES[g.task_type]}-replica-{i}")
-                  for g in spec.groups for i in range(g.count)])
+        runner=engine.name, engine=dict(handle))  # replicas: as the engine reports them
     records.save(record)
     click.echo(f"Job [{spec.job_id}] submitted successfully to {engine.name}.")
     if not stream:
@@ -231,10 +229,11 @@ def _refresh(engine, record: records.JobRecord) -> records.JobRecord:
     status = engine.status(record.engine)
     if status.state != record.state or status.message:
         record.set_state(status.state, status.message)
-    for replica in status.replicas:
-        mine = record.replica(replica.label)
-        mine.state, mine.exit_code, mine.restarts = (replica.state, replica.exit_code,
-                                                     replica.restarts)
+    if status.replicas:
+        record.replicas = [records.ReplicaRecord(r.label, state=r.state,
+                                                 exit_code=r.exit_code,
+                                                 restarts=r.restarts)
+                           for r in status.replicas]
     records.save(record)
     return record
 

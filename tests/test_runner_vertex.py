@@ -466,3 +466,57 @@ def test_logging_refused_is_one_line(api):
     assert message.startswith("Cloud Logging refused to read the logs of job job01: 403 "
                               "Permission 'logging.logEntries.list' denied")
     assert "roles/logging.viewer" in message and "\n" not in message
+
+
+# -- through the CLI ---------------------------------------------------------------------
+
+def test_cli_submit_follow_describe_and_cancel(api, capsys, gcs_emulator, monkeypatch):
+    """A whole life through `python -m submit`: the package is staged to (emulated) GCS
+    at the URI the request names, the job is created, its logs followed to the end, and
+    the job record drives `jobs describe` and `jobs cancel` afterwards."""
+    from submit.__main__ import main
+    from trainer import storage
+
+    def cli(*argv):
+        status = main(list(argv), standalone_mode=False)
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    job_dir = "gs://mljob-test/vertex/cli01"
+    api.route("POST", f"/v1/{PARENT}/customJobs", 200,
+              {"name": NAME, "displayName": "cli01", "state": "JOB_STATE_QUEUED"})
+    api.route("GET", f"/v1/{NAME}", 200, {"name": NAME, "state": "JOB_STATE_SUCCEEDED"})
+    api.route("POST", "/v2/entries:list", 200, {"entries": [
+        entry(1, "workerpool0-0", "step 20/20 loss=0.4 accuracy=0.9"),
+        entry(2, "workerpool0-0", "exported model to gs://mljob-test/vertex/cli01/model")]})
+    monkeypatch.setattr(vertex.VertexEngine, "poll_s", 0.05)
+    status, out, err = cli("cli01", "--runner", "vertex", "--project", "mljob-test",
+                           "--scale-tier", "STANDARD_1", "--job-dir", job_dir, "--",
+                           "--model", "mlp")
+    assert status == 0, err
+    assert "Job [cli01] submitted successfully to vertex." in out
+    assert "master-replica-0\tstep 20/20 loss=0.4" in out
+    assert out.rstrip().endswith("Job [cli01] SUCCEEDED.")
+    sent = api.requests[0].json()
+    pool = sent["jobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]
+    assert pool["args"] == ["--model", "mlp", "--job-dir", job_dir]
+    assert pool["packageUris"][0].startswith(job_dir + "/packages/")
+    assert storage.exists(pool["packageUris"][0])   # staged before the job was created
+    record = jobs.load("cli01")
+    assert (record.runner, record.state, record.engine["name"]) == \
+        ("vertex", jobs.SUCCEEDED, NAME)
+
+    status, out, err = cli("jobs", "describe", "cli01")
+    assert status == 0 and "state: SUCCEEDED" in out and "runner: vertex" in out
+    status, out, err = cli("jobs", "cancel", "cli01")
+    assert status == 2 and "already ended SUCCEEDED" in err
+
+    record.set_state(jobs.RUNNING)
+    jobs.save(record)
+    api.route("POST", f"/v1/{NAME}:cancel", 200, {})
+    status, out, err = cli("jobs", "cancel", "cli01")
+    assert status == 0 and "Job [cli01] CANCELLING." in out
+    assert api.requests[-1].path == f"/v1/{NAME}:cancel"
+    api.route("GET", f"/v1/{NAME}", 200, {"name": NAME, "state": "JOB_STATE_CANCELLED"})
+    status, out, err = cli("jobs", "describe", "cli01")
+    assert "state: CANCELLED" in out and jobs.load("cli01").state == jobs.CANCELLED
