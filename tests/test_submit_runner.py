@@ -28,6 +28,8 @@ print("argv", json.dumps(sys.argv[1:]))
 print("tf_config", json.dumps(cfg, sort_keys=True))
 print("module", __file__)
 print("parent", os.environ.get("MLJOB_PARENT_PID"), os.getppid())
+print("engine_vars", json.dumps(sorted(k for k in os.environ
+                                       if k == "CLUSTER_SPEC" or k.startswith("AIP_"))))
 if task.get("type") in ("chief", "master"):
     if job_dir:
         print("resumed", os.path.exists(os.path.join(job_dir, "checkpoints", "checkpoint")))
@@ -94,7 +96,12 @@ def load_or_none(job_id):
         return None
 
 
-def test_custom_job_runs_each_replica_from_the_staged_package(capsys, tmp_path, pkg):
+def test_custom_job_runs_each_replica_from_the_staged_package(capsys, tmp_path, pkg,
+                                                             monkeypatch):
+    # submitted from inside a Vertex AI job or notebook: its variables stay out
+    for name in ("CLUSTER_SPEC", "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR",
+                 "AIP_TENSORBOARD_LOG_DIR"):
+        monkeypatch.setenv(name, "gs://elsewhere/x" if name != "CLUSTER_SPEC" else "{}")
     job_dir = str(tmp_path / "job")
     config = tmp_path / "config.yaml"
     config.write_text("trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"
@@ -136,6 +143,7 @@ def test_custom_job_runs_each_replica_from_the_staged_package(capsys, tmp_path, 
         assert tf_config["job"]["evaluatorCount"] == 1
         assert sorted(tf_config["cluster"]) == ["chief", "ps", "worker"]
         seen_ports.add(json.dumps(tf_config["cluster"], sort_keys=True))
+        assert printed(log_file, "engine_vars") == "[]"
         parent, ppid = printed(log_file, "parent").split()
         assert parent == ppid == str(os.getpid())  # MLJOB_PARENT_PID is the runner
     assert len(seen_ports) == 1  # every replica sees the same cluster

@@ -41,6 +41,10 @@ EVALUATOR_DRAIN_S = 60.0   # evaluators may finish their last evaluation after t
 MIRROR_EVERY_S = 5.0
 POLL_S = 0.2
 PR_SET_PDEATHSIG = 1
+# Set by cluster engines where `submit` itself may run (a Vertex AI notebook or job):
+# inherited, they would redirect a local job's outputs or cluster, so replicas never get them.
+ENGINE_VARIABLES = ("CLUSTER_SPEC", "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR",
+                    "AIP_TENSORBOARD_LOG_DIR")
 
 try:
     _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
@@ -89,7 +93,8 @@ class Replica:
         os.makedirs(os.path.dirname(self.plan.log_file), exist_ok=True)
         if self._file is None:
             self._file = open(self.plan.log_file, "a", encoding="utf-8", buffering=1)
-        env = {**os.environ, **self.plan.env, "MLJOB_PARENT_PID": str(parent_pid)}
+        env = {k: v for k, v in os.environ.items() if k not in ENGINE_VARIABLES}
+        env.update(self.plan.env, MLJOB_PARENT_PID=str(parent_pid))
         self.proc = subprocess.Popen(
             list(self.plan.command), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
