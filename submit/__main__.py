@@ -4,6 +4,10 @@
     python -m submit jobs list|describe|stream-logs|cancel    manage submitted jobs
     python -m submit local train [--distributed ...] [-- args] run the working tree
 
+`--runner` picks where a submitted job runs: `local` (this module's `_run`, supervising
+processes) or a cluster engine (`_submit_to_engine`: render, stage, create; the record
+keeps the engine's handle, and `jobs ...` ask the engine).
+
 This module is the one top layer: library errors (`submit.errors`, storage and click
 errors) become a one-line `error: ...` on stderr and an exit status (2 for usage).
 """
@@ -60,7 +64,8 @@ class TrainerArgsCommand(click.Command):
 
 @click.group(cls=MainGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def cli():
-    """Run TensorFlow training jobs as Cloud ML Engine did, as processes on this machine.
+    """Run TensorFlow training jobs as Cloud ML Engine did: as processes on this machine,
+    or (--runner kubeflow|vertex) on a Kubeflow cluster or Vertex AI.
 
     \b
     python -m submit JOB_ID [options] [-- trainer args]
