@@ -343,6 +343,8 @@ def test_logs_are_labelled_per_replica_and_follow_ends_with_the_job(api):
     assert all(q["container"] == ["tensorflow"] for q in logs.values())
     only = list(eng.logs(handle, task_name="worker-replica-0", follow=False))
     assert [line.split("\t")[2] for line in only] == ["worker-replica-0"]
+    with pytest.raises(UsageError, match="--task-name 'chief-0' names no replica"):
+        list(eng.logs(handle, task_name="chief-0"))
 
 
 def test_cancel_deletes_the_tfjob_in_the_foreground(api):

@@ -312,6 +312,11 @@ class KubeflowEngine(ClusterEngine):
              follow: bool = True) -> Iterator[str]:
         """Each container's log once, from its start, labelled by replica: one reader
         thread per running container; a restarted container is a new one."""
+        if task_name and not re.fullmatch(r"(master|worker|ps|evaluator)-replica-\d+",
+                                          task_name):
+            raise UsageError(f"--task-name {task_name!r} names no replica; use "
+                             "master-replica-0, worker-replica-N, ps-replica-N or "
+                             "evaluator-replica-N")
         client = self._client(handle)
         core = kubernetes.client.CoreV1Api(client)
         lines: queue.Queue = queue.Queue()
