@@ -230,10 +230,15 @@ def _engine_for(record: records.JobRecord):
 
 
 def _refresh(engine, record: records.JobRecord) -> records.JobRecord:
-    """Ask the engine for the job's state and keep it in the record."""
+    """Ask the engine for the job's state and keep it in the record. A job that ended is
+    not asked again: an engine may have cleaned it away since (a deleted TFJob)."""
+    if record.done:
+        return record
     status = engine.status(record.engine)
-    if status.state != record.state or status.message:
+    if status.state != record.state:
         record.set_state(status.state, status.message)
+    elif status.message:
+        record.error_message = status.message
     if status.replicas:
         record.replicas = [records.ReplicaRecord(r.label, state=r.state,
                                                  exit_code=r.exit_code,

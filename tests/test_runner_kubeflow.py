@@ -432,6 +432,9 @@ def test_cli_submit_describe_stream_cancel(api, capsys, gcs_emulator):
     status, out, err = cli(capsys, "jobs", "stream-logs", "cli01")
     assert status == 0, err
     assert "master-replica-0\tstep 10/10 loss=0.5" in out and "Job [cli01] SUCCEEDED." in out
+    api.route("GET", TFJOBS + "/cli01", 404, {"message": "not found"})  # cleaned away
+    status, out, err = cli(capsys, "jobs", "describe", "cli01")
+    assert status == 0 and "state: SUCCEEDED" in out  # an ended job stays as it ended
     status, out, err = cli(capsys, "jobs", "cancel", "cli01")
     assert status == 2 and "already ended SUCCEEDED" in err
 
