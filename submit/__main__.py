@@ -256,7 +256,7 @@ def _check_job_id_free(spec: specs.JobSpec, resume: bool) -> None:
         old = records.load(spec.job_id)
     except UsageError:
         return
-    if not old.done and old.supervisor_alive():
+    if not old.done and (old.runner != "local" or old.supervisor_alive()):
         raise UsageError(f"job {spec.job_id!r} is still {old.state}; cancel it with "
                          f"`python -m submit jobs cancel {spec.job_id}` or pick another id")
 
@@ -374,10 +374,12 @@ def jobs_stream_logs(job_id, task_name):
 def jobs_cancel(job_id):
     """Cancel a running job: its supervisor stops every replica, then records CANCELLED."""
     record = records.load(job_id)
+    engine = _engine_for(record) if record.runner != "local" else None
+    if engine is not None:  # the record may be stale: ask whether it ended meanwhile
+        record = _refresh(engine, record)
     if record.done:
         raise UsageError(f"job {job_id!r} already ended {record.state}; nothing to cancel")
-    if record.runner != "local":
-        engine = _engine_for(record)
+    if engine is not None:
         record.set_state(engine.cancel(record.engine))
         records.save(record)
         click.echo(f"Job [{job_id}] {record.state}.")

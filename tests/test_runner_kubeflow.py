@@ -232,7 +232,8 @@ PODS = r"/api/v1/namespaces/team-a/pods"
 
 def pod(kind: str, index: int, phase: str, exit_code=None, restarts=0) -> dict:
     state = {"terminated": {"exitCode": exit_code}} if exit_code is not None else \
-        {"running": {}}
+        {"waiting": {"reason": "ContainerCreating"}} if phase == "Pending" else \
+        {"running": {"startedAt": "2026-11-22T10:00:00Z"}}
     return {"metadata": {"name": f"job01-{kind}-{index}", "labels": {
         "training.kubeflow.org/job-name": "job01",
         "training.kubeflow.org/replica-type": kind,
@@ -291,8 +292,8 @@ def test_unreachable_cluster_and_missing_kubeconfig(api, tmp_path, monkeypatch):
         eng.create(rendered)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(UsageError, match="no usable kubeconfig"):
-        eng.create(rendered)
+    with pytest.raises(UsageError, match="no usable kubeconfig"):  # a later command
+        kubeflow.KubeflowEngine(EngineOptions(image=IMAGE)).create(rendered)
 
 
 def test_status_maps_conditions_and_pods(api):
@@ -438,11 +439,53 @@ def test_cli_submit_describe_stream_cancel(api, capsys, gcs_emulator):
     status, out, err = cli(capsys, "jobs", "cancel", "cli01")
     assert status == 2 and "already ended SUCCEEDED" in err
 
-    record = records.load("cli01")
+    record = records.load("cli01")  # as if it were still running: cancel asks first
     record.set_state(records.RUNNING)
     records.save(record)
+    api.route("GET", TFJOBS + "/cli01", 200, tfjob("Created", "Succeeded"))
+    status, out, err = cli(capsys, "jobs", "cancel", "cli01")
+    assert status == 2 and "already ended SUCCEEDED" in err  # the engine's word, not ours
+    assert api.requests[-1].method != "DELETE"
+    record.set_state(records.RUNNING)
+    records.save(record)
+    api.route("GET", TFJOBS + "/cli01", 200, tfjob("Created", "Running"))
     api.route("DELETE", TFJOBS + "/cli01", 200, {"kind": "Status", "status": "Success"})
     status, out, err = cli(capsys, "jobs", "cancel", "cli01")
     assert status == 0 and "Job [cli01] CANCELLED." in out
     assert api.requests[-1].method == "DELETE"
     assert records.load("cli01").state == records.CANCELLED
+
+
+def test_multi_gpu_machines_and_gpu_images_are_their_own():
+    spec = specs.resolve("job01", {"scaleTier": "CUSTOM", "masterType": "standard",
+                                   "workerType": "complex_model_m_gpu", "workerCount": 1},
+                         job_dir="gs://mljob-test/jobs/job01")
+    body = engine().render(spec, PACKAGE).body
+    worker = body["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert "nvidia.com/gpu" not in body["spec"]["tfReplicaSpecs"]["Chief"]["template"][
+        "spec"]["containers"][0]["resources"]["limits"]
+
+
+def test_dockerfile_leaves_out_tensorflow_itself_only():
+    import re
+    text = kubeflow.dockerfile(PACKAGE, gpu=False)
+    pattern = re.search(r're\.match\(r"(.+?)", q\)', text).group(1)
+    dropped = [q for q in ("tensorflow", "tensorflow-cpu==2.21.*", "tensorflow[and-cuda]",
+                           "tensorflow-gpu>=2", "tensorflow-datasets", "tensorflow_hub",
+                           "tensorflow-probability==0.25", "tensorboard")
+               if re.match(pattern, q)]
+    assert dropped == ["tensorflow", "tensorflow-cpu==2.21.*", "tensorflow[and-cuda]",
+                       "tensorflow-gpu>=2"]
+
+
+def test_build_contexts_of_cpu_and_gpu_images_are_apart(tmp_path):
+    sdist = tmp_path / PACKAGE.file_name
+    sdist.write_bytes(b"not really an sdist")
+    pkg = Package(**{**PACKAGE.__dict__, "local_file": str(sdist)})
+    cpu, gpu = kubeflow.build_context(pkg, gpu=False), kubeflow.build_context(pkg, gpu=True)
+    assert cpu != gpu
+    for folder, base in ((cpu, "tensorflow/tensorflow:2.21.0\n"),
+                         (gpu, "tensorflow/tensorflow:2.21.0-gpu\n")):
+        with open(os.path.join(folder, "Dockerfile")) as f:
+            assert f.read().splitlines(keepends=True)[1] == "FROM " + base

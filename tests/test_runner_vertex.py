@@ -511,8 +511,9 @@ def test_cli_submit_follow_describe_and_cancel(api, capsys, gcs_emulator, monkey
     status, out, err = cli("jobs", "cancel", "cli01")
     assert status == 2 and "already ended SUCCEEDED" in err
 
-    record.set_state(jobs.RUNNING)
+    record.set_state(jobs.RUNNING)   # as if it were still running: cancel asks first
     jobs.save(record)
+    api.route("GET", f"/v1/{NAME}", 200, {"name": NAME, "state": "JOB_STATE_RUNNING"})
     api.route("POST", f"/v1/{NAME}:cancel", 200, {})
     status, out, err = cli("jobs", "cancel", "cli01")
     assert status == 0 and "Job [cli01] CANCELLING." in out

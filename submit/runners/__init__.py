@@ -29,6 +29,7 @@ def get(name: str):
         if exc.name and exc.name.startswith(("submit", "trainer")):
             raise
         extra = EXTRAS.get(name)
-        hint = f"pip install 'mljob[{extra}]'" if extra else f"pip install {exc.name}"
+        hint = (f"pip install -e '.[{extra}]' in mljob's source folder" if extra
+                else f"pip install {exc.name}")
         raise UsageError(f"runner {name!r} needs the Python package {exc.name!r}; "
                          f"install it with {hint}") from None

@@ -81,7 +81,8 @@ STATES = {"Created": records.QUEUED, "Suspended": records.QUEUED,
 
 
 def machine_resources(machine: str, gpus: int) -> tuple[int, float, int]:
-    """(vCPUs, GiB, GPUs) of a Cloud ML or Compute Engine n1 machine name."""
+    """(vCPUs, GiB, GPUs) of a Cloud ML or Compute Engine n1 machine name; `gpus`, when
+    not 0, is acceleratorConfig.count and overrides the machine's own."""
     if machine in MACHINES:
         cpus, memory, machine_gpus = MACHINES[machine]
         return cpus, memory, gpus or machine_gpus
@@ -89,8 +90,8 @@ def machine_resources(machine: str, gpus: int) -> tuple[int, float, int]:
     return int(cpus), round(int(cpus) * _N1_MEMORY[family], 2), gpus
 
 
-def resources(group: specs.ReplicaGroup) -> dict:
-    cpus, memory, gpus = machine_resources(group.machine_type, group.gpus)
+def resources(group: specs.ReplicaGroup, accelerator_count: int) -> dict:
+    cpus, memory, gpus = machine_resources(group.machine_type, accelerator_count)
     mem = f"{round(memory * 1024)}Mi"
     out = {"requests": {"cpu": str(cpus), "memory": mem}, "limits": {"memory": mem}}
     if gpus:
@@ -114,7 +115,7 @@ def dockerfile(package: Package, gpu: bool) -> str:
     sdist = f"/tmp/{package.file_name}"
     deps = ('import importlib.metadata as m, re, subprocess, sys; '
             f'r = [q for q in m.requires("{dist}") or [] if "extra ==" not in q '
-            'and not re.match(r"tensorflow(-cpu|-gpu)?\\b", q)]; '
+            'and not re.match(r"tensorflow(-cpu|-gpu)?(?![\\w.-])", q)]; '
             'r and subprocess.check_call([sys.executable, "-m", "pip", "install", '
             '"--no-cache-dir", *r])')
     return "\n".join([
@@ -132,7 +133,8 @@ def dockerfile(package: Package, gpu: bool) -> str:
 def build_context(package: Package, gpu: bool) -> str:
     """`$MLJOB_HOME/images/<sha256>/`: the Dockerfile and the sdist, ready for `docker
     build`. Written to a temporary folder and renamed into place, once per package."""
-    folder = os.path.join(mljob_home(), "images", package.sha256[:16])
+    folder = os.path.join(mljob_home(), "images",
+                          package.sha256[:16] + ("-gpu" if gpu else ""))
     if os.path.isdir(folder):
         return folder
     os.makedirs(os.path.dirname(folder), exist_ok=True)
@@ -151,6 +153,10 @@ def build_context(package: Package, gpu: bool) -> str:
 
 class KubeflowEngine(ClusterEngine):
     name = "kubeflow"
+
+    def __init__(self, options):
+        super().__init__(options)
+        self._clients: dict[str | None, kubernetes.client.ApiClient] = {}
 
     def prepare(self, spec: specs.JobSpec, package: Package) -> list[str]:
         if not package.local_file:
@@ -214,13 +220,14 @@ class KubeflowEngine(ClusterEngine):
             "args": list(spec.trainer_args),
             "env": [{"name": "CLOUD_ML_JOB_ID", "value": spec.job_id},
                     {"name": "PYTHONUNBUFFERED", "value": "1"}],
-            "ports": [{"name": PORT_NAME, "containerPort": PORT}],
-            "resources": resources(group)}
+            "ports": [{"name": PORT_NAME, "containerPort": PORT}]}
+        config = spec.training_input.get(specs.CONFIG_KEYS[group.task_type]) or {}
+        accelerator_config = config.get("acceleratorConfig") or {}
+        container["resources"] = resources(group, accelerator_config.get("count", 0))
         pod: dict[str, Any] = {"containers": [container]}
         if self.options.service_account:
             pod["serviceAccountName"] = self.options.service_account
-        config = spec.training_input.get(specs.CONFIG_KEYS[group.task_type]) or {}
-        accelerator = (config.get("acceleratorConfig") or {}).get("type")
+        accelerator = accelerator_config.get("type")
         if accelerator and group.gpus:
             pod["nodeSelector"] = {"cloud.google.com/gke-accelerator":
                                    accelerator.lower().replace("_", "-")}
@@ -247,8 +254,13 @@ class KubeflowEngine(ClusterEngine):
         """The kubeconfig's client (its current context, or the job's), else the pod's
         own service account when running inside a cluster."""
         context = handle.get("context") or self.options.context
+        if context in self._clients:  # one client (and connection pool) per context
+            return self._clients[context]
         try:
-            return kubernetes.config.new_client_from_config(_kubeconfig(), context=context)
+            client = kubernetes.config.new_client_from_config(_kubeconfig(),
+                                                              context=context)
+            self._clients[context] = client
+            return client
         except (kubernetes.config.ConfigException, OSError) as exc:
             if os.environ.get("KUBERNETES_SERVICE_HOST") and not context:
                 kubernetes.config.load_incluster_config()
@@ -322,11 +334,14 @@ class KubeflowEngine(ClusterEngine):
         lines: queue.Queue = queue.Queue()
         readers: dict[tuple[str, int], threading.Thread] = {}
         while True:
+            # the state first: a pod that ends between the two reads is still read below
+            done = not follow or self.status(handle).state in records.FINAL_STATES
             for pod in self._pods(client, handle):
                 label = _label(pod)
-                key = (pod.metadata.name, _restarts(pod))
+                # a pod the operator re-creates has the same name and a new uid
+                key = (pod.metadata.uid or pod.metadata.name, _restarts(pod))
                 if (task_name and label != task_name) or key in readers or \
-                        pod.status.phase == "Pending":
+                        not _started(pod):
                     continue
                 reader = threading.Thread(
                     target=_read_log, daemon=True,
@@ -334,7 +349,6 @@ class KubeflowEngine(ClusterEngine):
                           follow and pod.status.phase == "Running", lines))
                 readers[key] = reader
                 reader.start()
-            done = not follow or self.status(handle).state in records.FINAL_STATES
             deadline = time.monotonic() + (TIMEOUT_S if done else POLL_S)
             while time.monotonic() < deadline:
                 try:
@@ -421,6 +435,14 @@ def _label(pod) -> str:
     labels = pod.metadata.labels or {}
     kind = LABELS.get(labels.get(TYPE_LABEL, "").lower(), labels.get(TYPE_LABEL, "?"))
     return f"{kind}-replica-{labels.get(INDEX_LABEL, '0')}"
+
+
+def _started(pod) -> bool:
+    """The container runs or ran: it has a log to read (a waiting one has none yet)."""
+    for status in pod.status.container_statuses or []:
+        if status.name == CONTAINER and status.state:
+            return bool(status.state.running or status.state.terminated)
+    return False
 
 
 def _restarts(pod) -> int:
