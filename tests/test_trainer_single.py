@@ -166,3 +166,18 @@ def test_gs_job_dir_on_the_emulator_publishes_and_resumes(gcs_emulator):
 def test_flag_choices_match_the_model_module():
     from trainer import model
     assert task.MODELS == model.MODELS  # repeated in task.py to keep TensorFlow unloaded
+
+
+def test_missing_tensorflow_is_one_line(monkeypatch, capsys, tmp_path):
+    """TensorFlow is an extra (cluster images bring their own): without it the trainer
+    says so in one line instead of a ModuleNotFoundError traceback."""
+    import sys as _sys
+    from trainer import task
+    monkeypatch.setitem(_sys.modules, "tensorflow", None)  # find_spec then finds none
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    status = task.main(["--job-dir", str(tmp_path / "job"), "--model", "mlp"])
+    err = capsys.readouterr().err
+    assert status == 1 and err.count("\n") == 1
+    assert err.startswith("error: TensorFlow is not installed for this Python; install "
+                          "mljob with its cpu or gpu extra")
+    assert not (tmp_path / "job").exists()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.util
 import os
 import sys
 import traceback
@@ -245,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_role(args, info: cluster_lib.ClusterInfo, kind: str | None,
               outputs: Outputs) -> int:
+    if importlib.util.find_spec("tensorflow") is None:  # it is an extra, not a requirement
+        raise TrainerError("TensorFlow is not installed for this Python; install mljob with "
+                           "its cpu or gpu extra (pip install -e '.[cpu]'), or run in an "
+                           "image that has TensorFlow")
     # A dead worker goes unnoticed unless gRPC fails fast; read when TF loads gRPC.
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
