@@ -1,4 +1,5 @@
-"""One distribution, three packages: the replica program, the job launcher and the predictor.
+"""One distribution, four packages: the shared core, the bundled trainer, the job launcher
+and the predictor.
 
 This is the file `python -m submit` builds into the sdist that every job stages.
 """
@@ -9,7 +10,7 @@ setup(
     version="0.1.0",
     description="Run distributed TensorFlow training jobs the way Cloud ML Engine did, "
     "locally or on a cluster.",
-    packages=find_packages(include=["trainer", "trainer.*", "submit", "submit.*",
+    packages=find_packages(include=["mljob", "mljob.*", "trainer", "trainer.*", "submit", "submit.*",
                                     "predict", "predict.*"]),
     package_data={"trainer": ["sample/*.gz", "sample/README.md"]},
     python_requires=">=3.10",

@@ -30,7 +30,7 @@ from typing import Sequence
 
 import psutil
 
-from trainer.procs import free_ports, stop_process  # noqa: F401 (bench modules use both)
+from mljob.procs import free_ports, stop_process  # noqa: F401 (bench modules use both)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")

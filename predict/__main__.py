@@ -14,7 +14,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import click  # noqa: E402
 
 from predict.errors import PredictError  # noqa: E402
-from trainer.storage import StorageError  # noqa: E402
+from mljob.storage import StorageError  # noqa: E402
 
 MODEL_DIR = click.option("--model-dir", required=True, metavar="URL",
                          help="The export: <job-dir>/model (SavedModel) or a folder "

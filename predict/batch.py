@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from predict import decode, instances, records
 from predict.errors import InstanceError, UsageError
 from predict.model import Model
-from trainer import storage
+from mljob import storage
 
 
 @dataclass

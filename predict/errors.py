@@ -3,16 +3,17 @@
 Library code raises these; `predict.__main__` alone turns them into a one-line
 `error: ...` message and an exit status, and the server into an HTTP status.
 """
-from trainer.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from mljob import errors as _core
+from mljob.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
-class PredictError(Exception):
+class PredictError(_core.MljobError):
     """Base of the predictor's errors; `exit_status` says how the CLI ends."""
 
     exit_status = EXIT_FAILED
 
 
-class UsageError(PredictError):
+class UsageError(PredictError, _core.UsageError):
     """Flags, files or URLs are wrong; the message says the fix."""
 
     exit_status = EXIT_USAGE

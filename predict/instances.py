@@ -19,7 +19,7 @@ import numpy as np
 
 from predict.errors import InputError, InstanceError, UsageError
 from predict.model import Signature
-from trainer import storage
+from mljob import storage
 
 _SEPARATORS = re.compile(r"[,\s]+")
 

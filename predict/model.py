@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from predict.errors import ModelLoadError, UsageError
-from trainer import storage
+from mljob import storage
 
 DEFAULT_SIGNATURE = "serving_default"
 SAVED_MODEL_MARKER = "saved_model.pb"

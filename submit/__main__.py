@@ -32,7 +32,7 @@ from submit import logs, package, plan as plans, runners, spec as specs
 from submit.errors import (EXIT_OK, EXIT_USAGE, JobCancelled, JobFailed, SubmitError,
                            UsageError)
 from submit.runners.engine import EngineOptions
-from trainer import storage
+from mljob import storage
 
 CANCEL_WAIT_S = 60.0
 _NoArgsIsHelp = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2

@@ -5,19 +5,17 @@ user must change a flag, config.yaml or the package. Job errors (exit status 1) 
 while preparing or running a job that was valid.
 """
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_CANCELLED = 130  # as a shell reports a command stopped by Ctrl-C
+from mljob import errors as _core
+from mljob.errors import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, EXIT_USAGE  # noqa: F401
 
 
-class SubmitError(Exception):
+class SubmitError(_core.MljobError):
     """Base of the launcher's errors; `exit_status` says how the command ends."""
 
     exit_status = EXIT_FAILED
 
 
-class UsageError(SubmitError):
+class UsageError(SubmitError, _core.UsageError):
     """A flag, config key or value is wrong; the message names it and the fix."""
 
     exit_status = EXIT_USAGE

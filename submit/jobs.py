@@ -16,7 +16,7 @@ import psutil
 
 from submit.errors import JobNotFoundError, SubmitError
 from submit.package import mljob_home
-from trainer import storage
+from mljob import storage
 
 QUEUED, PREPARING, RUNNING = "QUEUED", "PREPARING", "RUNNING"
 SUCCEEDED, FAILED, CANCELLING, CANCELLED = "SUCCEEDED", "FAILED", "CANCELLING", "CANCELLED"

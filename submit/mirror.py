@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
-from trainer import storage
+from mljob import storage
 
 log = logging.getLogger(__name__)
 MARKERS = ("checkpoint", "saved_model.pb")

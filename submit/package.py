@@ -30,7 +30,7 @@ import time
 import uuid
 
 from submit.errors import PackageError, PackageUsageError
-from trainer import storage
+from mljob import storage
 
 log = logging.getLogger(__name__)
 

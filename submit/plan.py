@@ -23,8 +23,8 @@ from typing import Any, Mapping
 
 from submit import spec as specs
 from submit.package import Package
-from trainer import storage
-from trainer.procs import free_ports
+from mljob import storage
+from mljob.procs import free_ports
 
 LABEL_TYPES = {specs.CHIEF: "master", specs.WORKER: "worker", specs.PS: "ps",
                specs.EVALUATOR: "evaluator"}

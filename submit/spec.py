@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from mljob import machines
 from submit.errors import ConfigError, UsageError
 
 CHIEF, MASTER, WORKER, PS, EVALUATOR = "chief", "master", "worker", "ps", "evaluator"
@@ -46,14 +47,8 @@ SCALE_TIERS = {t.name: t for t in (
     ScaleTier("CUSTOM"),
 )}
 
-# Cloud ML's legacy machine names and Compute Engine's; locally every machine is a process.
-MACHINE_TYPES = ("standard", "large_model", "complex_model_s", "complex_model_m",
-                 "complex_model_l", "standard_gpu", "complex_model_m_gpu",
-                 "complex_model_l_gpu", "standard_p100", "complex_model_m_p100",
-                 "standard_v100", "large_model_v100", "complex_model_m_v100",
-                 "complex_model_l_v100")
-_GCE_MACHINE = re.compile(r"^n1-(standard|highmem|highcpu)-\d{1,2}$")
-_GPU_MACHINE = re.compile(r"gpu|p100|v100")
+# Cloud ML's legacy machine names (and Compute Engine's n1 types): mljob/machines.py.
+MACHINE_TYPES = machines.LEGACY_NAMES
 
 # trainingInput keys: name -> expected type(s) (bool is checked apart from int).
 TRAINING_INPUT_KEYS: dict[str, tuple] = {
@@ -355,7 +350,7 @@ def _groups(tier: ScaleTier, ti: dict) -> tuple[ReplicaGroup, ...]:
 
 
 def _machine(name: str, key: str) -> str:
-    if name in MACHINE_TYPES or _GCE_MACHINE.match(name):
+    if machines.is_known(name):
         return name
     raise UsageError(f"unknown {key} {name!r}; use one of {', '.join(MACHINE_TYPES)} or "
                      "a Compute Engine type like n1-standard-4")
@@ -363,7 +358,7 @@ def _machine(name: str, key: str) -> str:
 
 def _gpus(ti: dict, config_key: str, machine: str) -> int:
     count = ti.get(config_key, {}).get("acceleratorConfig", {}).get("count", 0)
-    return count or (1 if _GPU_MACHINE.search(machine) else 0)
+    return machines.gpus(machine, count)
 
 
 def check_job_id(job_id: str) -> None:

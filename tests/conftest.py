@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 # free_ports and pid_alive are imported from here by the tests.
-from trainer.procs import free_ports, pid_alive, stop_process  # noqa: F401
+from mljob.procs import free_ports, pid_alive, stop_process  # noqa: F401
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -32,7 +32,7 @@ import subprocess
 import uuid
 from typing import Iterator, Sequence
 
-from trainer.procs import stop_process
+from mljob.procs import stop_process
 
 SUBNET = "10.213.0"          # a /24 that exists only inside the namespaces
 PREFIX = "mljob-"

@@ -11,8 +11,8 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from trainer import cluster
-from trainer.cluster import ClusterConfigError, ClusterInfo, parse_flags, parse_tf_config
+from mljob import cluster
+from mljob.cluster import ClusterConfigError, ClusterInfo, parse_flags, parse_tf_config
 
 CLOUD_ML = {
     "cluster": {"chief": ["127.0.0.1:2222"], "ps": ["127.0.0.1:2223"],

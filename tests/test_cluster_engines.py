@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import free_ports, pid_alive
-from trainer import cluster, task
-from trainer.cluster import ClusterConfigError, from_environment
+from mljob import cluster
+from trainer import task
+from mljob.cluster import ClusterConfigError, from_environment
 from trainer_runs import FAST, ROOT, export_accuracy, lines, read, start, wait_exit
 
 ENGINE_VARIABLES = ("TF_CONFIG", "CLUSTER_SPEC", "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR",

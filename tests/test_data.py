@@ -99,7 +99,7 @@ def test_npz_local_and_memory(sample, tmp_path, memfs):
 
 
 def test_gcs_idx_and_npz(sample, gcs_emulator):
-    from trainer import storage
+    from mljob import storage
     for name in NAMES:
         storage.write_bytes(f"gs://mljob-test/data-test/idx/{name}.gz", _gz(name))
     storage.write_bytes("gs://mljob-test/data-test/npz/mnist.npz", _npz_bytes(sample))

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from conftest import _reset_gcsfs, free_ports, start_gcs_emulator
-from trainer import storage
+from mljob import storage
 
 BUCKET = "mljob-faults"
 JOB = f"gs://{BUCKET}/job"
@@ -33,7 +33,7 @@ UPLOADER = r"""
 import logging, os, sys
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
 logging.getLogger("gcsfs").setLevel(logging.CRITICAL)  # storage reports each failure
-from trainer import storage
+from mljob import storage
 job, scratch, model_src = sys.argv[1:4]
 try:
     storage.publish_dir(model_src, storage.join(job, "model"), marker="saved_model.pb")

@@ -13,7 +13,8 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from trainer import data, export, model, storage
+from mljob import storage
+from trainer import data, export, model
 from trainer.errors import TrainerError, UsageError
 
 SAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

@@ -101,7 +101,7 @@ def test_no_input_or_no_model_or_used_output_exit_2(export_dir, tmp_path, capsys
 
 
 def test_gcs_inputs_outputs_and_model(export_dir, gcs_emulator, tmp_path):
-    from trainer import storage
+    from mljob import storage
     bucket = "gs://mljob-test/predict-batch"
     storage.upload_tree(export_dir, f"{bucket}/model")
     imgs = images(3, seed=5)

@@ -129,7 +129,7 @@ def test_batches_never_exceed_the_limit_and_keep_order(exports):
 
 
 def test_model_at_a_memory_url_is_downloaded_first(exports, memfs, tmp_path, capsys):
-    from trainer import storage
+    from mljob import storage
     storage.upload_tree(exports["legacy"], "memory://models/legacy")
     (tmp_path / "in.json").write_text(instance_lines(images(2), keys=[1, 2]))
     status, out, err = run_local(capsys, "--model-dir", "memory://models/legacy",

@@ -149,8 +149,8 @@ def test_custom_config_maps_machines_gpus_restarts_and_master():
 def test_every_cloud_ml_machine_type_has_resources():
     for machine in specs.MACHINE_TYPES:
         cpus, memory, gpus = kubeflow.machine_resources(machine, 0)
-        assert cpus >= 4 and memory >= 7 and (gpus > 0) == bool(
-            specs._GPU_MACHINE.search(machine)), machine
+        assert cpus >= 4 and memory >= 7 and (gpus > 0) == any(
+            name in machine for name in ("gpu", "p100", "v100")), machine
 
 
 @pytest.mark.parametrize("job_dir,expected", [
@@ -413,7 +413,7 @@ def test_cli_submit_describe_stream_cancel(api, capsys, gcs_emulator):
     assert body["metadata"]["name"] == "cli01"
     container = body["spec"]["tfReplicaSpecs"]["Chief"]["template"]["spec"]["containers"][0]
     assert container["args"] == ["--model", "mlp", "--job-dir", job_dir]
-    from trainer import storage
+    from mljob import storage
     staged = body["metadata"]["annotations"]["mljob/package-uri"]
     assert staged.startswith(job_dir + "/packages/") and storage.exists(staged)
     record = records.load("cli01")

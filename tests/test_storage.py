@@ -1,4 +1,4 @@
-"""One conformance suite for trainer.storage, run against every backend: a plain path,
+"""One conformance suite for mljob.storage, run against every backend: a plain path,
 file://, memory:// and gs:// (the real GCS emulator). Every backend must give the same
 results and fail with the same standard types."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from trainer import storage
-from trainer.storage import StorageError
+from mljob import storage
+from mljob.storage import StorageError
 
 BACKENDS = ("path", "file", "memory", "gs")
 MARKER = "saved_model.pb"
@@ -219,7 +219,7 @@ class Flaky:
 
 def test_transient_errors_are_retried_with_back_off(caplog):
     flaky = Flaky(ConnectionResetError("reset by peer"), TimeoutError("timed out"))
-    with caplog.at_level(logging.WARNING, logger="trainer.storage"):
+    with caplog.at_level(logging.WARNING, logger="mljob.storage"):
         assert storage.retry(flaky, "upload to gs://b/x", attempts=3, delay=0.01) == "done"
     assert flaky.calls == 3
     retries = [r.getMessage() for r in caplog.records if "retry" in r.getMessage()]

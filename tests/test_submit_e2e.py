@@ -101,7 +101,7 @@ def test_custom_config_with_an_evaluator_on_memory(capsys, tmp_path, memfs):
 
 
 def test_basic_on_the_gcs_emulator(tmp_path, gcs_emulator):
-    from trainer import storage
+    from mljob import storage
     job_dir, staging = "gs://mljob-test/e2e/job03", "gs://mljob-test/staging"
     out = submit_cli("job03", "--job-dir", job_dir, "--staging-bucket", staging, "--",
                      *TRAIN)
@@ -120,7 +120,7 @@ def test_basic_on_the_gcs_emulator(tmp_path, gcs_emulator):
 
 @pytest.mark.slow
 def test_standard_1_on_the_gcs_emulator(gcs_emulator):
-    from trainer import storage
+    from mljob import storage
     job_dir = "gs://mljob-test/e2e/job04"
     out = submit_cli("job04", "--scale-tier", "STANDARD_1", "--job-dir", job_dir,
                      "--staging-bucket", "gs://mljob-test/staging", "--", *TRAIN)

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from trainer import storage, task
+from mljob import storage
+from trainer import task
 from trainer_runs import FAST, ROOT, export_accuracy
 
 JOB = "memory://jobs/single"

@@ -11,7 +11,7 @@ Writing order makes every state a reader can see consistent:
 3. only then are checkpoints beyond the newest `keep` deleted.
 
 TensorFlow writes only local paths here, so checkpoints are written into a local scratch
-folder and published with `trainer.storage`; for a local job dir TensorFlow writes in
+folder and published with `mljob.storage`; for a local job dir TensorFlow writes in
 place (it writes each file under a temporary name and renames it).
 
 Restore tries checkpoints newest to oldest (by the step in their name, found by listing
@@ -28,7 +28,7 @@ import tempfile
 
 import tensorflow as tf
 
-from trainer import storage
+from mljob import storage
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from trainer import storage
+from mljob import storage
 from trainer.errors import DataError
 
 IMAGES_MAGIC = 2051

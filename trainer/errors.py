@@ -4,22 +4,19 @@ Library code raises these; `trainer.task.main` alone turns them into a one-line 
 and an exit status. The launcher's restart policy reads the statuses: as in Kubeflow's
 TFJob `ExitCode` policy, 1-127 are permanent failures and 128-255 are retryable.
 """
-from trainer.cluster import ClusterConfigError
-
-EXIT_OK = 0
-EXIT_FAILED = 1            # a bug or an unrecoverable training error: do not retry
-EXIT_USAGE = 2             # bad flags, TF_CONFIG, data or URLs: the user must fix them
-EXIT_PEER_UNAVAILABLE = 200  # a ps/worker/chief became unreachable: restart and resume
-EXIT_PREEMPTED = 143       # SIGTERM (128 + 15): checkpoint saved, restart and resume
+from mljob import errors as _core
+from mljob.cluster import ClusterConfigError
+from mljob.errors import EXIT_FAILED, EXIT_OK, EXIT_PEER_UNAVAILABLE, EXIT_PREEMPTED, \
+    EXIT_USAGE
 
 
-class TrainerError(Exception):
+class TrainerError(_core.MljobError):
     """Base of the trainer's errors; `exit_status` says how the process ends."""
 
     exit_status = EXIT_FAILED
 
 
-class UsageError(TrainerError):
+class UsageError(TrainerError, _core.UsageError):
     """The user's input is wrong (flags, data files, URLs); the message says the fix."""
 
     exit_status = EXIT_USAGE

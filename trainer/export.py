@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import model as models
-from trainer import storage
+from mljob import storage
 from trainer.errors import TrainerError, UsageError
 
 MARKER = "saved_model.pb"  # what a reader looks for; published last

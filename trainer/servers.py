@@ -28,8 +28,8 @@ import sys
 import threading
 import time
 
-from trainer.cluster import ClusterInfo
-from trainer.procs import pid_alive
+from mljob.cluster import ClusterInfo
+from mljob.procs import pid_alive
 
 PARENT_PID_ENV = "MLJOB_PARENT_PID"
 PARENT_POLL_SECONDS = 1.0

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainer.cluster import PS, WORKER, ClusterInfo
+from mljob.cluster import PS, WORKER, ClusterInfo
 from trainer.errors import PeerUnavailableError
 from trainer.servers import StopSignal
 

@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
-from trainer import storage
+from mljob import storage
 
 TRAIN_TAGS = ("loss", "accuracy", "learning_rate", "steps_per_sec", "examples_per_sec")
 EVAL_TAGS = ("loss", "accuracy")

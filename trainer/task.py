@@ -13,7 +13,7 @@ that Vertex AI's AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR, 
 take the export, the checkpoints and the summaries (docs/trainer.md).
 
 This is the one place that turns typed errors into messages and exit statuses
-(trainer/errors.py): 0 ok, 1 failed, 2 usage, 143 stopped after saving, 200 a peer is gone.
+(mljob/errors.py): 0 ok, 1 failed, 2 usage, 143 stopped after saving, 200 a peer is gone.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import os
 import sys
 import traceback
 
-from trainer import cluster as cluster_lib
-from trainer import storage
+from mljob import cluster as cluster_lib
+from mljob import storage
 from trainer.errors import EXIT_FAILED, EXIT_USAGE, TrainerError, UsageError
 
 MODELS = ("cnn", "mlp")  # trainer.model.MODELS, repeated to keep TensorFlow unimported

@@ -33,9 +33,9 @@ import tensorflow as tf
 
 from trainer import data as data_lib
 from trainer import model as model_lib
-from trainer import storage
+from mljob import storage
 from trainer.checkpoints import CheckpointStore
-from trainer.cluster import ClusterInfo
+from mljob.cluster import ClusterInfo
 from trainer.errors import EXIT_OK, EXIT_PREEMPTED, PeerUnavailableError, TrainerError, \
     UsageError
 from trainer.evaluator import evaluate

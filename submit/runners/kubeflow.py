@@ -41,6 +41,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from mljob import machines
 from submit import jobs as records
 from submit import logs as logfmt
 from submit import spec as specs
@@ -64,17 +65,6 @@ TYPE_LABEL, INDEX_LABEL = "training.kubeflow.org/replica-type", \
     "training.kubeflow.org/replica-index"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
-# Cloud ML's machine names -> (vCPUs, memory in GiB, GPUs): the Compute Engine machines
-# Cloud ML ran them on (standard is n1-standard-4, large_model n1-highmem-8, ...).
-_N1_MEMORY = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}  # GiB per vCPU
-MACHINES: dict[str, tuple[int, float, int]] = {
-    "standard": (4, 15, 0), "large_model": (8, 52, 0), "complex_model_s": (8, 7.2, 0),
-    "complex_model_m": (16, 14.4, 0), "complex_model_l": (32, 28.8, 0),
-    "standard_gpu": (8, 30, 1), "complex_model_m_gpu": (16, 60, 4),
-    "complex_model_l_gpu": (32, 120, 8), "standard_p100": (8, 30, 1),
-    "complex_model_m_p100": (16, 60, 4), "standard_v100": (8, 30, 1),
-    "large_model_v100": (8, 52, 1), "complex_model_m_v100": (16, 60, 4),
-    "complex_model_l_v100": (32, 120, 8)}
 STATES = {"Created": records.QUEUED, "Suspended": records.QUEUED,
           "Running": records.RUNNING, "Restarting": records.RUNNING,
           "Succeeded": records.SUCCEEDED, "Failed": records.FAILED}
@@ -83,11 +73,8 @@ STATES = {"Created": records.QUEUED, "Suspended": records.QUEUED,
 def machine_resources(machine: str, gpus: int) -> tuple[int, float, int]:
     """(vCPUs, GiB, GPUs) of a Cloud ML or Compute Engine n1 machine name; `gpus`, when
     not 0, is acceleratorConfig.count and overrides the machine's own."""
-    if machine in MACHINES:
-        cpus, memory, machine_gpus = MACHINES[machine]
-        return cpus, memory, gpus or machine_gpus
-    family, cpus = re.fullmatch(r"n1-(\w+)-(\d+)", machine).groups()
-    return int(cpus), round(int(cpus) * _N1_MEMORY[family], 2), gpus
+    entry = machines.lookup(machine)
+    return entry.vcpus, entry.memory_gib, machines.gpus(machine, gpus)
 
 
 def resources(group: specs.ReplicaGroup, accelerator_count: int) -> dict:

@@ -33,6 +33,7 @@ from google.auth.transport.requests import AuthorizedSession
 from google.cloud import aiplatform_v1
 from google.protobuf import json_format
 
+from mljob import machines
 from submit import jobs, logs, spec as specs
 from submit.errors import SubmitError, UsageError
 from submit.package import Package
@@ -57,28 +58,8 @@ _REGION = re.compile(r"[a-z]+(-[a-z]+)+[0-9]{1,2}")
 _PROJECT = re.compile(r"([a-z][a-z0-9.\-]*[a-z0-9]:)?[a-z][a-z0-9\-]{4,28}[a-z0-9]|[0-9]+")
 _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 
-# Cloud ML's legacy machine names -> (Compute Engine type, accelerator, count), from Cloud
-# ML's table of equivalents. K80s are retired (and CUDA 12 images cannot drive them): the
-# *_gpu names get T4s, the inexpensive GPU every N1 region has; an N1 VM takes at most
-# four T4s, so complex_model_l_gpu's eight K80s become four T4s.
-T4, P100, V100 = "NVIDIA_TESLA_T4", "NVIDIA_TESLA_P100", "NVIDIA_TESLA_V100"
-MACHINES: dict[str, tuple[str, str | None, int]] = {
-    "standard": ("n1-standard-4", None, 0),
-    "large_model": ("n1-highmem-8", None, 0),
-    "complex_model_s": ("n1-highcpu-8", None, 0),
-    "complex_model_m": ("n1-highcpu-16", None, 0),
-    "complex_model_l": ("n1-highcpu-32", None, 0),
-    "standard_gpu": ("n1-standard-8", T4, 1),
-    "complex_model_m_gpu": ("n1-standard-16", T4, 4),
-    "complex_model_l_gpu": ("n1-standard-32", T4, 4),
-    "standard_p100": ("n1-standard-8", P100, 1),
-    "complex_model_m_p100": ("n1-standard-16", P100, 4),
-    "standard_v100": ("n1-standard-8", V100, 1),
-    "large_model_v100": ("n1-highmem-8", V100, 1),
-    "complex_model_m_v100": ("n1-standard-16", V100, 4),
-    "complex_model_l_v100": ("n1-standard-32", V100, 8),
-}
-RETIRED_ACCELERATORS = {"NVIDIA_TESLA_K80": T4}
+# Machine names map through mljob/machines.py (the retired K80s are T4s there).
+T4, RETIRED_ACCELERATORS = machines.T4, machines.RETIRED_ACCELERATORS
 # Vertex's pool index and task-name prefix per replica type; Cloud ML's labels.
 POOLS = (specs.CHIEF, specs.WORKER, specs.PS, specs.EVALUATOR)
 LABELS = {specs.CHIEF: "master", specs.WORKER: "worker", specs.PS: "ps",
@@ -250,8 +231,8 @@ def _machine_spec(spec: JobSpec, group: specs.ReplicaGroup) -> aiplatform_v1.Mac
     `<type>Config.acceleratorConfig` overriding the accelerator's type and count."""
     key = specs.CONFIG_KEYS[group.task_type]
     accel = (spec.training_input.get(key) or {}).get("acceleratorConfig") or {}
-    machine_type, accel_type, count = MACHINES.get(group.machine_type,
-                                                   (group.machine_type, None, 0))
+    entry = machines.lookup(group.machine_type)
+    machine_type, accel_type, count = entry.gce_type, entry.accelerator, entry.gpus
     accel_type = accel.get("type") or accel_type
     count = accel.get("count") or count or (1 if accel_type else 0)
     machine = aiplatform_v1.MachineSpec(machine_type=machine_type)

@@ -22,6 +22,8 @@ import json
 import re
 from typing import Mapping
 
+from mljob.errors import UsageError
+
 CHIEF, WORKER, PS, EVALUATOR = "chief", "worker", "ps", "evaluator"
 MASTER = "master"  # legacy name of chief (Cloud ML before runtime 2.1)
 ROLES = (CHIEF, MASTER, WORKER, PS, EVALUATOR)
@@ -37,7 +39,7 @@ STRATEGIES = ("auto", "ps", "multiworker", "mirrored", "single")
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
 
 
-class ClusterConfigError(ValueError):
+class ClusterConfigError(UsageError, ValueError):
     """The cluster description is malformed; the message names the problem and the fix."""
 
 
