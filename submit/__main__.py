@@ -4,37 +4,32 @@
     python -m submit jobs list|describe|stream-logs|cancel    manage submitted jobs
     python -m submit local train [--distributed ...] [-- args] run the working tree
 
-`--runner` picks where a submitted job runs: `local` (this module's `_run`, supervising
-processes) or a cluster engine (`_submit_to_engine`: render, stage, create; the record
-keeps the engine's handle, and `jobs ...` ask the engine).
+This module holds the command line and its output only: the submission itself is
+`submit.submission`, and `--runner` picks a runner (`submit.runners`) that every command
+talks to through the same interface.
 
-This module is the one top layer: library errors (`submit.errors`, storage and click
-errors) become a one-line `error: ...` on stderr and an exit status (2 for usage).
+It is the one top layer: library errors (`submit.errors`, storage and click errors)
+become a one-line `error: ...` on stderr and an exit status (2 for usage).
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import logging
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 
 import click
 import yaml
 
-from submit import jobs as records
-from submit import logs, package, plan as plans, runners, spec as specs
-from submit.errors import (EXIT_OK, EXIT_USAGE, JobCancelled, JobFailed, SubmitError,
-                           UsageError)
-from submit.runners.engine import EngineOptions
 from mljob import storage
+from submit import jobs as records
+from submit import package, plan as plans, runners, spec as specs, submission
+from submit.errors import EXIT_OK, EXIT_USAGE, JobCancelled, SubmitError, UsageError
+from submit.runners import local
+from submit.runners.engine import EngineOptions
 
-CANCEL_WAIT_S = 60.0
 _NoArgsIsHelp = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
 TIERS = tuple(specs.SCALE_TIERS)
 
@@ -130,179 +125,15 @@ def submit_command(ctx, job_id, scale_tier, config_path, job_dir, staging_bucket
                             project=project, region=region,
                             service_account=service_account)
     options.check_for(runner)
-    training_input = specs.load_config(config_path) if config_path else {}
-    spec = specs.resolve(
-        job_id, training_input, scale_tier=scale_tier, worker_count=worker_count,
-        parameter_server_count=parameter_server_count, evaluator_count=evaluator_count,
-        job_dir=job_dir, staging_bucket=staging_bucket, package_path=package_path,
-        module_name=module_name, args=ctx.meta["trainer_args"],
-        restart_policy=restart_policy, max_restarts=max_restarts)
-    engine = None
-    if runner in runners.ENGINES:
-        engine = runners.get(runner)(options)
-        engine.check(spec)
-    elif spec.gpus_needed:
-        specs.check_gpus(spec, specs.local_gpu_count())
-    if not stream_logs and spec.job_dir and spec.job_dir.startswith("memory://"):
-        raise UsageError("--async cannot use a memory:// job dir: the store lives in this "
-                         "process, which ends at once; use a path or gs:// URL, or stream")
-    if not (dry_run and engine is not None):  # an engine's dry run touches no storage
-        _check_job_id_free(spec, resume)
-    if spec.package_uri is None:
-        source_dir = package.check_package_path(spec.package_path)
-    home = package.mljob_home()
-    with tempfile.TemporaryDirectory(prefix="mljob-sdist-") as tmp:
-        if spec.package_uri:
-            pkg = package.fetch(spec.package_uri, tmp)
-        else:
-            local_job_dir = spec.job_dir and storage.is_local(spec.job_dir)
-            exclude = (storage.local_path(spec.job_dir),) if local_job_dir else ()
-            pkg = package.build(source_dir, tmp, exclude=exclude)
-            pkg = dataclasses.replace(pkg, url=package.staging_url(
-                pkg, job_id=spec.job_id, staging_bucket=spec.staging_bucket,
-                job_dir=spec.job_dir))
-        if engine is not None:
-            return _submit_to_engine(engine, spec, pkg, dry_run=dry_run,
-                                     stream=stream_logs)
-        plan = plans.build(spec, pkg, home=home)
-        if dry_run:
-            click.echo(plan.to_json())
-            return EXIT_OK
-        if spec.package_uri is None:
-            package.stage(pkg, pkg.url)
-    record = _new_record(plan)
-    records.save(record)
-    click.echo(f"Job [{spec.job_id}] submitted successfully.")
-    if not stream_logs:
-        return _detach(plan, record)
-    return _run(plan, record, stream=True)
-
-
-def _submit_to_engine(engine, spec: specs.JobSpec, pkg: package.Package, *,
-                      dry_run: bool, stream: bool) -> int:
-    """Render the job for the engine; print it (--dry-run), or stage and create it."""
-    rendered = engine.render(spec, pkg)
-    for note in engine.prepare(spec, pkg):
-        click.echo(note, err=True)  # stdout stays the engine's object alone
-    if dry_run:
-        click.echo(rendered.text)
-        return EXIT_OK
-    engine.ready(rendered)
-    if spec.package_uri is None:
-        package.stage(pkg, pkg.url)
-    handle = engine.create(rendered)
-    record = records.JobRecord(
-        job_id=spec.job_id, job_dir=spec.job_dir, scale_tier=spec.scale_tier,
-        package_url=pkg.url, package_sha256=pkg.sha256, module=spec.module_name,
-        trainer_args=list(spec.trainer_args), training_input=dict(spec.training_input),
-        runner=engine.name, engine=dict(handle))  # replicas: as the engine reports them
-    records.save(record)
-    click.echo(f"Job [{spec.job_id}] submitted successfully to {engine.name}.")
-    if not stream:
-        click.echo(f"Follow the job with:\n"
-                   f"  python -m submit jobs stream-logs {spec.job_id}\n"
-                   f"  python -m submit jobs describe {spec.job_id}")
-        return EXIT_OK
-    return _follow_engine(engine, record, task_name=None)
-
-
-def _follow_engine(engine, record: records.JobRecord, *, task_name: str | None) -> int:
-    """Stream the engine's logs until the job ends, then record and report its state.
-    Ctrl-C stops following, not the job (as gcloud does)."""
-    try:
-        for line in engine.logs(record.engine, task_name=task_name, follow=True):
-            click.echo(line)
-    except KeyboardInterrupt:
-        click.echo(f"Stopped following; job [{record.job_id}] goes on. Cancel it with "
-                   f"`python -m submit jobs cancel {record.job_id}`.", err=True)
-        return JobCancelled.exit_status
-    record = _refresh(engine, record)
-    click.echo(f"Job [{record.job_id}] {record.state}.")
-    if record.state == records.FAILED:
-        raise JobFailed(f"job {record.job_id} failed: {record.error_message}")
-    if record.state == records.CANCELLED:
-        raise JobCancelled(f"job {record.job_id} was cancelled")
-    return EXIT_OK
-
-
-def _engine_for(record: records.JobRecord):
-    return runners.get(record.runner)(EngineOptions())
-
-
-def _refresh(engine, record: records.JobRecord) -> records.JobRecord:
-    """Ask the engine for the job's state and keep it in the record. A job that ended is
-    not asked again: an engine may have cleaned it away since (a deleted TFJob)."""
-    if record.done:
-        return record
-    status = engine.status(record.engine)
-    if status.state != record.state:
-        record.set_state(status.state, status.message)
-    elif status.message:
-        record.error_message = status.message
-    if status.replicas:
-        record.replicas = [records.ReplicaRecord(r.label, state=r.state,
-                                                 exit_code=r.exit_code,
-                                                 restarts=r.restarts)
-                           for r in status.replicas]
-    records.save(record)
-    return record
-
-
-def _check_job_id_free(spec: specs.JobSpec, resume: bool) -> None:
-    if spec.job_dir and not resume and records.used_in_job_dir(spec.job_dir, spec.job_id):
-        raise UsageError(f"job id {spec.job_id!r} is already used in {spec.job_dir}; pick "
-                         "another job id, or pass --resume to continue that job")
-    try:
-        old = records.load(spec.job_id)
-    except UsageError:
-        return
-    if not old.done and (old.runner != "local" or old.supervisor_alive()):
-        raise UsageError(f"job {spec.job_id!r} is still {old.state}; cancel it with "
-                         f"`python -m submit jobs cancel {spec.job_id}` or pick another id")
-
-
-def _new_record(plan: plans.JobPlan) -> records.JobRecord:
-    return records.JobRecord(
-        job_id=plan.job_id, job_dir=plan.job_dir, scale_tier=plan.scale_tier,
-        package_url=plan.package_url, package_sha256=plan.package_sha256,
-        module=plan.module, trainer_args=list(plan.trainer_args),
-        training_input=dict(plan.training_input), log_dir=plan.log_dir, mode=plan.mode,
-        replicas=[records.ReplicaRecord(r.label) for r in plan.replicas])
-
-
-def _run(plan: plans.JobPlan, record: records.JobRecord, *, stream: bool) -> int:
-    record.adopt_supervisor()
-    records.save(record)
-    terminal = logs.Terminal(sys.stdout, stream=stream)
-    runner = runners.get("local")(plan, record, publish=records.save, terminal=terminal)
-    state = runner.run()
-    click.echo(f"Job [{plan.job_id}] {state}.")
-    if state == records.FAILED:
-        raise JobFailed(f"job {plan.job_id} failed: {record.error_message}; see "
-                        f"{plan.log_dir}")
-    if state == records.CANCELLED:
-        raise JobCancelled(f"job {plan.job_id} was cancelled")
-    return EXIT_OK
-
-
-def _detach(plan: plans.JobPlan, record: records.JobRecord) -> int:
-    """Start `python -m submit _supervise` in its own session; it runs the job."""
-    os.makedirs(plan.run_dir, exist_ok=True)
-    plan_file = os.path.join(plan.run_dir, "plan.json")
-    storage.write_bytes(plan_file, plan.to_json().encode())
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    with open(os.path.join(plan.run_dir, "supervisor.log"), "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "submit", "_supervise", plan_file], cwd=plan.run_dir,
-            env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True)
-    record.adopt_supervisor(proc.pid)
-    records.save(record)
-    click.echo(f"Supervisor pid {proc.pid}. Follow the job with:\n"
-               f"  python -m submit jobs stream-logs {plan.job_id}\n"
-               f"  python -m submit jobs describe {plan.job_id}")
-    return EXIT_OK
+    return submission.submit(submission.Submission(
+        job_id, runner=runner, options=options, config_path=config_path,
+        resolve=dict(scale_tier=scale_tier, worker_count=worker_count,
+                     parameter_server_count=parameter_server_count,
+                     evaluator_count=evaluator_count, job_dir=job_dir,
+                     staging_bucket=staging_bucket, package_path=package_path,
+                     module_name=module_name, args=ctx.meta["trainer_args"],
+                     restart_policy=restart_policy, max_restarts=max_restarts),
+        dry_run=dry_run, stream=stream_logs, resume=resume), _echo)
 
 
 @cli.command("_supervise", hidden=True)
@@ -311,7 +142,7 @@ def supervise_command(plan_file):
     """Run a submitted job to its end (started detached by --async)."""
     with open(plan_file) as f:
         plan = plans.JobPlan.from_dict(json.load(f))
-    return _run(plan, records.load(plan.job_id), stream=False)
+    return local.run(plan, records.load(plan.job_id), _echo, stream=False)
 
 
 @cli.group("jobs")
@@ -334,8 +165,7 @@ def jobs_list():
 def jobs_describe(job_id):
     """The job's record, and how to look at it with TensorBoard."""
     record = records.load(job_id)
-    if record.runner != "local":
-        record = _refresh(_engine_for(record), record)
+    record = submission.runner_for(record).refresh(record)
     data = json.loads(record.to_json())
     data["state"] = _state(record)
     for key in ("create_time", "start_time", "end_time"):
@@ -357,63 +187,17 @@ def jobs_describe(job_id):
 def jobs_stream_logs(job_id, task_name):
     """Print the job's logs and follow them until the job ends."""
     record = records.load(job_id)
-    if record.runner != "local":
-        return _follow_engine(_engine_for(record), record, task_name=task_name)
-
-    def done() -> bool:
-        current = records.load(job_id)
-        return current.done or not current.supervisor_alive()
-
-    for line in logs.follow(record.log_dir, task_name=task_name, done=done):
-        click.echo(line)
-    return EXIT_OK
+    return submission.runner_for(record).follow(record, _echo, task_name=task_name)
 
 
 @jobs_group.command("cancel")
 @click.argument("job_id")
 def jobs_cancel(job_id):
-    """Cancel a running job: its supervisor stops every replica, then records CANCELLED."""
+    """Cancel a running job: every replica is stopped, then the job is CANCELLED."""
     record = records.load(job_id)
-    engine = _engine_for(record) if record.runner != "local" else None
-    if engine is not None:  # the record may be stale: ask whether it ended meanwhile
-        record = _refresh(engine, record)
-    if record.done:
-        raise UsageError(f"job {job_id!r} already ended {record.state}; nothing to cancel")
-    if engine is not None:
-        record.set_state(engine.cancel(record.engine))
-        records.save(record)
-        click.echo(f"Job [{job_id}] {record.state}.")
-        return EXIT_OK
-    if record.supervisor_alive():
-        os.kill(record.supervisor_pid, signal.SIGTERM)
-        deadline = time.monotonic() + CANCEL_WAIT_S
-        while not record.done and record.supervisor_alive() and time.monotonic() < deadline:
-            time.sleep(0.2)
-            record = records.load(job_id)
-        if not record.done and record.supervisor_alive():
-            raise SubmitError(f"job {job_id!r} is still {record.state} after "
-                              f"{CANCEL_WAIT_S:.0f} s; its supervisor is pid "
-                              f"{record.supervisor_pid}")
-    record = records.load(job_id)  # the supervisor may have finished while we looked
-    if not record.done:  # the supervisor died without cleaning up: stop what it left
-        _kill_orphans(record)
-        record.set_state(records.CANCELLED, "the supervisor was gone; replicas stopped")
-        records.save(record)
+    record = submission.runner_for(record).cancel_job(record)
     click.echo(f"Job [{job_id}] {record.state}.")
     return EXIT_OK
-
-
-def _kill_orphans(record: records.JobRecord) -> None:
-    import psutil
-    for replica in record.replicas:
-        if not replica.pid:
-            continue
-        try:
-            proc = psutil.Process(replica.pid)
-            if proc.environ().get("CLOUD_ML_JOB_ID") == record.job_id:
-                os.killpg(replica.pid, signal.SIGKILL)
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            pass
 
 
 def _iso(timestamp: float) -> str:
@@ -470,11 +254,10 @@ def local_train(ctx, package_path, module_name, job_dir, distributed, worker_cou
     if start_port is not None and start_port + n - 1 > 65535:
         raise UsageError(f"--start-port {start_port} leaves too few ports for {n} replicas")
     ports = list(range(start_port, start_port + n)) if start_port else None
-    plan = plans.build(spec, None, home=package.mljob_home(), ports=ports,
-                       source_dir=source)
-    record = _new_record(plan)
-    records.save(record)
-    return _run(plan, record, stream=True)
+    runner = local.LocalEngine(EngineOptions(), ports=ports, source_dir=source)
+    rendered = runner.render(spec, None)
+    return submission.start(runner, rendered, runner.new_record(spec, None, rendered),
+                            _echo, stream=True)
 
 
 def main(argv=None, standalone_mode: bool = True):
@@ -511,6 +294,10 @@ def _main(argv) -> int:
 
 def _error(message: str) -> None:
     click.echo("error: " + " ".join(message.split()), err=True)
+
+
+def _echo(text: str, err: bool = False) -> None:
+    click.echo(text, err=err)
 
 
 if __name__ == "__main__":

@@ -100,6 +100,10 @@ class JobRecord:
         except psutil.Error:
             return False
 
+    def running(self) -> bool:
+        """Not ended, and (for a local job) its supervisor still there to end it."""
+        return not self.done and (self.runner != "local" or self.supervisor_alive())
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 

@@ -23,7 +23,9 @@ from submit.errors import ConfigError, UsageError
 CHIEF, MASTER, WORKER, PS, EVALUATOR = "chief", "master", "worker", "ps", "evaluator"
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_CONFIG_DEPTH = 50  # a job config nests 4 deep; parsers recurse per level
-MAX_REPLICAS_PER_TYPE = 64  # a local runner starts one process per replica
+# Each runner owns its own limit (the local runner's is 64 per type); this one only
+# catches a count that cannot be meant, such as a pasted timestamp.
+MAX_REPLICAS_PER_TYPE = 10_000
 JOB_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # whole string: fullmatch
 URL_SCHEMES = ("file", "memory", "gs")
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
@@ -336,8 +338,8 @@ def _groups(tier: ScaleTier, ti: dict) -> tuple[ReplicaGroup, ...]:
         if count < 0:
             raise UsageError(f"{flag} {count} is negative; use 0 to {MAX_REPLICAS_PER_TYPE}")
         if count > MAX_REPLICAS_PER_TYPE:
-            raise UsageError(f"{flag} {count} is more than the local runner's limit of "
-                             f"{MAX_REPLICAS_PER_TYPE} replicas per type; use fewer")
+            raise UsageError(f"{flag} {count} is more than {MAX_REPLICAS_PER_TYPE} "
+                             "replicas per type; use fewer")
         if count:
             machine = _machine(ti.get(type_key, master_type), type_key)
             groups.append(ReplicaGroup(task_type, count, machine,

@@ -76,7 +76,7 @@ CONFIGS = {
                           "  workerCount: 1\n  parameterServerCount: -1\n",
                           "--parameter-server-count -1 is negative"),
     "huge count": ("trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"
-                   "  workerCount: 100000000000000000000\n", "limit of 64"),
+                   "  workerCount: 100000000000000000000\n", "more than 10000 replicas per type"),
     "float count": ("trainingInput:\n  workerCount: 2.5\n", "must be an integer, not a number"),
     "null trainingInput": ("trainingInput:\n", "trainingInput must be a mapping, not NoneType"),
     "empty file": ("", "must be a mapping with a 'trainingInput' key, not NoneType"),

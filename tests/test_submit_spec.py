@@ -311,3 +311,24 @@ def test_package_uris_run_an_already_staged_package(capsys, tmp_path, pkg):
     status, _, err = run(capsys, "job04", "--config", config, "--package-path", pkg,
                          "--job-dir", str(tmp_path / "job"))
     assert status == 2 and "give one staged package" in err
+
+
+def test_replica_limit_is_the_runners(capsys, tmp_path, pkg):
+    """100 workers: the engines render them, the local runner refuses in one line that
+    names its limit and the engines."""
+    config = write(tmp_path, "config.yaml", "trainingInput:\n  scaleTier: CUSTOM\n"
+                   "  masterType: standard\n  workerCount: 100\n"
+                   "  parameterServerCount: 2\n")
+    common = ("job100", "--config", config, "--package-path", pkg,
+              "--job-dir", "gs://mljob-test/jobs/job100", "--dry-run")
+    status, out, _ = run(capsys, *common, "--runner", "kubeflow")
+    assert status == 0 and "replicas: 100" in out.replace("Replicas", "replicas")
+    status, out, _ = run(capsys, *common, "--runner", "vertex", "--project",
+                         "my-project-123")
+    body = json.loads(out)
+    assert status == 0 and body["customJob"]["jobSpec"]["workerPoolSpecs"][1][
+        "replicaCount"] == "100"
+    status, out, err = run(capsys, *common)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and "100 worker replicas are more than the local " \
+        "runner's limit of 64 per type" in err and "--runner kubeflow or vertex" in err

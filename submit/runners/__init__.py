@@ -1,18 +1,17 @@
-"""Runners execute a job. `local` supervises one process per replica on this machine
-(`LocalRunner(plan, record, publish=..., terminal=...).run() -> final state`); `kubeflow`
-and `vertex` are cluster engines (`submit.runners.engine.ClusterEngine`) that hand the job
-to Kubernetes or Vertex AI. The registry imports a backend only when it is asked for, so
-an engine's SDK is never loaded for local jobs, and a missing SDK gets an install hint."""
+"""Runners execute a job, all behind one interface (`submit.runners.engine.Runner`):
+`local` supervises one process per replica on this machine; `kubeflow` and `vertex` are
+cluster engines that hand the job to Kubernetes or Vertex AI. The registry imports a
+backend only when it is asked for, so an engine's SDK is never loaded for local jobs, and
+a missing SDK gets an install hint."""
 from __future__ import annotations
 
 import importlib
 
 from submit.errors import UsageError
 
-RUNNERS = {"local": "submit.runners.local:LocalRunner",
+RUNNERS = {"local": "submit.runners.local:LocalEngine",
            "kubeflow": "submit.runners.kubeflow:KubeflowEngine",
            "vertex": "submit.runners.vertex:VertexEngine"}
-ENGINES = ("kubeflow", "vertex")
 EXTRAS = {"kubeflow": "kubeflow", "vertex": "vertex"}  # setup.py extras per runner
 
 

@@ -1,5 +1,10 @@
 """The local runner: one process per replica on 127.0.0.1, supervised until the job ends.
 
+`LocalEngine` is the runner interface (as the cluster engines implement it): its
+rendered job is the plan `--dry-run` prints; an attached job (the default, streaming) is
+supervised in the foreground by `LocalRunner`, a detached one (`--async`) by a
+`python -m submit _supervise` process of its own, whose PID the record keeps.
+
 A supervisor loop polls the replica processes. The job succeeds when the chief exits 0
 and fails when the chief (or, with no restart left, any replica) fails; either way every
 other replica is then stopped by PID: SIGTERM to its process group, a grace period, then
@@ -30,13 +35,21 @@ import threading
 import time
 from typing import Callable
 
+from mljob import storage
 from submit import jobs, logs
+from submit import plan as plans
+from submit.errors import SubmitError, UsageError
 from submit.mirror import Mirror
-from submit.package import ensure_environment
+from submit.package import Package, ensure_environment, mljob_home
 from submit.plan import JobPlan, ReplicaPlan
+from submit.runners.engine import EngineOptions, EngineStatus, Rendered, ReplicaStatus, \
+    Runner, ended
+from submit.spec import JobSpec, check_gpus, local_gpu_count
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0         # SIGTERM to SIGKILL
+CANCEL_WAIT_S = 60.0       # `jobs cancel`: how long the supervisor gets to stop the job
+MAX_REPLICAS_PER_TYPE = 64  # one process per replica on this machine
 EVALUATOR_DRAIN_S = 60.0   # evaluators may finish their last evaluation after the chief
 MIRROR_EVERY_S = 5.0
 POLL_S = 0.2
@@ -336,3 +349,149 @@ class LocalRunner:
     def _restore_signals(self, previous) -> None:
         for sig, handler in (previous or {}).items():
             signal.signal(sig, handler)
+
+
+class LocalEngine(Runner):
+    """The local runner behind the same interface as the cluster engines.
+
+    `ports` and `source_dir` serve `local train`: fixed ports, and the working tree run
+    in place instead of a staged package."""
+
+    name = "local"
+    max_replicas_per_type = MAX_REPLICAS_PER_TYPE
+
+    def __init__(self, options: EngineOptions, *, ports: list[int] | None = None,
+                 source_dir: str | None = None):
+        super().__init__(options)
+        self.ports = ports
+        self.source_dir = source_dir
+
+    def check(self, spec: JobSpec) -> None:
+        super().check(spec)
+        if spec.gpus_needed:
+            check_gpus(spec, local_gpu_count())
+
+    def render(self, spec: JobSpec, package: Package | None) -> Rendered:
+        plan = plans.build(spec, package, home=mljob_home(), ports=self.ports,
+                           source_dir=self.source_dir)
+        return Rendered(body=plan.to_dict(), text=plan.to_json(),
+                        handle={"job_id": plan.job_id})
+
+    def new_record(self, spec: JobSpec, package: Package | None,
+                   rendered: Rendered) -> jobs.JobRecord:
+        plan = JobPlan.from_dict(rendered.body)
+        return jobs.JobRecord(
+            job_id=plan.job_id, job_dir=plan.job_dir, scale_tier=plan.scale_tier,
+            package_url=plan.package_url, package_sha256=plan.package_sha256,
+            module=plan.module, trainer_args=list(plan.trainer_args),
+            training_input=dict(plan.training_input), log_dir=plan.log_dir, mode=plan.mode,
+            replicas=[jobs.ReplicaRecord(r.label) for r in plan.replicas])
+
+    def start(self, rendered: Rendered, record: jobs.JobRecord, *, attach: bool) -> str:
+        """An attached job starts in `attach`; a detached one gets its supervisor now."""
+        jobs.save(record)
+        if not attach:
+            record.adopt_supervisor(self.create(rendered)["supervisor_pid"])
+            jobs.save(record)
+        return f"Job [{record.job_id}] submitted successfully."
+
+    def create(self, rendered: Rendered) -> dict:
+        """Start `python -m submit _supervise` in its own session; it runs the job."""
+        plan = JobPlan.from_dict(rendered.body)
+        os.makedirs(plan.run_dir, exist_ok=True)
+        plan_file = os.path.join(plan.run_dir, "plan.json")
+        storage.write_bytes(plan_file, rendered.text.encode())
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = {**os.environ,
+               "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        with open(os.path.join(plan.run_dir, "supervisor.log"), "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "submit", "_supervise", plan_file], cwd=plan.run_dir,
+                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        return {"job_id": plan.job_id, "supervisor_pid": proc.pid}
+
+    def detached_hint(self, record: jobs.JobRecord) -> str:
+        return f"Supervisor pid {record.supervisor_pid}. " + super().detached_hint(record)
+
+    def attach(self, rendered: Rendered, record: jobs.JobRecord, echo) -> int:
+        """Supervise the job in this process until it ends (Ctrl-C cancels it)."""
+        return run(JobPlan.from_dict(rendered.body), record, echo, stream=True)
+
+    # The handle-level interface, for a job whose supervisor is elsewhere.
+
+    def status(self, handle) -> EngineStatus:
+        record = jobs.load(handle["job_id"])
+        return EngineStatus(record.state, record.error_message, tuple(
+            ReplicaStatus(r.label, r.state, r.exit_code, r.restarts)
+            for r in record.replicas))
+
+    def logs(self, handle, *, task_name: str | None = None, follow: bool = True):
+        job_id = handle["job_id"]
+
+        def done() -> bool:
+            current = jobs.load(job_id)
+            return not follow or current.done or not current.supervisor_alive()
+
+        return logs.follow(jobs.load(job_id).log_dir, task_name=task_name, done=done)
+
+    def cancel(self, handle) -> str:
+        return self.cancel_job(jobs.load(handle["job_id"])).state
+
+    # The job-level interface: the supervisor owns the record, so it is read, not asked.
+
+    def follow(self, record: jobs.JobRecord, echo, *, task_name: str | None) -> int:
+        for line in self.logs({"job_id": record.job_id}, task_name=task_name):
+            echo(line)
+        return 0
+
+    def refresh(self, record: jobs.JobRecord) -> jobs.JobRecord:
+        return record
+
+    def cancel_job(self, record: jobs.JobRecord) -> jobs.JobRecord:
+        """SIGTERM the supervisor, which stops every replica and records CANCELLED; when
+        it is gone, stop what it left and record CANCELLED here."""
+        job_id = record.job_id
+        if record.done:
+            raise UsageError(f"job {job_id!r} already ended {record.state}; nothing to "
+                             "cancel")
+        if record.supervisor_alive():
+            os.kill(record.supervisor_pid, signal.SIGTERM)
+            deadline = time.monotonic() + CANCEL_WAIT_S
+            while not record.done and record.supervisor_alive() \
+                    and time.monotonic() < deadline:
+                time.sleep(0.2)
+                record = jobs.load(job_id)
+            if not record.done and record.supervisor_alive():
+                raise SubmitError(f"job {job_id!r} is still {record.state} after "
+                                  f"{CANCEL_WAIT_S:.0f} s; its supervisor is pid "
+                                  f"{record.supervisor_pid}")
+        record = jobs.load(job_id)  # the supervisor may have finished while we looked
+        if not record.done:  # the supervisor died without cleaning up: stop what it left
+            _kill_orphans(record)
+            record.set_state(jobs.CANCELLED, "the supervisor was gone; replicas stopped")
+            jobs.save(record)
+        return record
+
+
+def run(plan: JobPlan, record: jobs.JobRecord, echo, *, stream: bool) -> int:
+    """Supervise a job in this process to its end; its exit status."""
+    record.adopt_supervisor()
+    jobs.save(record)
+    terminal = logs.Terminal(sys.stdout, stream=stream)
+    state = LocalRunner(plan, record, publish=jobs.save, terminal=terminal).run()
+    echo(f"Job [{plan.job_id}] {state}.")
+    return ended(record, f"; see {plan.log_dir}")
+
+
+def _kill_orphans(record: jobs.JobRecord) -> None:
+    import psutil
+    for replica in record.replicas:
+        if not replica.pid:
+            continue
+        try:
+            proc = psutil.Process(replica.pid)
+            if proc.environ().get("CLOUD_ML_JOB_ID") == record.job_id:
+                os.killpg(replica.pid, signal.SIGKILL)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            pass
