@@ -22,11 +22,9 @@ import json
 import re
 from typing import Mapping
 
+from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, ROLES, WORKER  # noqa: F401
 from mljob.errors import UsageError
 
-CHIEF, WORKER, PS, EVALUATOR = "chief", "worker", "ps", "evaluator"
-MASTER = "master"  # legacy name of chief (Cloud ML before runtime 2.1)
-ROLES = (CHIEF, MASTER, WORKER, PS, EVALUATOR)
 TRAINING_JOBS = (CHIEF, WORKER, PS)
 TOLERATED_KEYS = ("cluster", "task", "environment", "job", "trial", "cloud", "rpc_layer")
 # Vertex AI's worker pools by position (workerPoolSpecs[0..3]); a Reduction Server in

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from predict.errors import ModelLoadError, UsageError
-from mljob import storage
+from mljob import contracts, storage
 
 DEFAULT_SIGNATURE = "serving_default"
-SAVED_MODEL_MARKER = "saved_model.pb"
-LEGACY_MARKER = "export.meta"
+SAVED_MODEL_MARKER = contracts.SAVED_MODEL_MARKER
+LEGACY_MARKER = contracts.LEGACY_EXPORT_MARKER
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ import threading
 import time
 from typing import Callable, Iterator, TextIO
 
-STEP_LINE = re.compile(r"^step (\d+)/(\d+)\b.*?\bloss=([-+0-9.eEnaif]+)")
+from mljob import contracts
+
 ERROR_LINE = re.compile(r"^(error:|Traceback|\w*Error\b)|\bERROR\b")
 
 
@@ -40,10 +41,10 @@ class Progress:
     def observe(self, label: str, text: str) -> bool:
         if not label.startswith("master-"):
             return False
-        match = STEP_LINE.match(text)
-        if not match:
+        progress = contracts.parse_progress(text)
+        if progress is None:
             return False
-        self.step, self.total, self.loss = int(match[1]), int(match[2]), match[3]
+        self.step, self.total, self.loss = progress.step, progress.total, f"{progress.loss:g}"
         return True
 
     def render(self) -> str:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import os
 
-from mljob import storage
+from mljob import contracts, storage
 
 log = logging.getLogger(__name__)
-MARKERS = ("checkpoint", "saved_model.pb")
+MARKERS = contracts.PUBLISH_MARKERS
 OWNED_BY_LAUNCHER = ("jobs", "packages")  # the job record and staged packages
 
 

@@ -23,11 +23,9 @@ from typing import Any, Mapping
 
 from submit import spec as specs
 from submit.package import Package
-from mljob import storage
+from mljob import contracts, storage
 from mljob.procs import free_ports
 
-LABEL_TYPES = {specs.CHIEF: "master", specs.WORKER: "worker", specs.PS: "ps",
-               specs.EVALUATOR: "evaluator"}
 ORDER = (specs.PS, specs.WORKER, specs.CHIEF, specs.EVALUATOR)  # start order
 
 
@@ -140,14 +138,14 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
 
     replicas = []
     base_env = {"PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1",
-                "GRPC_FAIL_FAST": "use_caller", "CLOUD_ML_JOB_ID": spec.job_id}
+                "GRPC_FAIL_FAST": "use_caller", contracts.JOB_ID_ENV: spec.job_id}
     for task_type in ORDER:
         for index in range(spec.count(task_type)):
             name = chief_name if task_type == specs.CHIEF else task_type
             tf_config = {"cluster": {k: list(v) for k, v in cluster.items()},
                          "task": {"type": name, "index": index},
                          "job": dict(spec.training_input), "environment": "cloud"}
-            label = f"{LABEL_TYPES[task_type]}-replica-{index}"
+            label = contracts.replica_label(task_type, index)
             hosts = cluster.get(name, ())
             group = spec.group(task_type)
             replicas.append(ReplicaPlan(

@@ -18,9 +18,9 @@ from typing import Any, Mapping
 import yaml
 
 from mljob import machines
+from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, WORKER  # noqa: F401
 from submit.errors import ConfigError, UsageError
 
-CHIEF, MASTER, WORKER, PS, EVALUATOR = "chief", "master", "worker", "ps", "evaluator"
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_CONFIG_DEPTH = 50  # a job config nests 4 deep; parsers recurse per level
 # Each runner owns its own limit (the local runner's is 64 per type); this one only

@@ -28,12 +28,12 @@ import tempfile
 
 import tensorflow as tf
 
-from mljob import storage
+from mljob import contracts, storage
 
 log = logging.getLogger(__name__)
 
 PREFIX = "ckpt"
-STATE_FILE = "checkpoint"
+STATE_FILE = contracts.CHECKPOINT_STATE
 _INDEX = re.compile(rf"^{PREFIX}-(\d+)\.index$")
 
 

@@ -25,10 +25,10 @@ import numpy as np
 import tensorflow as tf
 
 from trainer import model as models
-from mljob import storage
+from mljob import contracts, storage
 from trainer.errors import TrainerError, UsageError
 
-MARKER = "saved_model.pb"  # what a reader looks for; published last
+MARKER = contracts.SAVED_MODEL_MARKER  # what a reader looks for; published last
 
 
 def export(model_name: str, weights: Sequence[np.ndarray], url: str) -> str:

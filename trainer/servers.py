@@ -28,14 +28,15 @@ import sys
 import threading
 import time
 
+from mljob import contracts
 from mljob.cluster import ClusterInfo
+from mljob.errors import EXIT_PREEMPTED
 from mljob.procs import pid_alive
 
-PARENT_PID_ENV = "MLJOB_PARENT_PID"
+PARENT_PID_ENV = contracts.PARENT_PID_ENV
 PARENT_POLL_SECONDS = 1.0
 STOP_DEADLINE_ENV = "MLJOB_STOP_DEADLINE"
 STOP_DEADLINE_SECONDS = 60.0
-EXIT_PREEMPTED = 143  # trainer.errors.EXIT_PREEMPTED (not imported: keep this module light)
 
 
 class StopSignal:

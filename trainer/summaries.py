@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
-from mljob import storage
+from mljob import contracts, storage
 
 TRAIN_TAGS = ("loss", "accuracy", "learning_rate", "steps_per_sec", "examples_per_sec")
 EVAL_TAGS = ("loss", "accuracy")
@@ -111,11 +111,11 @@ class Progress:
 
     def step(self, step: int, loss: float, accuracy: float, examples_per_sec: float,
              lr: float) -> None:
-        self.line(f"step {step}/{self.total} loss={loss:.4f} accuracy={accuracy:.4f} "
-                  f"examples/s={examples_per_sec:.1f} lr={lr:g}")
+        self.line(contracts.progress_line(step, self.total, loss, accuracy,
+                                          examples_per_sec, lr))
 
     def eval(self, step: int, loss: float, accuracy: float) -> None:
-        self.line(f"eval step={step} loss={loss:.4f} accuracy={accuracy:.4f}")
+        self.line(contracts.eval_line(step, loss, accuracy))
 
     def bar(self, step: int) -> None:
         """Redraw the terminal progress bar (only when stdout is a terminal)."""

@@ -27,15 +27,15 @@ import traceback
 
 from mljob import cluster as cluster_lib
 from mljob import storage
+from mljob.contracts import AIP_CHECKPOINT_DIR, AIP_MODEL_DIR, AIP_TENSORBOARD_LOG_DIR
 from trainer.errors import EXIT_FAILED, EXIT_USAGE, TrainerError, UsageError
 
 MODELS = ("cnn", "mlp")  # trainer.model.MODELS, repeated to keep TensorFlow unimported
 PRECISIONS = ("off", "mixed_bfloat16")  # trainer.model.PRECISIONS, likewise
 DEFAULT_JOBS_DIR = "jobs"
-# Vertex AI sets these to <baseOutputDirectory>/model/, /checkpoints/ and /logs/; each
-# replaces its folder under the job dir.
-AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, AIP_TENSORBOARD_LOG_DIR = (
-    "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR")
+# Vertex AI sets AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR to
+# <baseOutputDirectory>/model/, /checkpoints/ and /logs/; each replaces its folder under
+# the job dir.
 
 
 class _Parser(argparse.ArgumentParser):

@@ -41,7 +41,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from mljob import machines
+from mljob import contracts, machines
 from submit import jobs as records
 from submit import logs as logfmt
 from submit import spec as specs
@@ -58,8 +58,6 @@ TIMEOUT_S = 30
 POLL_S = 2.0
 REPLICA_TYPES = {specs.CHIEF: "Chief", specs.WORKER: "Worker", specs.PS: "PS",
                  specs.EVALUATOR: "Evaluator"}
-LABELS = {"chief": "master", "master": "master", "worker": "worker", "ps": "ps",
-          "evaluator": "evaluator"}  # the operator's replica-type label -> Cloud ML's
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 TYPE_LABEL, INDEX_LABEL = "training.kubeflow.org/replica-type", \
     "training.kubeflow.org/replica-index"
@@ -205,7 +203,7 @@ class KubeflowEngine(ClusterEngine):
             "name": CONTAINER, "image": image,
             "command": ["python", "-m", spec.module_name],
             "args": list(spec.trainer_args),
-            "env": [{"name": "CLOUD_ML_JOB_ID", "value": spec.job_id},
+            "env": [{"name": contracts.JOB_ID_ENV, "value": spec.job_id},
                     {"name": "PYTHONUNBUFFERED", "value": "1"}],
             "ports": [{"name": PORT_NAME, "containerPort": PORT}]}
         config = spec.training_input.get(specs.CONFIG_KEYS[group.task_type]) or {}
@@ -311,11 +309,9 @@ class KubeflowEngine(ClusterEngine):
              follow: bool = True) -> Iterator[str]:
         """Each container's log once, from its start, labelled by replica: one reader
         thread per running container; a restarted container is a new one."""
-        if task_name and not re.fullmatch(r"(master|worker|ps|evaluator)-replica-\d+",
-                                          task_name):
+        if task_name and contracts.parse_label(task_name) is None:
             raise UsageError(f"--task-name {task_name!r} names no replica; use "
-                             "master-replica-0, worker-replica-N, ps-replica-N or "
-                             "evaluator-replica-N")
+                             f"{contracts.LABEL_HINT}")
         client = self._client(handle)
         core = kubernetes.client.CoreV1Api(client)
         lines: queue.Queue = queue.Queue()
@@ -420,8 +416,10 @@ def _one_line(exc: BaseException) -> str:
 
 def _label(pod) -> str:
     labels = pod.metadata.labels or {}
-    kind = LABELS.get(labels.get(TYPE_LABEL, "").lower(), labels.get(TYPE_LABEL, "?"))
-    return f"{kind}-replica-{labels.get(INDEX_LABEL, '0')}"
+    kind, index = labels.get(TYPE_LABEL, "?"), labels.get(INDEX_LABEL, "0")
+    if kind.lower() in contracts.LABEL_KINDS:  # the operator's replica type, lower-cased
+        return contracts.replica_label(kind.lower(), index)
+    return f"{kind}-replica-{index}"
 
 
 def _started(pod) -> bool:

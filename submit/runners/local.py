@@ -35,7 +35,8 @@ import threading
 import time
 from typing import Callable
 
-from mljob import storage
+from mljob import contracts, storage
+from mljob.errors import EXIT_PREEMPTED
 from submit import jobs, logs
 from submit import plan as plans
 from submit.errors import SubmitError, UsageError
@@ -56,8 +57,7 @@ POLL_S = 0.2
 PR_SET_PDEATHSIG = 1
 # Set by cluster engines where `submit` itself may run (a Vertex AI notebook or job):
 # inherited, they would redirect a local job's outputs or cluster, so replicas never get them.
-ENGINE_VARIABLES = ("CLUSTER_SPEC", "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR",
-                    "AIP_TENSORBOARD_LOG_DIR")
+ENGINE_VARIABLES = contracts.ENGINE_VARIABLES
 
 try:
     _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
@@ -70,7 +70,6 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-PREEMPTED = 143  # 128 + SIGTERM, the trainer's status after a stop request
 
 
 def should_restart(policy: str, status: int, *, is_chief: bool) -> bool:
@@ -107,7 +106,8 @@ class Replica:
         if self._file is None:
             self._file = open(self.plan.log_file, "a", encoding="utf-8", buffering=1)
         env = {k: v for k, v in os.environ.items() if k not in ENGINE_VARIABLES}
-        env.update(self.plan.env, MLJOB_PARENT_PID=str(parent_pid))
+        env.update(self.plan.env)
+        env[contracts.PARENT_PID_ENV] = str(parent_pid)
         self.proc = subprocess.Popen(
             list(self.plan.command), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
@@ -239,7 +239,7 @@ class LocalRunner:
                     return jobs.SUCCEEDED, None
                 judged = status
                 if status == 0 and replica.plan.task_type in ("ps", "worker"):
-                    judged = PREEMPTED  # a server stopped before the job ended
+                    judged = EXIT_PREEMPTED  # a server stopped before the job ended
                 if (replica.restarts < replica.plan.max_restarts and should_restart(
                         replica.plan.restart_policy, judged, is_chief=replica.plan.is_chief)):
                     delay = min(2.0 ** replica.restarts, 30.0)
@@ -491,7 +491,7 @@ def _kill_orphans(record: jobs.JobRecord) -> None:
             continue
         try:
             proc = psutil.Process(replica.pid)
-            if proc.environ().get("CLOUD_ML_JOB_ID") == record.job_id:
+            if proc.environ().get(contracts.JOB_ID_ENV) == record.job_id:
                 os.killpg(replica.pid, signal.SIGKILL)
         except (psutil.Error, ProcessLookupError, PermissionError):
             pass

@@ -33,7 +33,7 @@ from google.auth.transport.requests import AuthorizedSession
 from google.cloud import aiplatform_v1
 from google.protobuf import json_format
 
-from mljob import machines
+from mljob import contracts, machines
 from submit import jobs, logs, spec as specs
 from submit.errors import SubmitError, UsageError
 from submit.package import Package
@@ -49,7 +49,7 @@ CALL_TIMEOUT_S = 60.0
 LOG_LAG_S = 5.0
 # The job id as submitted. Not CLOUD_ML_JOB_ID: Vertex sets that one itself, to the
 # CustomJob's numeric id, and its own tools (the TensorBoard profiler) read it.
-JOB_ID_ENV = "MLJOB_JOB_ID"
+JOB_ID_ENV = contracts.MLJOB_JOB_ID_ENV
 # The newest TensorFlow prebuilt training images Vertex lists (TF 2.17, Python 3.10).
 IMAGE = "{registry}-docker.pkg.dev/vertex-ai/training/tf-{kind}.2-17.py310:latest"
 REGISTRIES = {"europe": "europe", "asia": "asia", "australia": "asia"}  # else "us"
@@ -60,10 +60,7 @@ _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 
 # Machine names map through mljob/machines.py (the retired K80s are T4s there).
 T4, RETIRED_ACCELERATORS = machines.T4, machines.RETIRED_ACCELERATORS
-# Vertex's pool index and task-name prefix per replica type; Cloud ML's labels.
-POOLS = (specs.CHIEF, specs.WORKER, specs.PS, specs.EVALUATOR)
-LABELS = {specs.CHIEF: "master", specs.WORKER: "worker", specs.PS: "ps",
-          specs.EVALUATOR: "evaluator"}
+POOLS = contracts.VERTEX_POOL_TYPES  # Vertex's pool index per replica type
 STATES = {  # Vertex JobState -> (record state, message)
     "JOB_STATE_UNSPECIFIED": (jobs.QUEUED, None), "JOB_STATE_QUEUED": (jobs.QUEUED, None),
     "JOB_STATE_PENDING": (jobs.PREPARING, None), "JOB_STATE_RUNNING": (jobs.RUNNING, None),
@@ -277,18 +274,17 @@ def vertex_task_name(label: str) -> str:
     """`master-replica-0` -> `workerpool0-0` (Vertex's names pass through)."""
     if re.fullmatch(r"workerpool[0-3]-\d+|service", label):
         return label
-    match = re.fullmatch(r"(master|worker|ps|evaluator)-replica-(\d+)", label)
-    if not match:
-        raise UsageError(f"--task-name {label!r} names no replica; use master-replica-0, "
-                         "worker-replica-N, ps-replica-N or evaluator-replica-N")
-    pool = POOLS.index(next(t for t, name in LABELS.items() if name == match[1]))
-    return f"workerpool{pool}-{match[2]}"
+    parsed = contracts.parse_label(label)
+    if parsed is None:
+        raise UsageError(f"--task-name {label!r} names no replica; use "
+                         f"{contracts.LABEL_HINT}")
+    return f"workerpool{contracts.vertex_pool(parsed[0])}-{parsed[1]}"
 
 
 def replica_label(task_name: str) -> str:
     """`workerpool1-3` -> `worker-replica-3`, as Cloud ML labelled replicas."""
     match = re.fullmatch(r"workerpool([0-3])-(\d+)", task_name)
-    return f"{LABELS[POOLS[int(match[1])]]}-replica-{match[2]}" if match else task_name
+    return contracts.replica_label(POOLS[int(match[1])], match[2]) if match else task_name
 
 
 # -- clients and errors ----------------------------------------------------------------

@@ -1,0 +1,98 @@
+"""The wire contracts between mljob's processes and the tools our users know, each kept
+once: the replica labels Cloud ML wrote in its logs and their task types and Vertex AI
+pools, the progress line a replica prints and the launcher reads (writer and parser side
+by side), the marker files a reader waits for, and the environment variables each side
+sets or reads, and the role names TF_CONFIG uses. Exit statuses live with the errors
+(`mljob.errors`). No TensorFlow here, nor anything else of mljob's.
+"""
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+# --- roles: TF_CONFIG's task types -------------------------------------------------------
+CHIEF, WORKER, PS, EVALUATOR = "chief", "worker", "ps", "evaluator"
+MASTER = "master"  # legacy name of chief (Cloud ML before runtime 2.1)
+ROLES = (CHIEF, MASTER, WORKER, PS, EVALUATOR)
+
+# --- replica labels: `master-replica-0`, `worker-replica-3` (Cloud ML's log labels) -----
+LABEL_KINDS = {CHIEF: "master", MASTER: "master", WORKER: "worker", PS: "ps",
+               EVALUATOR: "evaluator"}
+VERTEX_POOL_TYPES = (CHIEF, WORKER, PS, EVALUATOR)  # workerPoolSpecs[0..3]
+_LABEL = re.compile(r"(master|worker|ps|evaluator)-replica-([0-9]{1,6})")
+LABEL_HINT = "master-replica-0, worker-replica-N, ps-replica-N or evaluator-replica-N"
+
+
+def replica_label(task_type: str, index: int | str) -> str:
+    """`chief`, 0 -> `master-replica-0`: Cloud ML called its chief master in labels."""
+    return f"{LABEL_KINDS[task_type]}-replica-{index}"
+
+
+def parse_label(label: str) -> tuple[str, int] | None:
+    """`worker-replica-3` -> ("worker", 3) (the chief as `chief`); None for anything else."""
+    match = _LABEL.fullmatch(label)
+    if not match:
+        return None
+    kind = CHIEF if match[1] == "master" else match[1]
+    return kind, int(match[2])
+
+
+def vertex_pool(task_type: str) -> int:
+    """The Vertex AI worker pool a task type runs in (0 chief, 1 worker, 2 ps, 3 eval)."""
+    return VERTEX_POOL_TYPES.index(CHIEF if task_type == MASTER else task_type)
+
+
+# --- the progress line: `step 120/2000 loss=0.4412 accuracy=0.8700 examples/s=... lr=...`
+class Progress(NamedTuple):
+    step: int
+    total: int
+    loss: float
+
+
+_PROGRESS = re.compile(r"^step ([0-9]+)/([0-9]+)\b.*?\bloss=([-+0-9.eEnaif]+)")
+
+
+def progress_line(step: int, total: int, loss: float, accuracy: float,
+                  examples_per_sec: float, lr: float) -> str:
+    """What a training replica prints every few steps; `parse_progress` reads it back."""
+    return (f"step {step}/{total} loss={loss:.4f} accuracy={accuracy:.4f} "
+            f"examples/s={examples_per_sec:.1f} lr={lr:g}")
+
+
+def eval_line(step: int, loss: float, accuracy: float) -> str:
+    return f"eval step={step} loss={loss:.4f} accuracy={accuracy:.4f}"
+
+
+def parse_progress(text: str) -> Progress | None:
+    match = _PROGRESS.match(text)
+    if not match:
+        return None
+    try:
+        return Progress(int(match[1]), int(match[2]), float(match[3]))
+    except ValueError:
+        return None
+
+
+# --- markers: the file written last when a folder is published; readers wait for it ----
+SAVED_MODEL_MARKER = "saved_model.pb"
+LEGACY_EXPORT_MARKER = "export.meta"    # TF1 meta graph exports
+CHECKPOINT_STATE = "checkpoint"         # TensorFlow's checkpoint state file
+PUBLISH_MARKERS = (CHECKPOINT_STATE, SAVED_MODEL_MARKER)
+
+# --- environment variables ---------------------------------------------------------------
+TF_CONFIG = "TF_CONFIG"
+CLUSTER_SPEC = "CLUSTER_SPEC"            # Vertex AI's worker pools
+JOB_ID_ENV = "CLOUD_ML_JOB_ID"           # Cloud ML's, set by the local runner and Kubeflow
+MLJOB_JOB_ID_ENV = "MLJOB_JOB_ID"        # on Vertex AI, which sets CLOUD_ML_JOB_ID itself
+PARENT_PID_ENV = "MLJOB_PARENT_PID"      # the supervising process a replica dies with
+AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, AIP_TENSORBOARD_LOG_DIR = (
+    "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR")
+AIP_DIRS = (AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, AIP_TENSORBOARD_LOG_DIR)
+# Set by an engine where `submit` itself may run: a local job's replicas never inherit them.
+ENGINE_VARIABLES = (CLUSTER_SPEC, *AIP_DIRS)
+# Hyperparameter tuning (Cloud ML's and the cloudml-hypertune library's names).
+TRIAL_ID_ENV = "CLOUD_ML_TRIAL_ID"
+HP_METRIC_TAG_ENV = "CLOUD_ML_HP_METRIC_TAG"
+HP_METRIC_FILE_ENV = "CLOUD_ML_HP_METRIC_FILE"
+DEFAULT_HP_METRIC_TAG = "training/hptuning/metric"
+DEFAULT_HP_METRIC_FILE = "/tmp/hypertune/output.metrics"
