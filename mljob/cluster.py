@@ -23,7 +23,7 @@ import re
 from typing import Mapping
 
 from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, ROLES, WORKER  # noqa: F401
-from mljob.errors import UsageError
+from mljob.errors import UsageError, first_line
 
 TRAINING_JOBS = (CHIEF, WORKER, PS)
 TOLERATED_KEYS = ("cluster", "task", "environment", "job", "trial", "cloud", "rpc_layer")
@@ -399,4 +399,4 @@ def _split_hosts(value: str, flag: str) -> list[str]:
 
 
 def _short(exc: Exception) -> str:
-    return str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+    return first_line(exc, 120)

@@ -32,6 +32,7 @@ from typing import Callable, Iterable, TypeVar
 if os.environ.get("STORAGE_EMULATOR_HOST"):
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
+from mljob.errors import first_line  # noqa: E402
 import fsspec  # noqa: E402
 from fsspec.core import split_protocol, url_to_fs  # noqa: E402
 
@@ -52,7 +53,7 @@ def filesystem(url: str):
     try:
         return url_to_fs(url)
     except (ValueError, ImportError) as exc:
-        raise StorageError(f"cannot use {url!r}: {str(exc).splitlines()[0]}; "
+        raise StorageError(f"cannot use {url!r}: {first_line(exc, 200)}; "
                            "use a local path, file://, memory:// or gs:// URL") from None
 
 
@@ -211,21 +212,21 @@ def retry(fn: Callable[[], T], what: str, *, missing_ok: bool = True,
             # "not found" while creating means the bucket is missing.
             if creates and exc.filename is None:
                 raise StorageError(f"cannot {what}: its bucket or parent folder does not "
-                                   f"exist ({_first_line(exc)}); create it or fix the URL") \
+                                   f"exist ({first_line(exc, 200)}); create it or fix the URL") \
                     from None
             raise
         except PermissionError as exc:
-            raise StorageError(f"cannot {what}: permission denied ({_first_line(exc)})") \
+            raise StorageError(f"cannot {what}: permission denied ({first_line(exc, 200)})") \
                 from None
         except Exception as exc:  # noqa: BLE001 - storage backends raise many types
             if not _transient(exc):
-                raise StorageError(f"cannot {what}: {_first_line(exc)}") from None
+                raise StorageError(f"cannot {what}: {first_line(exc, 200)}") from None
             if attempt == attempts:
                 raise StorageError(
-                    f"cannot {what} after {attempts} attempts: {_first_line(exc)}; "
+                    f"cannot {what} after {attempts} attempts: {first_line(exc, 200)}; "
                     "check that the storage is reachable") from None
             log.warning("storage: %s failed (%s), retry %d/%d in %.1fs", what,
-                        _first_line(exc), attempt, attempts - 1, delay)
+                        first_line(exc, 200), attempt, attempts - 1, delay)
             time.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_DELAY)
     raise AssertionError("unreachable")
@@ -286,10 +287,6 @@ def _protocols(fs) -> tuple:
     protocol = fs.protocol
     return protocol if isinstance(protocol, tuple) else (protocol,)
 
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
 
 
 __all__ = ["StorageError", "filesystem", "is_local", "local_path", "join", "exists",

@@ -25,6 +25,7 @@ from predict import decode, instances, records
 from predict.errors import InstanceError, UsageError
 from predict.model import Model
 from mljob import storage
+from mljob.errors import first_line
 
 
 @dataclass
@@ -103,7 +104,7 @@ def _predict_file(model, sig, url, data_format, batch_size, res, err, summary, p
         try:
             rows = decode.encode_rows(model.predict(batch, sig.name))
         except Exception as exc:  # noqa: BLE001 - the model refused this batch only
-            reason = f"the model failed on this batch: {str(exc).strip().splitlines()[0]}"
+            reason = f"the model failed on this batch: {first_line(exc)}"
             for label, _ in pending:
                 fail(label, reason)
         else:

@@ -24,6 +24,7 @@ import numpy as np
 
 from predict.errors import ModelLoadError, UsageError
 from mljob import contracts, storage
+from mljob.errors import first_line
 
 DEFAULT_SIGNATURE = "serving_default"
 SAVED_MODEL_MARKER = contracts.SAVED_MODEL_MARKER
@@ -96,7 +97,7 @@ class SavedModel(Model):
             self._loaded = tf.saved_model.load(local_dir)
         except Exception as exc:  # noqa: BLE001 - TF raises many types for bad exports
             raise ModelLoadError(f"cannot load the SavedModel at {source}: "
-                                 f"{_first_line(exc)}") from None
+                                 f"{first_line(exc)}") from None
         self._functions = {name: self._loaded.signatures[name] for name in signatures}
         super().__init__(source, signatures)
 
@@ -124,7 +125,7 @@ class LegacyExport(Model):
                                                    clear_devices=True)
             except Exception as exc:  # noqa: BLE001
                 raise ModelLoadError(f"cannot import {LEGACY_MARKER} from {source}: "
-                                     f"{_first_line(exc)}") from None
+                                     f"{first_line(exc)}") from None
             inputs = self._collection("inputs", source)
             outputs = self._collection("outputs", source)
             self._session = v1.Session(graph=self._graph)
@@ -135,7 +136,7 @@ class LegacyExport(Model):
                 except Exception as exc:  # noqa: BLE001
                     self._session.close()
                     raise ModelLoadError(f"cannot restore the checkpoint of {source}: "
-                                         f"{_first_line(exc)}") from None
+                                         f"{first_line(exc)}") from None
         self._inputs = inputs
         self._outputs = outputs
         signature = Signature(DEFAULT_SIGNATURE,
@@ -154,7 +155,7 @@ class LegacyExport(Model):
             return {k: self._graph.get_tensor_by_name(v) for k, v in names.items()}
         except (ValueError, KeyError, AttributeError, TypeError) as exc:
             raise ModelLoadError(f"collection {key!r} of {source}/{LEGACY_MARKER} is not "
-                                 f"a JSON map of tensor names: {_first_line(exc)}") from None
+                                 f"a JSON map of tensor names: {first_line(exc)}") from None
 
     def predict(self, batch: dict, signature_name: str | None = None) -> dict:
         sig = self.signature(signature_name)
@@ -240,10 +241,6 @@ def _checkpoint_prefix(local_dir: str) -> str:
     raise ModelLoadError(f"{local_dir} has {LEGACY_MARKER} but no checkpoint "
                          "(export.index and export.data-*)")
 
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
 __all__ = ["Model", "SavedModel", "LegacyExport", "Signature", "TensorInfo", "load",

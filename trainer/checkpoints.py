@@ -29,6 +29,7 @@ import tempfile
 import tensorflow as tf
 
 from mljob import contracts, storage
+from mljob.errors import first_line
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +113,9 @@ class CheckpointStore:
             except Exception as exc:  # noqa: BLE001 - TF's reader raises OpError,
                 # IndexError ("Read less bytes than requested"), ValueError, AssertionError
                 log.warning("checkpoint %s/%s-%d cannot be read (%s); trying the "
-                            "previous one", self.url, PREFIX, step, _first_line(exc))
+                            "previous one", self.url, PREFIX, step, first_line(exc, 200))
                 print(f"warning: checkpoint {PREFIX}-{step} cannot be read "
-                      f"({_first_line(exc)}); trying the previous one", flush=True)
+                      f"({first_line(exc, 200)}); trying the previous one", flush=True)
         return None
 
     # ---- writing -------------------------------------------------------------------
@@ -173,10 +174,6 @@ def _state_text(steps_newest_first: list[int]) -> str:
               for s in reversed(steps_newest_first)]
     return "\n".join(lines) + "\n"
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
 
 
 __all__ = ["CheckpointStore", "PREFIX", "STATE_FILE"]

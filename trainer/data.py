@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from mljob import storage
+from mljob.errors import first_line
 from trainer.errors import DataError
 
 IMAGES_MAGIC = 2051
@@ -184,7 +185,7 @@ def read_npz(url: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
                                 "x_train, y_train, x_test and y_test")
             arrays = {k: npz[k] for k in ("x_train", "y_train", "x_test", "y_test")}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
-        raise DataError(f"{url} is a damaged .npz ({_first_line(exc)}); "
+        raise DataError(f"{url} is a damaged .npz ({first_line(exc, 200)}); "
                         "download it again") from None
     out = {}
     for split, x, y in (("train", "x_train", "y_train"), ("test", "x_test", "y_test")):
@@ -226,12 +227,12 @@ def _read(url: str) -> bytes:
         raise DataError(f"{url} does not exist; check --data-dir / --train-files / "
                         "--eval-files") from None
     except (IsADirectoryError, storage.StorageError) as exc:
-        raise DataError(f"cannot read {url}: {_first_line(exc)}") from None
+        raise DataError(f"cannot read {url}: {first_line(exc, 200)}") from None
     if data.startswith(_GZIP_MAGIC):
         try:
             data = gzip.decompress(data)
         except (EOFError, OSError, zlib.error) as exc:
-            raise DataError(f"{url} is a damaged gzip file ({_first_line(exc)}); "
+            raise DataError(f"{url} is a damaged gzip file ({first_line(exc, 200)}); "
                             "download it again") from None
     return data
 
@@ -240,12 +241,8 @@ def _exists(url: str) -> bool:
     try:
         return storage.exists(url)
     except storage.StorageError as exc:
-        raise DataError(f"cannot read {url}: {_first_line(exc)}") from None
+        raise DataError(f"cannot read {url}: {first_line(exc, 200)}") from None
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
 
 
 # ---- pipelines -------------------------------------------------------------------------

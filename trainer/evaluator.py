@@ -15,6 +15,7 @@ import weakref
 
 import tensorflow as tf
 
+from mljob.errors import first_line
 from trainer import data as data_lib
 from trainer import model as model_lib
 from trainer.checkpoints import CheckpointStore
@@ -73,7 +74,7 @@ def run(config, stop: StopSignal, poll_seconds: float = POLL_SECONDS) -> int:
                 except (tf.errors.OpError, OSError, ValueError) as exc:
                     # Pruned or replaced under us: the next poll sees a newer one.
                     progress.line(f"warning: checkpoint step {step} cannot be read "
-                                  f"({str(exc).splitlines()[0][:200]}); waiting")
+                                  f"({first_line(exc, 200)}); waiting")
                 else:
                     loss, accuracy = evaluate(model, dataset)
                     progress.eval(step, loss, accuracy)
