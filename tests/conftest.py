@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 
-# free_ports and pid_alive are imported from here by the tests.
-from mljob.procs import free_ports, pid_alive, stop_process  # noqa: F401
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from mljob.procs import free_ports, stop_process
+from tests.support.common import ROOT, Reaper, reset_gcsfs, start_gcs_emulator
+from tests.support.submit_cli import write_package
 
 # Every process the tests start inherits these: quiet TensorFlow, fast failure detection,
 # no network probes from gcsfs, and a job index that never touches the user's home.
@@ -28,30 +24,6 @@ def _isolated_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("MLJOB_HOME", str(tmp_path_factory.mktemp("mljob-home")))
 
 
-class Reaper:
-    """Starts processes in their own process group and stops every one by PID at teardown:
-    SIGTERM, a grace period, then SIGKILL to the group."""
-
-    def __init__(self):
-        self.procs: list[subprocess.Popen] = []
-
-    def popen(self, args, **kwargs) -> subprocess.Popen:
-        kwargs.setdefault("start_new_session", True)
-        proc = subprocess.Popen(args, **kwargs)
-        self.procs.append(proc)
-        return proc
-
-    def python(self, *args, **kwargs) -> subprocess.Popen:
-        return self.popen([sys.executable, *args], **kwargs)
-
-    def stop(self, proc: subprocess.Popen, grace: float = 5.0) -> None:
-        stop_process(proc, grace)
-
-    def stop_all(self) -> None:
-        for proc in reversed(self.procs):
-            self.stop(proc)
-
-
 @pytest.fixture
 def reaper():
     r = Reaper()
@@ -59,26 +31,6 @@ def reaper():
         yield r
     finally:
         r.stop_all()
-
-
-def start_gcs_emulator(popen, port: int, bucket: str, *, in_memory: bool = True,
-                       cwd: str | None = None) -> subprocess.Popen:
-    """Start gcp-storage-emulator on 127.0.0.1:port with `bucket` through popen (which
-    must start it in its own session), and return once it answers."""
-    args = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
-            "--port", str(port), "--default-bucket", bucket, "-q"]
-    proc = popen(args + (["--in-memory"] if in_memory else []), cwd=cwd,
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/storage/v1/b", timeout=1).read()
-            return proc
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                stop_process(proc)
-                raise RuntimeError("the GCS emulator did not start")
-            time.sleep(0.1)
 
 
 @pytest.fixture(scope="session")
@@ -93,7 +45,7 @@ def gcs_emulator():
     try:
         old = os.environ.get("STORAGE_EMULATOR_HOST")
         os.environ["STORAGE_EMULATOR_HOST"] = url
-        _reset_gcsfs()
+        reset_gcsfs()
         yield url
     finally:
         if "old" in locals():
@@ -102,16 +54,13 @@ def gcs_emulator():
             else:
                 os.environ["STORAGE_EMULATOR_HOST"] = old
         stop_process(proc)
-        _reset_gcsfs()
+        reset_gcsfs()
 
 
-def _reset_gcsfs():
-    """gcsfs caches filesystem instances (and their endpoint); drop them."""
-    try:
-        import gcsfs
-        gcsfs.GCSFileSystem.clear_instance_cache()
-    except ImportError:
-        pass
+@pytest.fixture
+def pkg(tmp_path):
+    """A minimal training package (setup.py and `fakejob.task`) to submit."""
+    return write_package(tmp_path / "pkg")
 
 
 @pytest.fixture

@@ -1,0 +1,154 @@
+"""Replica failures under ParameterServerStrategy, through the real launcher.
+
+Each job is `python -m submit JOB --scale-tier CUSTOM --config (chief + 2 workers + 1 ps)
+--restart-policy ExitCode`, training the MLP with a fixed seed (Fashion-MNIST where
+installed, else the packaged sample).
+A test kills one replica (by the PID in the job record) part-way, and checks:
+
+- the job still SUCCEEDS and the chief's last line says `training finished: step=TOTAL`,
+  and the newest checkpoint is step TOTAL and every kept checkpoint restores;
+- a chief stopped between steps (SIGTERM, exit 143) resumes exactly where it stopped;
+  a chief or ps lost mid-step resumes from the newest checkpoint;
+- the export is as accurate as the undisturbed baseline's (shared by the module) within
+  one point, on the data's test set;
+- no process of the job outlives it: every PID ever recorded is dead afterwards.
+
+Timeouts bound every wait; nothing here measures speed.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import signal
+
+import pytest
+
+from tests.support.common import Reaper
+from tests.support.trainer_runs import read, wait_for
+
+from tests.support.faults import ACCURACY_POINTS, ARGS, CONFIG, DATA, JOB_TIMEOUT, \
+    STEP_TIMEOUT, TOTAL, Job, check_restorable, checkpoint_steps  # noqa: F401
+
+
+def restarts(record: dict) -> dict[str, int]:
+    return {r["label"]: r["restarts"] for r in record["replicas"]}
+
+
+def started_steps(job: Job) -> list[int]:
+    return [int(re.search(r" step=(\d+) ", t).group(1))
+            for t in job.chief_lines("training started:")]
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> float:
+    """The undisturbed job's export accuracy, shared by every test here."""
+    reaper = Reaper()
+    try:
+        job = Job(reaper, tmp_path_factory.mktemp("baseline"), "baseline")
+        record = job.finish()
+        assert set(restarts(record).values()) == {0}
+        assert started_steps(job) == [0]
+        return export_accuracy(os.path.join(job.job_dir, "model"))
+    finally:
+        reaper.stop_all()
+
+
+def export_accuracy(model_dir: str) -> float:
+    """Test accuracy of an export on the data's test set, through its serving signature."""
+    import numpy as np
+    import tensorflow as tf
+
+    from trainer import data
+    test = data.load(DATA)
+    serve = tf.saved_model.load(model_dir).signatures["serving_default"]
+    out = serve(image=tf.constant(data.to_float(test.test_images)),
+                key=tf.constant(np.arange(len(test.test_labels), dtype=np.int64)))
+    return float(np.mean(out["classes"].numpy() == test.test_labels))
+
+
+def check_accuracy(job: Job, baseline: float) -> None:
+    accuracy = export_accuracy(os.path.join(job.job_dir, "model"))
+    print(f"accuracy: {accuracy:.3f} (undisturbed {baseline:.3f})")
+    assert abs(accuracy - baseline) <= ACCURACY_POINTS, (accuracy, baseline)
+
+
+def test_killed_worker_is_restarted_and_the_job_finishes(reaper, tmp_path, baseline):
+    job = Job(reaper, tmp_path, "worker_kill")
+    job.wait_step(200)
+    first = job.kill("worker-replica-0", signal.SIGKILL)
+    # The coordinator goes on with worker 1 by itself ...
+    job.wait_step(job.last_step() + 100)
+    # ... then the chief is paused until the launcher has the dead worker serving again
+    # (same TF_CONFIG, same address, new PID), so the rest of the training overlaps its
+    # return on any machine.
+    chief = job.running_pid("master-replica-0")
+    os.kill(chief, signal.SIGSTOP)
+    try:
+        job.running_pid("worker-replica-0", other_than=first)
+        log = os.path.join(job.job_dir, "logs", "worker-replica-0.log")
+        address = re.search(r"serving worker 0 at (\S+)", read(log)).group(1)
+        wait_for(lambda: read(log).count(f"serving worker 0 at {address}") == 2, 120,
+                 "the restarted worker serving on the same address")
+    finally:
+        os.kill(chief, signal.SIGCONT)
+    assert job.last_step() < TOTAL
+    record = job.finish()
+    # The coordinator kept going: the chief never restarted.
+    assert restarts(record) == {"master-replica-0": 0, "worker-replica-0": 1,
+                                "worker-replica-1": 0, "ps-replica-0": 0}
+    assert started_steps(job) == [0]
+    check_accuracy(job, baseline)
+
+
+def test_killed_ps_restarts_ps_and_chief_from_the_latest_checkpoint(reaper, tmp_path,
+                                                                    baseline):
+    job = Job(reaper, tmp_path, "ps_kill")
+    job.wait_step(300)
+    job.kill("ps-replica-0", signal.SIGKILL)
+    wait_for(lambda: job.replica("master-replica-0").get("restarts", 0) >= 1, 120,
+             "the chief restarted")
+    assert "ps-replica-0 (127.0.0.1:" in "\n".join(job.chief_lines("error:"))
+    record = job.finish()
+    assert {r["label"]: r["exit_code"] for r in record["replicas"]}["master-replica-0"] == 0
+    assert restarts(record)["ps-replica-0"] == 1
+    assert restarts(record)["master-replica-0"] >= 1
+    assert [line for line in job.chief_lines("error:") if "stopped answering" in line]
+    starts = started_steps(job)
+    assert starts[0] == 0 and 100 <= starts[-1] < TOTAL and starts[-1] % 100 == 0
+    check_accuracy(job, baseline)
+
+
+def test_chief_preempted_then_killed_resumes_without_losing_a_step(reaper, tmp_path,
+                                                                  baseline):
+    job = Job(reaper, tmp_path, "chief_faults")
+    # SIGTERM (preemption, between steps): the chief saves and exits 143.
+    job.wait_step(200)
+    job.kill("master-replica-0", signal.SIGTERM)
+    wait_for(lambda: "master-replica-0 exited with status 143; restarting" in read(job.out),
+             60, "the launcher restarting the chief after its exit 143")
+    stopped = wait_for(lambda: job.chief_lines("error: stopped at step "), 30,
+                       "the chief's stop line")
+    stopped_at = int(re.match(r"error: stopped at step (\d+)", stopped[-1]).group(1))
+    lines = job.chief_lines()
+    starts = [i for i, t in enumerate(lines) if t.startswith("training started:")]
+    first_run = lines[:starts[1]] if len(starts) > 1 else lines
+    logged = max(int(re.match(r"step (\d+)/", t).group(1))
+                 for t in first_run if t.startswith("step "))
+    assert stopped_at >= logged >= 200
+    wait_for(lambda: len(started_steps(job)) >= 2, STEP_TIMEOUT, "the chief's restart")
+    assert started_steps(job)[1] == stopped_at  # exactly: no completed step lost
+    # SIGKILL (mid-step): the next start resumes from the newest checkpoint.
+    job.wait_step(stopped_at + 200)
+    job.kill("master-replica-0", signal.SIGKILL)
+    # Newest by its index file (written after the data): what the chief restores, even
+    # when the kill came before the state file named it.
+    newest = max(int(re.search(r"ckpt-(\d+)\.index$", p).group(1)) for p in
+                 glob.glob(os.path.join(job.job_dir, "checkpoints", "ckpt-*.index")))
+    assert newest > stopped_at
+    record = job.finish()
+    assert started_steps(job) == [0, stopped_at, newest]
+    # Workers and ps served the new chief as they were: not restarted.
+    assert restarts(record) == {"master-replica-0": 2, "worker-replica-0": 0,
+                                "worker-replica-1": 0, "ps-replica-0": 0}
+    check_accuracy(job, baseline)

@@ -1,0 +1,127 @@
+"""Restart policies in the local runner, per replica type, with a tiny package of our own
+(no TensorFlow) whose ps fails in a chosen way: ExitCode restarts statuses 128-255 and
+never 1-127, back-off doubles, config.yaml sets the policy per replica type and the flags
+override it, a ps that exits 0 while the chief runs (stopped by SIGTERM) counts as
+preempted, and the job record counts restarts per replica."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.support.common import pid_alive
+from submit import jobs as records
+from submit.__main__ import main
+from submit.runners.local import should_restart
+
+FAKE_TASK = r'''
+import json, os, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+job_dir = sys.argv[sys.argv.index("--job-dir") + 1]
+if task["type"] == "ps":
+    # Fail with each status of FAKE_PS_EXITS in turn (one per start), then serve.
+    starts = os.path.join(job_dir, "ps-starts")
+    n = len(open(starts).read()) if os.path.exists(starts) else 0
+    with open(starts, "a") as f:
+        f.write("x")
+    exits = [int(s) for s in os.environ.get("FAKE_PS_EXITS", "").split(",") if s]
+    if n < len(exits):
+        time.sleep(0.3)
+        sys.exit(exits[n])
+if task["type"] == "chief":
+    time.sleep(float(os.environ.get("FAKE_CHIEF_SLEEP", "6")))
+    sys.exit(0)
+time.sleep(600)
+'''
+
+
+@pytest.fixture
+def pkg(tmp_path):
+    folder = tmp_path / "pkg"
+    (folder / "fakejob").mkdir(parents=True)
+    (folder / "setup.py").write_text('from setuptools import setup\nsetup(name="fakejob", '
+                                     'version="0.1", packages=["fakejob"])\n')
+    (folder / "fakejob" / "__init__.py").write_text("")
+    (folder / "fakejob" / "task.py").write_text(FAKE_TASK)
+    return str(folder)
+
+
+def run_job(capsys, tmp_path, pkg, job_id, ps_config="", *flags):
+    config = tmp_path / f"{job_id}.yaml"
+    config.write_text("trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"
+                      "  workerCount: 1\n  parameterServerCount: 1\n" + ps_config)
+    status = main([job_id, "--job-dir", str(tmp_path / job_id), "--package-path", pkg,
+                   "--module-name", "fakejob.task", "--config", str(config), *flags],
+                  standalone_mode=False)
+    out, err = capsys.readouterr()
+    record = records.load(job_id)
+    assert [r.pid for r in record.replicas if r.pid and pid_alive(r.pid)] == []
+    return status, out, err, record
+
+
+def ps_restarts(record) -> int:
+    return {r.label: r.restarts for r in record.replicas}["ps-replica-0"]
+
+
+@pytest.mark.parametrize("status,policy,chief,restart", [
+    (1, "ExitCode", False, False), (2, "ExitCode", False, False),
+    (127, "ExitCode", False, False), (128, "ExitCode", False, True),
+    (137, "ExitCode", False, True), (143, "ExitCode", True, True),
+    (200, "ExitCode", True, True), (255, "ExitCode", False, True),
+    (0, "ExitCode", True, False), (1, "OnFailure", True, True), (0, "OnFailure", False, False),
+    (0, "Always", False, True), (0, "Always", True, False), (200, "Never", False, False)])
+def test_policy_decides_which_statuses_restart(status, policy, chief, restart):
+    assert should_restart(policy, status, is_chief=chief) is restart
+
+
+def test_per_type_policy_from_config_restarts_with_back_off(capsys, tmp_path, pkg,
+                                                            monkeypatch):
+    monkeypatch.setenv("FAKE_PS_EXITS", "137,200")   # killed, then peer lost: both retryable
+    status, out, err, record = run_job(
+        capsys, tmp_path, pkg, "pertype",
+        "  parameterServerConfig:\n    restartPolicy: ExitCode\n    maxRestarts: 2\n")
+    assert status == 0, err
+    assert "ps-replica-0 exited with status 137; restarting in 1 s" in out
+    assert "ps-replica-0 exited with status 200; restarting in 2 s" in out
+    assert record.state == records.SUCCEEDED and ps_restarts(record) == 2
+    assert {r.label: r.restarts for r in record.replicas}["master-replica-0"] == 0
+
+
+def test_exit_code_policy_never_restarts_a_permanent_failure(capsys, tmp_path, pkg,
+                                                             monkeypatch):
+    monkeypatch.setenv("FAKE_PS_EXITS", "3")
+    status, out, err, record = run_job(capsys, tmp_path, pkg, "permanent", "",
+                                       "--restart-policy", "ExitCode", "--max-restarts", "3")
+    assert status == 1 and "ps-replica-0 exited with a non-zero status of 3" in err
+    assert "restarting" not in out
+    assert record.state == records.FAILED and ps_restarts(record) == 0
+
+
+def test_restarts_run_out(capsys, tmp_path, pkg, monkeypatch):
+    monkeypatch.setenv("FAKE_PS_EXITS", "200,200")
+    status, _, err, record = run_job(
+        capsys, tmp_path, pkg, "runout",
+        "  parameterServerConfig: {restartPolicy: ExitCode, maxRestarts: 1}\n")
+    assert status == 1 and "non-zero status of 200" in err
+    assert ps_restarts(record) == 1
+
+
+def test_flags_override_the_config_policy(capsys, tmp_path, pkg, monkeypatch):
+    monkeypatch.setenv("FAKE_PS_EXITS", "200")
+    status, out, err, record = run_job(
+        capsys, tmp_path, pkg, "override",
+        "  parameterServerConfig: {restartPolicy: ExitCode, maxRestarts: 2}\n",
+        "--restart-policy", "Never")
+    assert status == 1 and "non-zero status of 200" in err
+    assert ps_restarts(record) == 0
+
+
+def test_a_server_stopped_while_the_chief_runs_is_restarted_as_preempted(
+        capsys, tmp_path, pkg, monkeypatch):
+    monkeypatch.setenv("FAKE_PS_EXITS", "0")   # what a ps does on SIGTERM
+    status, out, err, record = run_job(capsys, tmp_path, pkg, "preempted", "",
+                                       "--restart-policy", "ExitCode", "--max-restarts", "1")
+    assert status == 0, err
+    assert "ps-replica-0 exited with status 0; restarting in 1 s" in out
+    assert ps_restarts(record) == 1
+    assert len(open(os.path.join(tmp_path, "preempted", "ps-starts")).read()) == 2

@@ -1,0 +1,66 @@
+"""Helpers the tests share: the project root, processes started and stopped by PID, and a
+real GCS emulator. Fixtures that use them are in tests/conftest.py."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+from mljob.procs import free_ports, pid_alive, stop_process  # noqa: F401
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Reaper:
+    """Starts processes in their own process group and stops every one by PID at teardown:
+    SIGTERM, a grace period, then SIGKILL to the group."""
+
+    def __init__(self):
+        self.procs: list[subprocess.Popen] = []
+
+    def popen(self, args, **kwargs) -> subprocess.Popen:
+        kwargs.setdefault("start_new_session", True)
+        proc = subprocess.Popen(args, **kwargs)
+        self.procs.append(proc)
+        return proc
+
+    def python(self, *args, **kwargs) -> subprocess.Popen:
+        return self.popen([sys.executable, *args], **kwargs)
+
+    def stop(self, proc: subprocess.Popen, grace: float = 5.0) -> None:
+        stop_process(proc, grace)
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            self.stop(proc)
+
+
+def start_gcs_emulator(popen, port: int, bucket: str, *, in_memory: bool = True,
+                       cwd: str | None = None) -> subprocess.Popen:
+    """Start gcp-storage-emulator on 127.0.0.1:port with `bucket` through popen (which
+    must start it in its own session), and return once it answers."""
+    args = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+            "--port", str(port), "--default-bucket", bucket, "-q"]
+    proc = popen(args + (["--in-memory"] if in_memory else []), cwd=cwd,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/storage/v1/b", timeout=1).read()
+            return proc
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                stop_process(proc)
+                raise RuntimeError("the GCS emulator did not start")
+            time.sleep(0.1)
+
+
+def reset_gcsfs():
+    """gcsfs caches filesystem instances (and their endpoint); drop them."""
+    try:
+        import gcsfs
+        gcsfs.GCSFileSystem.clear_instance_cache()
+    except ImportError:
+        pass

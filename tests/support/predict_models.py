@@ -1,0 +1,128 @@
+"""Exports for the predictor's tests and benchmark: the trainer's SavedModel (through
+`trainer.export.export` when it exists) and a seeds-style TF1 `export.meta` export."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+
+def saved_model_export(path: str, seed: int = 7) -> str:
+    """An MLP export with the contract's signatures at path (a local folder or URL)."""
+    from trainer import model as models
+    weights = models.build("mlp", seed=seed).get_weights()
+    try:
+        from trainer.export import export
+    except ImportError:
+        export = _export_like_the_contract
+    export("mlp", weights, path)
+    return path
+
+
+def _export_like_the_contract(model_name: str, weights: list, path: str) -> None:
+    """Stand-in for trainer.export.export until it lands: same signatures, same dtypes."""
+    import tensorflow as tf
+    from trainer import model as models
+
+    model = models.build(model_name)
+    model.set_weights(weights)
+
+    class Serving(tf.Module):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def _run(self, image):
+            scores = tf.nn.softmax(self.net(image, training=False))
+            return scores, tf.argmax(scores, axis=1, output_type=tf.int64)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 784], tf.float32, "image"),
+                                      tf.TensorSpec([None], tf.int64, "key")])
+        def serve(self, image, key):
+            scores, classes = self._run(image)
+            return {"key": tf.identity(key), "scores": scores, "classes": classes}
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 784], tf.float32, "image")])
+        def predict_images(self, image):
+            scores, classes = self._run(image)
+            return {"scores": scores, "classes": classes}
+
+    module = Serving(model)
+    tf.saved_model.save(module, path, signatures={
+        "serving_default": module.serve, "predict_images": module.predict_images})
+
+
+def legacy_export(path: str, seed: int = 3) -> str:
+    """The seeds' TF1 export: placeholders key int64 [None] and image float32 [None,784],
+    one dense layer, softmax scores; JSON `inputs`/`outputs` collections; Saver files
+    export.index/export.data-*/checkpoint and export.meta."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    os.makedirs(path, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    graph = tf.Graph()
+    with graph.as_default():
+        key = v1.placeholder(tf.int64, [None], name="key")
+        image = v1.placeholder(tf.float32, [None, 784], name="image")
+        weights = v1.get_variable(
+            "softmax/weights", initializer=rng.normal(0, 0.1, (784, 10)).astype(np.float32))
+        bias = v1.get_variable("softmax/bias",
+                               initializer=rng.normal(0, 0.1, 10).astype(np.float32))
+        scores = tf.nn.softmax(tf.matmul(image, weights) + bias, name="scores")
+        key_out = tf.identity(key, name="key_out")
+        v1.add_to_collection("inputs", json.dumps({"key": key.name, "image": image.name}))
+        v1.add_to_collection("outputs", json.dumps({"key": key_out.name,
+                                                     "scores": scores.name}))
+        saver = v1.train.Saver()
+        with v1.Session(graph=graph) as sess:
+            sess.run(v1.global_variables_initializer())
+            prefix = os.path.join(path, "export")
+            saver.save(sess, prefix, write_meta_graph=False)
+            saver.export_meta_graph(prefix + ".meta")
+    return path
+
+
+def legacy_reference(path: str, images: np.ndarray) -> np.ndarray:
+    """The legacy export's scores computed with numpy from its checkpoint."""
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(os.path.join(path, "export"))
+    logits = images @ reader.get_tensor("softmax/weights") + reader.get_tensor("softmax/bias")
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def images(n: int, seed: int = 0) -> np.ndarray:
+    """n float32 images in [0, 1], rounded so JSON and Python literals carry them exactly."""
+    return np.random.default_rng(seed).random((n, 784)).round(3).astype(np.float32)
+
+
+def instance_lines(imgs: np.ndarray, keys=None) -> str:
+    keys = range(len(imgs)) if keys is None else keys
+    return "".join(json.dumps({"image": img.tolist(), "key": int(k)}) + "\n"
+                   for img, k in zip(imgs, keys))
+
+
+def start_server(popen, model_dir: str, *extra: str, timeout: float = 60.0):
+    """Start `python -m predict serve` with popen (the reaper's) on a free port and wait
+    for its ready line; returns (process, base URL)."""
+    import select
+    import subprocess
+    import sys
+    import time
+    from tests.support.common import free_ports
+    port = free_ports(1)[0]
+    proc = popen([sys.executable, "-m", "predict", "serve", "--model-dir", model_dir,
+                  "--port", str(port), *extra],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            if line.startswith("serving model "):
+                return proc, f"http://127.0.0.1:{port}"
+            if not line and proc.poll() is not None:
+                break
+    raise AssertionError(f"server did not become ready: {proc.poll()=} "
+                         f"{proc.stderr.read() if proc.poll() is not None else ''}")
