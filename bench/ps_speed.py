@@ -1,0 +1,120 @@
+"""Parameter-server training: mljob's TensorFlow 2 path beside TensorFlow 1's
+between-graph replication (`bench/tf1_baseline.py`), side by side in one run.
+
+    python -m bench.ps_speed                      # MLP and CNN, every setup
+    python -m bench.ps_speed --model mlp --quick
+    python -m bench.ps_speed --extra=--ps-cache-variables   # ours with a lever
+
+Setups, each for the MLP (784-100-10) and the CNN, batch 100, periodic evaluation and
+checkpoints outside the timed window: mljob single node; mljob chief + 2 workers + 1 ps;
+TF1 master + 2 workers + 1 ps with Adam (the trainer's optimiser) and with plain SGD.
+Reported: examples/s after warm-up (from the leader's progress lines), CPU-seconds per
+example across all replicas, and the ratios the goal is stated in: ours over TF1's, and
+ours over our own single node.
+
+Writes bench/results/ps_speed.json and ps_speed.png.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from bench import common
+
+WORKERS, PS = 2, 1
+
+
+def setups(model: str, steps: int, every: int, batch: int, job_dir: str,
+           extra: list[str]) -> list[tuple[str, str, list[str], int, int]]:
+    """(label, module, args, workers, ps) of every configuration, in run order."""
+    ours = common.trainer_args(model, steps, every, batch, job_dir)
+    tf1 = ["--model", model, "--train-steps", str(steps), "--batch-size", str(batch),
+           "--log-every", str(every)]
+    return [
+        ("mljob single node", "trainer.task", ours, 0, 0),
+        ("mljob ps", "trainer.task", ours + extra, WORKERS, PS),
+        ("tf1 ps adam", "bench.tf1_baseline", tf1 + ["--optimizer", "adam"], WORKERS, PS),
+        ("tf1 ps sgd", "bench.tf1_baseline", tf1 + ["--optimizer", "sgd"], WORKERS, PS),
+    ]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.ps_speed", allow_abbrev=False)
+    p.add_argument("--model", choices=("mlp", "cnn"), action="append")
+    p.add_argument("--train-steps", type=int, default=None,
+                   help="default: 3000 for the MLP, 300 for the CNN")
+    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--extra", default="", help="flags added to mljob's ps run")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--timeout", type=float, default=900)
+    args = p.parse_args(argv)
+    models = args.model or ["mlp", "cnn"]
+    extra = shlex.split(args.extra)
+    load_before = common.load_average()
+    runs = []
+    try:
+        for model in models:
+            steps = args.train_steps or (3000 if model == "mlp" else 300)
+            if args.quick:
+                steps //= 5
+            every = max(20, steps // 10 - (steps // 10) % 20)
+            for label, module, targs, workers, ps in setups(model, steps, every,
+                                                            args.batch_size, "JOB_DIR", extra):
+                with common.TempJobDir() as job_dir:
+                    targs = [job_dir if a == "JOB_DIR" else a for a in targs]
+                    record = common.measure(f"{model}: {label}", targs, module=module,
+                                            batch_size=args.batch_size, workers=workers,
+                                            ps=ps, timeout=args.timeout)
+                record.update(model=model, setup=label, train_steps=steps)
+                if record.get("cpu_ms_per_step"):
+                    record["cpu_s_per_example"] = round(
+                        record["cpu_ms_per_step"] / 1000 / args.batch_size, 7)
+                runs.append(record)
+    except KeyboardInterrupt:
+        print("interrupted; every process stopped", file=sys.stderr)
+        return 130
+    ratios = summarise(runs)
+    common.write_json("ps_speed", {"batch_size": args.batch_size, "extra": extra,
+                                   "quick": args.quick, "runs": runs, "ratios": ratios},
+                      load_before)
+    plot(runs)
+    for r in runs:
+        print(f"{r['label']:28s} {r.get('examples_per_s', 'failed')!s:>10} examples/s  "
+              f"{r.get('cpu_s_per_example', '-')} CPU-s/example")
+    for model, row in ratios.items():
+        print(f"{model}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
+    return 0
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Per model: ours over TF1 (Adam, SGD) and ours over our single node."""
+    out = {}
+    for model in dict.fromkeys(r["model"] for r in runs):
+        rate = {r["setup"]: r.get("examples_per_s") for r in runs if r["model"] == model}
+        ours = rate.get("mljob ps")
+        row = {}
+        for other, name in (("tf1 ps adam", "vs_tf1_adam"), ("tf1 ps sgd", "vs_tf1_sgd"),
+                            ("mljob single node", "vs_own_single_node")):
+            if ours and rate.get(other):
+                row[name] = round(ours / rate[other], 3)
+        out[model] = row
+    return out
+
+
+def plot(runs: list[dict]) -> None:
+    plt = common.pyplot()
+    models = list(dict.fromkeys(r["model"] for r in runs))
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        rows = [r for r in runs if r["model"] == model]
+        ax.bar([r["setup"] for r in rows], [r.get("examples_per_s", 0) for r in rows],
+               color=["#777", "#1f77b4", "#d62728", "#ff7f0e"][:len(rows)])
+        ax.set_title(f"{model.upper()}: examples/s (chief + {WORKERS} workers + {PS} ps)")
+        ax.tick_params(axis="x", labelrotation=20)
+    fig.tight_layout()
+    common.save_figure(fig, "ps_speed")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
