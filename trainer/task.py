@@ -101,6 +101,8 @@ def parser() -> argparse.ArgumentParser:
         "trainer.train.STEPS_PER_EXECUTION)")
     add("--ps-shards", type=_non_negative, default=0,
         help="shards per variable over the ps: 0 automatic, 1 none, N fixed")
+    add("--ps-cache-reads", action="store_true",
+        help="under ps: each scheduled function reads the weights once, not every step")
     add("--strategy", choices=cluster_lib.STRATEGIES, default="auto")
     add("--data-dir", help="folder with the four IDX files or mnist.npz")
     add("--train-files", help="comma-separated training files (IDX pair or .npz)")
@@ -195,6 +197,7 @@ def config_from(args: argparse.Namespace, outputs: Outputs):
         keep_checkpoints=args.keep_checkpoints,
         steps_per_execution=args.steps_per_execution or STEPS_PER_EXECUTION,
         ps_shards=args.ps_shards,
+        ps_cache_reads=args.ps_cache_reads,
         strategy=args.strategy, data_dir=args.data_dir, train_files=args.train_files,
         eval_files=args.eval_files, log_every=args.log_every, seed=args.seed,
         dropout=args.dropout, mixed_precision=args.mixed_precision)

@@ -83,6 +83,7 @@ class TrainConfig:
     seed: int | None = None
     dropout: float = 0.4
     mixed_precision: str = "off"    # or "mixed_bfloat16"; variables stay float32
+    ps_cache_reads: bool = False    # under ps: read the weights once per scheduled function
 
     def __post_init__(self):
         for field, folder in (("export_url", "model"), ("checkpoint_url", "checkpoints"),
@@ -116,6 +117,7 @@ class Replica:
             optimizer=list(self.optimizer.variables), step=self.step)
         self._chunk = tf.function(self._train_chunk)
         self._iterator = None
+        self.cache_reads = bool(config.ps_cache_reads and coordinator is not None)
 
     def shards(self) -> dict[str, int]:
         return {w.path: len(weight_parts(w)) for w in self.model.weights}
@@ -143,24 +145,52 @@ class Replica:
 
         self._iterator = iter(self.strategy.distribute_datasets_from_function(replica_fn))
 
-    def _train_step(self, images, labels):
+    def _train_step(self, images, labels, cached=None):
         with tf.GradientTape() as tape:
-            logits = self.model(images, training=True)
+            if cached is None:
+                logits = self.model(images, training=True)
+            else:
+                logits = self._cached_forward(images, cached, tape)
             per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
             # --batch-size examples a step: split over the replicas under multiworker
             # and mirrored (whose SUM of these is the mean), one worker's batch under ps.
             loss = tf.nn.compute_average_loss(per_example,
                                               global_batch_size=self.config.batch_size)
-        grads = tape.gradient(loss, self.parts)
+        grads = tape.gradient(loss, self.parts if cached is None else cached)
         self.optimizer.apply_gradients(zip(grads, self.parts))
         correct = tf.cast(tf.equal(tf.argmax(logits, axis=1), labels), tf.float32)
         return loss, tf.reduce_mean(correct)
 
+    def _read_parts(self):
+        """The trainable weights' parts, read once onto this worker (--ps-cache-reads)."""
+        return [tf.identity(p) for p in self.parts]
+
+    def _cached_forward(self, images, cached, tape):
+        """The model on the worker's copy of its weights (read at the start of the
+        scheduled function, as TF1's caching_device did): the gradient is taken with
+        respect to the copy and applied to the ps's variables. Non-trainable state the
+        call updates (dropout's seed) is written back."""
+        tape.watch(cached)
+        mapping, at = [], 0
+        for w in self.model.trainable_weights:
+            n = len(weight_parts(w))
+            parts = cached[at:at + n]
+            at += n
+            mapping.append((w, parts[0] if n == 1 else tf.concat(parts, axis=0)))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            logits = self.model(images, training=True)
+        for v in self.model.non_trainable_variables:
+            new = scope.get_current_value(v)
+            if new is not None:
+                v.assign(new)
+        return logits
+
     def _train_chunk(self, iterator, num_steps, stop_flag):
+        cached = (self.strategy.run(self._read_parts),) if self.cache_reads else ()
         # Steps before the last return nothing: fetching values costs a round trip.
         for _ in tf.range(num_steps - 1):
-            self.strategy.run(self._train_step, args=next(iterator))
-        loss, accuracy = self.strategy.run(self._train_step, args=next(iterator))
+            self.strategy.run(self._train_step, args=(*next(iterator), *cached))
+        loss, accuracy = self.strategy.run(self._train_step, args=(*next(iterator), *cached))
         sum_, mean = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
         stops = stop_flag
         if self.agree_on_stop:  # how many replicas were asked to stop, the same on all
