@@ -6,8 +6,11 @@ between-graph replication (`bench/tf1_baseline.py`), side by side in one run.
     python -m bench.ps_speed --extra=--ps-cache-variables   # ours with a lever
 
 Setups, each for the MLP (784-100-10) and the CNN, batch 100, periodic evaluation and
-checkpoints outside the timed window: mljob single node; mljob chief + 2 workers + 1 ps;
-TF1 master + 2 workers + 1 ps with Adam (the trainer's optimiser) and with plain SGD.
+checkpoints outside the timed window: mljob single node; mljob chief + 2 workers + 1 ps
+step by step (`--no-ps-local-steps`, one read and one update on the ps per step) and
+with local steps (each scheduled function trains the worker's copy, one read and one
+write per function); TF1 master + 2 workers + 1 ps with Adam (the trainer's optimiser)
+and with plain SGD. Test accuracy after the run is recorded for mljob's setups.
 Reported: examples/s after warm-up (from the leader's progress lines), CPU-seconds per
 example across all replicas, and the ratios the goal is stated in: ours over TF1's, and
 ours over our own single node.
@@ -28,12 +31,15 @@ WORKERS, PS = 2, 1
 def setups(model: str, steps: int, every: int, batch: int, job_dir: str,
            extra: list[str]) -> list[tuple[str, str, list[str], int, int]]:
     """(label, module, args, workers, ps) of every configuration, in run order."""
-    ours = common.trainer_args(model, steps, every, batch, job_dir)
+    # Evaluated once at the end, after the timed window: test accuracy beside speed.
+    ours = common.trainer_args(model, steps, every, batch, job_dir, eval_every=steps)
     tf1 = ["--model", model, "--train-steps", str(steps), "--batch-size", str(batch),
            "--log-every", str(every)]
     return [
         ("mljob single node", "trainer.task", ours, 0, 0),
-        ("mljob ps", "trainer.task", ours + extra, WORKERS, PS),
+        ("mljob ps step by step", "trainer.task", ours + ["--no-ps-local-steps"], WORKERS,
+         PS),
+        ("mljob ps", "trainer.task", ours + ["--ps-local-steps"] + extra, WORKERS, PS),
         ("tf1 ps adam", "bench.tf1_baseline", tf1 + ["--optimizer", "adam"], WORKERS, PS),
         ("tf1 ps sgd", "bench.tf1_baseline", tf1 + ["--optimizer", "sgd"], WORKERS, PS),
     ]
@@ -95,9 +101,15 @@ def summarise(runs: list[dict]) -> dict:
         ours = rate.get("mljob ps")
         row = {}
         for other, name in (("tf1 ps adam", "vs_tf1_adam"), ("tf1 ps sgd", "vs_tf1_sgd"),
-                            ("mljob single node", "vs_own_single_node")):
+                            ("mljob single node", "vs_own_single_node"),
+                            ("mljob ps step by step", "vs_step_by_step")):
             if ours and rate.get(other):
                 row[name] = round(ours / rate[other], 3)
+        accuracy = {r["setup"]: r.get("final_test_accuracy") for r in runs
+                    if r["model"] == model}
+        if accuracy.get("mljob ps") and accuracy.get("mljob ps step by step"):
+            row["accuracy_points_vs_step_by_step"] = round(
+                100 * (accuracy["mljob ps"] - accuracy["mljob ps step by step"]), 2)
         out[model] = row
     return out
 
@@ -109,7 +121,7 @@ def plot(runs: list[dict]) -> None:
     for ax, model in zip(axes[0], models, strict=True):
         rows = [r for r in runs if r["model"] == model]
         ax.bar([r["setup"] for r in rows], [r.get("examples_per_s", 0) for r in rows],
-               color=["#777", "#1f77b4", "#d62728", "#ff7f0e"][:len(rows)])
+               color=["#777", "#9ecae1", "#1f77b4", "#d62728", "#ff7f0e"][:len(rows)])
         ax.set_title(f"{model.upper()}: examples/s (chief + {WORKERS} workers + {PS} ps)")
         ax.tick_params(axis="x", labelrotation=20)
     fig.tight_layout()

@@ -103,6 +103,9 @@ def parser() -> argparse.ArgumentParser:
         help="shards per variable over the ps: 0 automatic, 1 none, N fixed")
     add("--ps-cache-reads", action="store_true",
         help="under ps: each scheduled function reads the weights once, not every step")
+    add("--ps-local-steps", action=argparse.BooleanOptionalAction, default=False,
+        help="under ps: each scheduled function trains a local copy of the weights and "
+        "adds the change to the ps (one read and one write per function)")
     add("--strategy", choices=cluster_lib.STRATEGIES, default="auto")
     add("--data-dir", help="folder with the four IDX files or mnist.npz")
     add("--train-files", help="comma-separated training files (IDX pair or .npz)")
@@ -198,6 +201,7 @@ def config_from(args: argparse.Namespace, outputs: Outputs):
         steps_per_execution=args.steps_per_execution or STEPS_PER_EXECUTION,
         ps_shards=args.ps_shards,
         ps_cache_reads=args.ps_cache_reads,
+        ps_local_steps=args.ps_local_steps,
         strategy=args.strategy, data_dir=args.data_dir, train_files=args.train_files,
         eval_files=args.eval_files, log_every=args.log_every, seed=args.seed,
         dropout=args.dropout, mixed_precision=args.mixed_precision)

@@ -84,6 +84,7 @@ class TrainConfig:
     dropout: float = 0.4
     mixed_precision: str = "off"    # or "mixed_bfloat16"; variables stay float32
     ps_cache_reads: bool = False    # under ps: read the weights once per scheduled function
+    ps_local_steps: bool = False    # under ps: a scheduled function's steps train a local copy
 
     def __post_init__(self):
         for field, folder in (("export_url", "model"), ("checkpoint_url", "checkpoints"),
@@ -118,6 +119,8 @@ class Replica:
         self._chunk = tf.function(self._train_chunk)
         self._iterator = None
         self.cache_reads = bool(config.ps_cache_reads and coordinator is not None)
+        if config.ps_local_steps and coordinator is not None:
+            self._chunk = tf.function(self._local_chunk)
 
     def shards(self) -> dict[str, int]:
         return {w.path: len(weight_parts(w)) for w in self.model.weights}
@@ -198,6 +201,61 @@ class Replica:
             stops = self.strategy.experimental_local_results(stops)[0]
         return (self.strategy.reduce(sum_, loss, axis=None),
                 self.strategy.reduce(mean, accuracy, axis=None), stops)
+
+    def _local_chunk(self, iterator, num_steps, stop_flag):
+        """--ps-local-steps: the scheduled function reads the weights and Adam's state
+        from the ps once, runs its num_steps steps on this worker's copy (Adam exactly as
+        Keras computes it), then adds the change of each to the ps. With one worker this
+        is the same training as one step at a time; with several, a worker's change was
+        computed from weights up to one scheduled function old."""
+        opt = self.optimizer
+        moments = [opt._momentums[opt._get_variable_index(p)] for p in self.parts]
+        velocities = [opt._velocities[opt._get_variable_index(p)] for p in self.parts]
+        state = self.model.non_trainable_variables
+        start = [[tf.identity(v.value if hasattr(v, "value") else v) for v in group]
+                 for group in (self.parts, moments, velocities, state)]
+        t0 = tf.identity(opt.iterations)
+        lr = tf.cast(opt.learning_rate, tf.float32)
+        b1, b2, eps = opt.beta_1, opt.beta_2, opt.epsilon
+
+        def step(i, weights, ms, vs, ns, _loss, _accuracy):
+            images, labels = next(iterator)
+            with tf.GradientTape() as tape:
+                tape.watch(weights)
+                mapping = list(zip(state, ns))
+                at = 0
+                for w in self.model.trainable_weights:
+                    n = len(weight_parts(w))
+                    parts = weights[at:at + n]
+                    at += n
+                    mapping.append((w, parts[0] if n == 1 else tf.concat(parts, axis=0)))
+                with keras.StatelessScope(state_mapping=mapping) as scope:
+                    logits = self.model(images, training=True)
+                per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+                loss = tf.nn.compute_average_loss(per_example,
+                                                  global_batch_size=self.config.batch_size)
+            grads = tape.gradient(loss, weights)
+            t = tf.cast(t0 + tf.cast(i, t0.dtype) + 1, tf.float32)
+            alpha = lr * tf.sqrt(1 - tf.pow(b2, t)) / (1 - tf.pow(b1, t))
+            ms = [m + (g - m) * (1 - b1) for m, g in zip(ms, grads, strict=True)]
+            vs = [v + (tf.square(g) - v) * (1 - b2) for v, g in zip(vs, grads, strict=True)]
+            weights = [w - m * alpha / (tf.sqrt(v) + eps)
+                       for w, m, v in zip(weights, ms, vs, strict=True)]
+            ns = [scope.get_current_value(v) if scope.get_current_value(v) is not None
+                  else n for v, n in zip(state, ns, strict=True)]
+            correct = tf.cast(tf.equal(tf.argmax(logits, axis=1), labels), tf.float32)
+            return i + 1, weights, ms, vs, ns, loss, tf.reduce_mean(correct)
+
+        _, *end, loss, accuracy = tf.while_loop(
+            lambda i, *_: i < num_steps, step,
+            (tf.constant(0), *start, tf.constant(0.0), tf.constant(0.0)))
+        for group, before, after in zip((self.parts, moments, velocities), start, end):
+            for var, old, new in zip(group, before, after, strict=True):
+                var.assign_add(new - old)
+        for var, new in zip(state, end[3], strict=True):
+            var.assign(new)
+        opt.iterations.assign_add(tf.cast(num_steps, opt.iterations.dtype))
+        return loss, accuracy, stop_flag
 
     def run_chunk(self, num_steps: int, stop: bool = False):
         """Run (or, under ps, schedule) num_steps steps; a handle for `result`. `stop`
