@@ -19,7 +19,8 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from submit import spec as specs
 from submit.package import Package
@@ -74,6 +75,9 @@ class JobPlan:
     replicas: tuple[ReplicaPlan, ...]
     restart_policy: str = "Never"
     max_restarts: int = 0
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    max_running_time: float | None = None   # seconds, scheduling.maxRunningTime
+    max_wait_time: float | None = None      # seconds, scheduling.maxWaitTime
 
     @property
     def chief(self) -> ReplicaPlan:
@@ -163,4 +167,6 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
         package_top_dir=package.top_dir if package else None, python_path=python_path,
         cwd=cwd, module=spec.module_name, trainer_args=trainer_args, cluster=cluster,
         training_input=dict(spec.training_input), replicas=tuple(replicas),
-        restart_policy=spec.restart_policy, max_restarts=spec.max_restarts)
+        restart_policy=spec.restart_policy, max_restarts=spec.max_restarts,
+        labels=dict(spec.labels), max_running_time=spec.max_running_time,
+        max_wait_time=spec.max_wait_time)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from mljob import storage
 from submit import jobs as records
@@ -28,7 +29,7 @@ class Submission:
 
     `resolve` holds the keyword arguments of `submit.spec.resolve` given by flags
     (scale tier, counts, job dir, staging bucket, package path, module, trainer args,
-    restart policy); `config_path` is --config."""
+    restart policy, labels, gcloud's per-type flags); `config_path` is --config."""
 
     job_id: str
     runner: str = "local"
@@ -44,7 +45,9 @@ def submit(request: Submission, echo: Echo) -> int:
     """Run the submission to its end (or to the dry run's print); the exit status."""
     runner = runners.get(request.runner)(request.options)
     training_input = specs.load_config(request.config_path) if request.config_path else {}
-    spec = specs.resolve(request.job_id, training_input, **request.resolve)
+    config_labels = specs.load_labels(request.config_path) if request.config_path else {}
+    spec = specs.resolve(request.job_id, training_input, config_labels=config_labels,
+                         **request.resolve)
     runner.check(spec)
     if not request.stream and spec.job_dir and spec.job_dir.startswith("memory://"):
         raise UsageError("--async cannot use a memory:// job dir: the store lives in this "

@@ -16,6 +16,10 @@ Decisions:
   running (parameter servers, evaluators), so none outlives the job, and keeps finished
   pods so that their logs can still be read.
 - `successPolicy: ""` is the operator's default: the job succeeds when the chief does.
+- The job's labels (config.yaml's and --labels) label the TFJob and its pods, beside
+  mljob's own. `scheduling.maxRunningTime` is `runPolicy.activeDeadlineSeconds`;
+  `maxWaitTime` is `runPolicy.schedulingPolicy.scheduleTimeoutSeconds`, which the
+  operator honours only under gang scheduling (docs/engine-kubeflow.md).
 - Machine types map to resource requests (`mljob.machines`, docs/engine-kubeflow.md): the
   machine's vCPUs and memory are requested, memory is also the limit, GPUs go in limits
   as `nvidia.com/gpu`, and a GPU type in `acceleratorConfig` becomes GKE's
@@ -25,6 +29,7 @@ Decisions:
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -46,6 +51,7 @@ MAX_NAME = 50   # pods are <name>-<type>-<index>; their services must stay DNS l
 REPLICA_TYPES = {specs.CHIEF: "Chief", specs.WORKER: "Worker", specs.PS: "PS",
                  specs.EVALUATOR: "Evaluator"}
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+K8S_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
 def machine_resources(machine: str, gpus: int) -> tuple[int, float, int]:
@@ -116,10 +122,20 @@ def build_context(package: Package, gpu: bool) -> str:
     return folder
 
 
+def check_labels(spec: specs.JobSpec) -> None:
+    """Google Cloud takes label values that Kubernetes refuses: one ending in `-` or `_`."""
+    for key, value in spec.labels.items():
+        if value and not K8S_LABEL_VALUE.fullmatch(value):
+            raise UsageError(f"label {key}={value} cannot label a TFJob: Kubernetes label "
+                             "values start and end with a letter or digit; change it for "
+                             "--runner kubeflow")
+
+
 def tfjob(spec: specs.JobSpec, package: Package, *, name: str, namespace: str, image: str,
           service_account: str | None = None) -> dict:
     """The TFJob as the API takes it."""
-    labels = {"app.kubernetes.io/managed-by": "mljob", "mljob/job-id": spec.job_id}
+    labels = {**spec.labels, "app.kubernetes.io/managed-by": "mljob",
+              "mljob/job-id": spec.job_id}
     replica_specs = {}
     for group in spec.groups:
         kind = REPLICA_TYPES[group.task_type]
@@ -131,6 +147,11 @@ def tfjob(spec: specs.JobSpec, package: Package, *, name: str, namespace: str, i
     run_policy: dict[str, Any] = {"cleanPodPolicy": "Running"}
     if most is not None:
         run_policy["backoffLimit"] = most
+    if spec.max_running_time is not None:
+        run_policy["activeDeadlineSeconds"] = math.ceil(spec.max_running_time)
+    if spec.max_wait_time is not None:
+        run_policy["schedulingPolicy"] = {
+            "scheduleTimeoutSeconds": math.ceil(spec.max_wait_time)}
     return {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "TFJob",
         "metadata": {"name": name, "namespace": namespace, "labels": labels,

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from mljob import contracts, storage
 from mljob.errors import EXIT_PREEMPTED
@@ -304,12 +304,12 @@ class LocalRunner:
         if state == jobs.SUCCEEDED:
             try:
                 self._mirror(final=True)
-            except Exception as exc:  # noqa: BLE001 - any storage failure fails the job
+            except Exception as exc:  # any storage failure fails the job
                 state, error = jobs.FAILED, f"cannot copy the job dir: {exc}"
         else:
             try:
                 self._mirror(final=True)
-            except Exception as exc:  # noqa: BLE001 - keep the job's own failure reason
+            except Exception as exc:  # keep the job's own failure reason
                 log.warning("could not copy the job dir after the job ended: %s", exc)
         self._set(state, error)
         return state
@@ -318,7 +318,7 @@ class LocalRunner:
         for mirror in self.mirrors:
             try:
                 mirror.sync()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if final:
                     raise
                 log.warning("mirroring %s failed, will retry: %s", mirror.url, exc)
@@ -331,7 +331,7 @@ class LocalRunner:
     def _publish(self) -> None:
         try:
             self.publish(self.record)
-        except Exception as exc:  # noqa: BLE001 - a record write must not orphan replicas
+        except Exception as exc:  # a record write must not orphan replicas
             log.warning("cannot save the job record: %s", exc)
 
     def _note_replica(self, replica: Replica, state: str, status: int | None = None) -> None:
@@ -385,7 +385,8 @@ class LocalEngine(Runner):
             package_url=plan.package_url, package_sha256=plan.package_sha256,
             module=plan.module, trainer_args=list(plan.trainer_args),
             training_input=dict(plan.training_input), log_dir=plan.log_dir, mode=plan.mode,
-            replicas=[jobs.ReplicaRecord(r.label) for r in plan.replicas])
+            replicas=[jobs.ReplicaRecord(r.label) for r in plan.replicas],
+            labels=dict(plan.labels))
 
     def start(self, rendered: Rendered, record: jobs.JobRecord, *, attach: bool) -> str:
         """An attached job starts in `attach`; a detached one gets its supervisor now."""

@@ -17,6 +17,7 @@ path is the production one.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -54,6 +55,7 @@ _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 
 # Machine names map through mljob/machines.py (the retired K80s are T4s there).
 T4, RETIRED_ACCELERATORS = machines.T4, machines.RETIRED_ACCELERATORS
+OWN_LABELS = ("mljob-job-id", "mljob-scale-tier", "mljob-package-sha256")
 POOLS = contracts.VERTEX_POOL_TYPES  # Vertex's pool index per replica type
 STATES = {  # Vertex JobState -> (record state, message)
     "JOB_STATE_UNSPECIFIED": (jobs.QUEUED, None), "JOB_STATE_QUEUED": (jobs.QUEUED, None),
@@ -103,6 +105,11 @@ class VertexEngine(ClusterEngine):
                              "email; write it like NAME@PROJECT.iam.gserviceaccount.com")
         for group in spec.groups:
             _machine_spec(spec, group)
+        room = specs.MAX_LABELS - len(OWN_LABELS)
+        if len(spec.labels) > room:
+            raise UsageError(f"{len(spec.labels)} labels are too many for Vertex AI, which "
+                             f"takes {specs.MAX_LABELS} and mljob sets {len(OWN_LABELS)}; "
+                             f"give at most {room}")
 
     def render(self, spec: JobSpec, package: Package) -> Rendered:
         project, region = self._location(spec)
@@ -117,12 +124,18 @@ class VertexEngine(ClusterEngine):
                 output_uri_prefix=spec.job_dir))
         if self.options.service_account:
             job_spec.service_account = self.options.service_account
+        scheduling = aiplatform_v1.Scheduling()
         if any(g.restart_policy != "Never" for g in spec.groups):
             # Vertex restarts a lost replica itself and has no per-exit-code policy; what
             # it can do is restart the whole job when a replica restarts, so every replica
             # resumes together from the latest checkpoint, as the trainer expects.
-            job_spec.scheduling = aiplatform_v1.Scheduling(
-                restart_job_on_worker_restart=True)
+            scheduling.restart_job_on_worker_restart = True
+        if spec.max_running_time is not None:
+            scheduling.timeout = _duration(spec.max_running_time)
+        if spec.max_wait_time is not None:
+            scheduling.max_wait_duration = _duration(spec.max_wait_time)
+        if scheduling != aiplatform_v1.Scheduling():
+            job_spec.scheduling = scheduling
         request = aiplatform_v1.CreateCustomJobRequest(
             parent=parent, custom_job=aiplatform_v1.CustomJob(
                 display_name=spec.job_id, job_spec=job_spec,
@@ -229,11 +242,17 @@ def _image(region: str, gpu: bool) -> str:
 
 
 def _labels(spec: JobSpec, package: Package) -> dict[str, str]:
-    """Vertex label values are at most 63 lower-case letters, digits, `_` and `-`: job ids
-    are letters, digits and `_`, so lower-casing is enough (display_name keeps the case)."""
-    return {"mljob-job-id": spec.job_id.lower()[:63],
-            "mljob-scale-tier": spec.scale_tier.lower(),
-            "mljob-package-sha256": package.sha256[:16]}
+    """The job's labels (checked by Google Cloud's rules in `submit.spec`) and mljob's own
+    (`mljob-*`, a prefix the job's may not use). Vertex label values are at most 63
+    lower-case letters, digits, `_` and `-`: job ids are letters, digits and `_`, so
+    lower-casing is enough (display_name keeps the case)."""
+    own = (spec.job_id.lower()[:63], spec.scale_tier.lower(), package.sha256[:16])
+    return {**spec.labels, **dict(zip(OWN_LABELS, own, strict=True))}
+
+
+def _duration(seconds: float) -> datetime.timedelta:
+    """A scheduling Duration (proto-plus takes a timedelta)."""
+    return datetime.timedelta(seconds=seconds)
 
 
 def _to_json(request) -> str:
