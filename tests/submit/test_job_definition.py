@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from submit import spec as specs
+from submit import jobs, spec as specs
 from tests.support.submit_cli import dry_run, files_under, run
 
 CUSTOM_FLAGS = ["--scale-tier", "CUSTOM", "--master-machine-type", "n1-standard-4",
@@ -247,3 +247,25 @@ def test_vertex_leaves_room_for_its_own_labels(capsys, tmp_path, pkg):
                            "--package-path", pkg, "--labels", labels, "--dry-run")
     assert status == 2 and err.count("\n") == 1
     assert "62 labels are too many for Vertex AI" in err
+
+
+# --- job ids are unique in the index ---------------------------------------------------
+
+def test_a_job_id_is_used_once_unless_resumed(capsys, tmp_path, pkg):
+    common = ["--package-path", pkg, "--module-name", "fakejob.task"]
+    first = str(tmp_path / "first")
+    status, _, err = run(capsys, "job01", "--job-dir", first, *common)
+    assert status == 0, err
+    recorded = open(jobs.index_path("job01")).read()
+    for argv in (["--job-dir", str(tmp_path / "second")],
+                 ["--staging-bucket", str(tmp_path / "staging")]):
+        status, _, err = run(capsys, "job01", *argv, *common)
+        assert status == 2 and err.count("\n") == 1, err
+        assert f"job id 'job01' already exists (SUCCEEDED, job dir {first}" in err
+        assert f"--resume with --job-dir {first}" in err
+        assert files_under(tmp_path / "second") == []
+    status, _, err = run(capsys, "job01", "--job-dir", first, *common)
+    assert status == 2 and "already used in" in err
+    assert open(jobs.index_path("job01")).read() == recorded  # nothing replaced
+    status, _, err = run(capsys, "job01", "--job-dir", first, "--resume", *common)
+    assert status == 0, err
