@@ -25,7 +25,7 @@ import yaml
 
 from mljob import storage
 from submit import jobs as records
-from submit import package, plan as plans, runners, spec as specs, submission
+from submit import listing, package, plan as plans, runners, spec as specs, submission
 from submit.errors import EXIT_OK, EXIT_USAGE, JobCancelled, SubmitError, UsageError
 from submit.runners import local
 from submit.runners.engine import EngineOptions
@@ -170,10 +170,16 @@ def jobs_group():
 
 
 @jobs_group.command("list")
-def jobs_list():
+@click.option("--filter", "filter_text", help="gcloud's simple filters, e.g. state=RUNNING, "
+                                              "labels.team=vision, jobId:job1*.")
+@click.option("--sort-by", help="Field(s) to sort by, ~ to reverse, e.g. ~createTime.")
+@click.option("--limit", type=int, help="At most this many jobs.")
+def jobs_list(filter_text, sort_by, limit):
     """Jobs in the local index, oldest first."""
+    chosen = listing.select(records.list_all(), filter_text=filter_text, sort_by=sort_by,
+                            limit=limit)
     click.echo(f"{'JOB_ID':<24} {'STATUS':<11} {'CREATED':<20} JOB_DIR")
-    for r in records.list_all():
+    for r in chosen:
         click.echo(f"{r.job_id:<24} {_state(r):<11} {_iso(r.create_time):<20} "
                    f"{r.job_dir or '-'}")
     return EXIT_OK

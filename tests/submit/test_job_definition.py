@@ -269,3 +269,40 @@ def test_a_job_id_is_used_once_unless_resumed(capsys, tmp_path, pkg):
     assert open(jobs.index_path("job01")).read() == recorded  # nothing replaced
     status, _, err = run(capsys, "job01", "--job-dir", first, "--resume", *common)
     assert status == 0, err
+
+
+# --- jobs list --filter --sort-by --limit --------------------------------------------
+
+def _index(*rows):
+    for i, (job_id, state, labels) in enumerate(rows):
+        jobs.save(jobs.JobRecord(job_id, state=state, create_time=1000.0 + i, labels=labels))
+
+
+def test_jobs_list_filters_sorts_and_limits(capsys):
+    _index(("job1", "SUCCEEDED", {"team": "vision"}), ("job12", "RUNNING", {"team": "vision"}),
+           ("job2", "RUNNING", {"team": "speech"}), ("other", "FAILED", {}))
+
+    def listed(*argv):
+        status, out, err = run(capsys, "jobs", "list", *argv)
+        assert status == 0, err
+        return [line.split()[0] for line in out.splitlines()[1:]]
+
+    assert listed() == ["job1", "job12", "job2", "other"]
+    assert listed("--filter", "state=running") == ["job12", "job2"]
+    assert listed("--filter", "labels.team=vision") == ["job1", "job12"]
+    assert listed("--filter", "jobId:job1*") == ["job1", "job12"]
+    assert listed("--filter", "jobId:job* AND labels.team=vision state=RUNNING") == ["job12"]
+    assert listed("--sort-by", "~createTime") == ["other", "job2", "job12", "job1"]
+    assert listed("--sort-by", "state,~jobId", "--limit", "3") == ["other", "job2", "job12"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--filter", "state"], "--filter 'state' is not KEY=VALUE or KEY:PATTERN"),
+    (["--filter", "colour=red"], "--filter names unknown field 'colour'"),
+    (["--sort-by", "colour"], "--sort-by names unknown field 'colour'"),
+    (["--limit", "0"], "--limit 0 must be 1 or more"),
+])
+def test_jobs_list_mistakes_are_one_line(capsys, argv, message):
+    _index(("job1", "SUCCEEDED", {}))
+    status, out, err = run(capsys, "jobs", "list", *argv)
+    assert status == 2 and err.count("\n") == 1 and message in err, err
