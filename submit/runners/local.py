@@ -391,7 +391,8 @@ class LocalEngine(Runner):
 
     def render(self, spec: JobSpec, package: Package | None) -> Rendered:
         plan = plans.build(spec, package, home=mljob_home(), ports=self.ports,
-                           source_dir=self.source_dir)
+                           source_dir=self.source_dir,
+                           gpus_available=local_gpu_count() if spec.gpus_needed else 0)
         return Rendered(body=plan.to_dict(), text=plan.to_json(),
                         handle={"job_id": plan.job_id})
 

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from submit import jobs, spec as specs
+from submit.package import Package
 from tests.support.submit_cli import dry_run, files_under, run
 
 CUSTOM_FLAGS = ["--scale-tier", "CUSTOM", "--master-machine-type", "n1-standard-4",
@@ -306,3 +307,32 @@ def test_jobs_list_mistakes_are_one_line(capsys, argv, message):
     _index(("job1", "SUCCEEDED", {}))
     status, out, err = run(capsys, "jobs", "list", *argv)
     assert status == 2 and err.count("\n") == 1 and message in err, err
+
+
+# --- local GPUs: one CUDA_VISIBLE_DEVICES per replica ---------------------------------
+
+def test_each_gpu_replica_gets_its_own_devices(tmp_path):
+    from submit import plan as plans
+    spec = resolve({"scaleTier": "CUSTOM", "masterType": "standard_gpu", "workerCount": 2,
+                    "workerType": "n1-standard-8", "parameterServerCount": 1,
+                    "parameterServerType": "standard",
+                    "workerConfig": {"acceleratorConfig": {"count": 2,
+                                                           "type": "NVIDIA_TESLA_T4"}}})
+    package = Package(file_name="p-0.1.tar.gz", sha256="0" * 64, top_dir="p-0.1",
+                      url="file:///p-0.1.tar.gz")
+
+    def devices(available):
+        plan = plans.build(spec, package, home=str(tmp_path), ports=[1, 2, 3, 4],
+                           gpus_available=available)
+        return {r.label: r.env.get("CUDA_VISIBLE_DEVICES") for r in plan.replicas}
+
+    # start order: ps, workers, chief; the ps has no GPU and sees none
+    assert devices(8) == {"ps-replica-0": "", "worker-replica-0": "0,1",
+                          "worker-replica-1": "2,3", "master-replica-0": "4"}
+    assert devices(2) == {"ps-replica-0": "", "worker-replica-0": "0,1",
+                          "worker-replica-1": "0,1", "master-replica-0": "0"}
+    assert set(devices(0).values()) == {None}   # no GPUs here: nothing is set
+    cpu_only = resolve({"scaleTier": "CUSTOM", "masterType": "standard"})
+    plan = plans.build(cpu_only, package, home=str(tmp_path), ports=[1],
+                       gpus_available=4)
+    assert "CUDA_VISIBLE_DEVICES" not in plan.replicas[0].env
