@@ -25,7 +25,7 @@ import yaml
 
 from mljob import storage
 from submit import jobs as records
-from submit import package, plan as plans, runners, spec as specs, submission
+from submit import listing, package, plan as plans, runners, spec as specs, submission
 from submit.errors import EXIT_OK, EXIT_USAGE, JobCancelled, SubmitError, UsageError
 from submit.runners import local
 from submit.runners.engine import EngineOptions
@@ -96,7 +96,25 @@ def cli():
                    "[default: each type's restartPolicy in --config, else Never].")
 @click.option("--max-restarts", default=None, type=int,
               help="Restarts allowed per replica [default: each type's maxRestarts in "
-                   "--config, else 0].")
+                   f"--config, else {specs.DEFAULT_MAX_RESTARTS} with a restart policy, "
+                   "0 without].")
+@click.option("--labels", multiple=True, metavar="KEY=VALUE,...",
+              help="Labels for the job, added to (and overriding) the config's labels.")
+@click.option("--master-machine-type", help="The master's machine (CUSTOM tier), e.g. "
+                                            "n1-standard-4 or standard.")
+@click.option("--worker-machine-type", help="The workers' machine (CUSTOM tier).")
+@click.option("--parameter-server-machine-type", help="The parameter servers' machine "
+                                                      "(CUSTOM tier).")
+@click.option("--master-accelerator", metavar="count=N,type=TYPE",
+              help="GPUs per master (CUSTOM tier), e.g. count=1,type=nvidia-tesla-t4.")
+@click.option("--worker-accelerator", metavar="count=N,type=TYPE",
+              help="GPUs per worker (CUSTOM tier).")
+@click.option("--parameter-server-accelerator", metavar="count=N,type=TYPE",
+              help="GPUs per parameter server (CUSTOM tier).")
+@click.option("--use-chief-in-tf-config/--no-use-chief-in-tf-config", default=None,
+              help="Name the chief `chief` in TF_CONFIG, not `master` [default: the "
+                   "config's useChiefInTfConfig, else by runtimeVersion: master before "
+                   "2.1].")
 @click.option("--runner", default="local", show_default=True,
               type=click.Choice(tuple(runners.RUNNERS)),
               help="Where the job runs: processes on this machine, a Kubeflow TFJob on "
@@ -118,7 +136,7 @@ def submit_command(ctx, job_id, scale_tier, config_path, job_dir, staging_bucket
                    package_path, module_name, worker_count, parameter_server_count,
                    evaluator_count, stream_logs, dry_run, resume, restart_policy,
                    max_restarts, runner, image, namespace, context, project, region,
-                   service_account):
+                   service_account, **job_definition):
     """Submit training job JOB_ID; everything after `--` goes to the trainer, followed by
     `--job-dir URL` as Cloud ML passes it."""
     options = EngineOptions(image=image, namespace=namespace, context=context,
@@ -132,7 +150,8 @@ def submit_command(ctx, job_id, scale_tier, config_path, job_dir, staging_bucket
                      evaluator_count=evaluator_count, job_dir=job_dir,
                      staging_bucket=staging_bucket, package_path=package_path,
                      module_name=module_name, args=ctx.meta["trainer_args"],
-                     restart_policy=restart_policy, max_restarts=max_restarts),
+                     restart_policy=restart_policy, max_restarts=max_restarts,
+                     **job_definition),
         dry_run=dry_run, stream=stream_logs, resume=resume), _echo)
 
 
@@ -151,10 +170,16 @@ def jobs_group():
 
 
 @jobs_group.command("list")
-def jobs_list():
+@click.option("--filter", "filter_text", help="gcloud's simple filters, e.g. state=RUNNING, "
+                                              "labels.team=vision, jobId:job1*.")
+@click.option("--sort-by", help="Field(s) to sort by, ~ to reverse, e.g. ~createTime.")
+@click.option("--limit", type=int, help="At most this many jobs.")
+def jobs_list(filter_text, sort_by, limit):
     """Jobs in the local index, oldest first."""
+    chosen = listing.select(records.list_all(), filter_text=filter_text, sort_by=sort_by,
+                            limit=limit)
     click.echo(f"{'JOB_ID':<24} {'STATUS':<11} {'CREATED':<20} JOB_DIR")
-    for r in records.list_all():
+    for r in chosen:
         click.echo(f"{r.job_id:<24} {_state(r):<11} {_iso(r.create_time):<20} "
                    f"{r.job_dir or '-'}")
     return EXIT_OK

@@ -57,6 +57,7 @@ class JobRecord:
     mode: str = "cloud"
     runner: str = "local"            # or a cluster engine: kubeflow, vertex
     engine: dict[str, Any] = dataclasses.field(default_factory=dict)  # the engine's handle
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def done(self) -> bool:

@@ -19,7 +19,8 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from submit import spec as specs
 from submit.package import Package
@@ -74,6 +75,9 @@ class JobPlan:
     replicas: tuple[ReplicaPlan, ...]
     restart_policy: str = "Never"
     max_restarts: int = 0
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    max_running_time: float | None = None   # seconds, scheduling.maxRunningTime
+    max_wait_time: float | None = None      # seconds, scheduling.maxWaitTime
 
     @property
     def chief(self) -> ReplicaPlan:
@@ -98,7 +102,7 @@ class JobPlan:
 
 def build(spec: specs.JobSpec, package: Package | None, *, home: str,
           ports: list[int] | None = None, python: str | None = None,
-          source_dir: str | None = None) -> JobPlan:
+          source_dir: str | None = None, gpus_available: int = 0) -> JobPlan:
     """The plan for a staged package (cloud mode) or, with source_dir, the working tree
     (`local train` mode: no staging, the module runs from source_dir)."""
     python = python or sys.executable
@@ -136,6 +140,7 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
         cluster[name] = tuple(f"127.0.0.1:{p}" for p in ports[:count])
         ports = ports[count:]
 
+    devices = assign_gpus(spec, gpus_available)
     replicas = []
     base_env = {"PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1",
                 "GRPC_FAIL_FAST": "use_caller", contracts.JOB_ID_ENV: spec.job_id}
@@ -152,7 +157,9 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
                 label=label, task_type=name, index=index,
                 address=hosts[index] if index < len(hosts) else None,
                 command=(python, "-m", spec.module_name, *trainer_args),
-                env={**base_env, "TF_CONFIG": json.dumps(tf_config, sort_keys=True)},
+                env={**base_env, "TF_CONFIG": json.dumps(tf_config, sort_keys=True),
+                     **({"CUDA_VISIBLE_DEVICES": devices[label]} if label in devices
+                        else {})},
                 tf_config=tf_config, log_file=os.path.join(log_dir, f"{label}.log"),
                 restart_policy=group.restart_policy, max_restarts=group.max_restarts))
     return JobPlan(
@@ -163,4 +170,25 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
         package_top_dir=package.top_dir if package else None, python_path=python_path,
         cwd=cwd, module=spec.module_name, trainer_args=trainer_args, cluster=cluster,
         training_input=dict(spec.training_input), replicas=tuple(replicas),
-        restart_policy=spec.restart_policy, max_restarts=spec.max_restarts)
+        restart_policy=spec.restart_policy, max_restarts=spec.max_restarts,
+        labels=dict(spec.labels), max_running_time=spec.max_running_time,
+        max_wait_time=spec.max_wait_time)
+
+
+def assign_gpus(spec: specs.JobSpec, available: int) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES per replica label when the job uses GPUs: each replica gets
+    the next `gpus` of the machine's devices in start order (wrapping round when the job
+    asks for more than there are, so replicas share rather than fail), and a replica
+    without GPUs gets none (`""`), as on Cloud ML, where a CPU machine has no GPU."""
+    if not available or not spec.gpus_needed:
+        return {}
+    assigned, next_device = {}, 0
+    for task_type in ORDER:
+        group = spec.group(task_type)
+        for index in range(spec.count(task_type)):
+            label = contracts.replica_label(task_type, index)
+            gpus = group.gpus if group else 0
+            ids = [(next_device + i) % available for i in range(gpus)]
+            next_device = (next_device + gpus) % available
+            assigned[label] = ",".join(map(str, ids))
+    return assigned

@@ -13,7 +13,8 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import yaml
 
@@ -61,6 +62,7 @@ TRAINING_INPUT_KEYS: dict[str, tuple] = {
     "evaluatorConfig": (dict,), "args": (list,), "jobDir": (str,), "region": (str,),
     "runtimeVersion": (str,), "pythonVersion": (str,), "packageUris": (list,),
     "pythonModule": (str,), "hyperparameters": (dict,), "useChiefInTfConfig": (bool,),
+    "scheduling": (dict,),
 }
 TOP_LEVEL_KEYS = ("trainingInput", "labels", "jobId")
 # Per replica type: its GPUs, and (as Kubeflow's replica specs) when it is restarted.
@@ -92,6 +94,7 @@ class JobSpec:
     `args` are the user's trainer arguments; `trainer_args` adds `--job-dir` as Cloud ML
     does. `training_input` is the resolved trainingInput that replicas see as TF_CONFIG's
     `job`. `use_chief` names the chief `chief` in TF_CONFIG (else the legacy `master`).
+    `labels` are the job's labels (config.yaml's, then --labels over them).
     """
 
     job_id: str
@@ -107,6 +110,9 @@ class JobSpec:
     training_input: Mapping[str, Any]
     restart_policy: str = "Never"
     max_restarts: int = 0
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    max_running_time: float | None = None   # seconds: scheduling.maxRunningTime
+    max_wait_time: float | None = None      # seconds: scheduling.maxWaitTime
 
     def count(self, task_type: str) -> int:
         return sum(g.count for g in self.groups if g.task_type == task_type)
@@ -125,6 +131,28 @@ class JobSpec:
 
 def load_config(path: str) -> dict:
     """Read config.yaml or JSON into its trainingInput mapping, refusing anything odd."""
+    document = _read_document(path)
+    training_input = document.get("trainingInput", {})
+    if not isinstance(training_input, dict):
+        raise ConfigError(f"--config {path}: trainingInput must be a mapping, not "
+                          f"{type(training_input).__name__}")
+    check_training_input(training_input)
+    return training_input
+
+
+def load_labels(path: str) -> dict[str, str]:
+    """The config's top-level `labels` (Cloud ML's Job.labels), checked."""
+    labels = _read_document(path).get("labels")
+    if labels is None:
+        return {}
+    if not isinstance(labels, dict):
+        raise ConfigError(f"--config {path}: labels must be a mapping of KEY: VALUE, not "
+                          f"{type(labels).__name__}")
+    return check_labels(labels, "labels in --config")
+
+
+def _read_document(path: str) -> dict:
+    """The whole config file (a mapping of known top-level keys), refusing anything odd."""
     try:
         size = os.path.getsize(path)
     except OSError as exc:
@@ -148,12 +176,7 @@ def load_config(path: str) -> dict:
         raise ConfigError(f"--config {path} must be a mapping with a 'trainingInput' key, "
                           f"not {type(document).__name__}")
     _no_unknown(document, TOP_LEVEL_KEYS, f"--config {path}")
-    training_input = document.get("trainingInput", {})
-    if not isinstance(training_input, dict):
-        raise ConfigError(f"--config {path}: trainingInput must be a mapping, not "
-                          f"{type(training_input).__name__}")
-    check_training_input(training_input)
-    return training_input
+    return document
 
 
 def _safe_yaml(text: str, path: str) -> Any:
@@ -221,11 +244,18 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
             worker_count=None, parameter_server_count=None, evaluator_count=None,
             job_dir=None, staging_bucket=None, package_path=None, module_name=None,
             args=None, restart_policy=None, max_restarts=None,
+            labels=None, config_labels=None, master_machine_type=None,
+            worker_machine_type=None, parameter_server_machine_type=None,
+            master_accelerator=None, worker_accelerator=None,
+            parameter_server_accelerator=None, use_chief_in_tf_config=None,
             staged=True) -> JobSpec:
     """Merge flags (None when not given) over trainingInput and check the result.
 
     Restarts: --restart-policy/--max-restarts, when given, apply to every replica type;
-    otherwise each type's `<type>Config.restartPolicy/maxRestarts` (default Never, 0).
+    otherwise each type's `<type>Config.restartPolicy/maxRestarts` (default Never; a
+    policy other than Never allows DEFAULT_MAX_RESTARTS when no maximum is given).
+    gcloud's per-type flags (--master-machine-type, --worker-accelerator, ...) go into
+    trainingInput as their keys; `labels` (--labels) go over `config_labels`.
 
     staged=False is `local train`: the working tree runs, nothing needs a staging place.
     """
@@ -235,12 +265,19 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
     if ti.get("hyperparameters"):
         raise ConfigError("trainingInput.hyperparameters: hyperparameter tuning is not run "
                           "by the local runner; remove the key and submit one job per trial")
-    for flag, key, value in (("--worker-count", "workerCount", worker_count),
-                             ("--parameter-server-count", "parameterServerCount",
-                              parameter_server_count),
-                             ("--evaluator-count", "evaluatorCount", evaluator_count)):
+    for _flag, key, value in (("--worker-count", "workerCount", worker_count),
+                              ("--parameter-server-count", "parameterServerCount",
+                               parameter_server_count),
+                              ("--evaluator-count", "evaluatorCount", evaluator_count)):
         if value is not None:
             ti[key] = value
+    apply_type_flags(ti, master_machine_type=master_machine_type,
+                     worker_machine_type=worker_machine_type,
+                     parameter_server_machine_type=parameter_server_machine_type,
+                     master_accelerator=master_accelerator,
+                     worker_accelerator=worker_accelerator,
+                     parameter_server_accelerator=parameter_server_accelerator,
+                     use_chief_in_tf_config=use_chief_in_tf_config)
     tier_name = (scale_tier or ti.get("scaleTier") or "BASIC").upper()
     if tier_name not in SCALE_TIERS:
         raise UsageError(f"unknown scale tier {tier_name!r}; use one of "
@@ -283,23 +320,26 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
     groups = tuple(_with_restarts(g, ti, restart_policy, max_restarts)
                    for g in _groups(SCALE_TIERS[tier_name], ti))
     restart_policy = restart_policy or "Never"
-    max_restarts = max_restarts or 0
-    use_chief = ti.get("useChiefInTfConfig", True)
+    max_restarts = default_max_restarts(restart_policy, max_restarts)
+    use_chief = default_use_chief(ti)
     ti["useChiefInTfConfig"] = use_chief
+    max_running_time, max_wait_time = check_scheduling(ti)
     return JobSpec(job_id=job_id, scale_tier=tier_name, groups=groups, job_dir=job_dir,
                    staging_bucket=staging_bucket, package_path=package_path,
                    package_uri=package_uri, module_name=module, args=user_args,
                    use_chief=use_chief, training_input=ti, restart_policy=restart_policy,
-                   max_restarts=max_restarts)
+                   max_restarts=max_restarts,
+                   labels=merge_labels(config_labels or {}, parse_labels_flag(labels)),
+                   max_running_time=max_running_time, max_wait_time=max_wait_time)
 
 
 def _with_restarts(group: ReplicaGroup, ti: dict, policy, most) -> ReplicaGroup:
     """The group with its restart policy: the flags', else its type's config's."""
     key = CONFIG_KEYS[group.task_type]
     config = ti.get(key) or {}
-    return dataclasses.replace(
-        group, restart_policy=policy or config.get("restartPolicy", "Never"),
-        max_restarts=most if most is not None else config.get("maxRestarts", 0))
+    policy = policy or config.get("restartPolicy", "Never")
+    return dataclasses.replace(group, restart_policy=policy, max_restarts=default_max_restarts(
+        policy, most if most is not None else config.get("maxRestarts")))
 
 
 CONFIG_KEYS = {CHIEF: "masterConfig", **{t: cfg for t, _, _, cfg in GROUP_KEYS}}
@@ -315,7 +355,8 @@ def _groups(tier: ScaleTier, ti: dict) -> tuple[ReplicaGroup, ...]:
                   and (k != "masterConfig" or "acceleratorConfig" in (ti[k] or {}))]
         if given:
             flag = {"workerCount": "--worker-count", "parameterServerCount":
-                    "--parameter-server-count", "evaluatorCount": "--evaluator-count"}
+                    "--parameter-server-count", "evaluatorCount": "--evaluator-count",
+                    **TYPE_FLAG_NAMES}
             name = flag.get(given[0], given[0])
             raise UsageError(f"{name} needs --scale-tier CUSTOM (scale tier {tier.name} "
                              "fixes the cluster's shape); use CUSTOM or drop it")
@@ -326,8 +367,9 @@ def _groups(tier: ScaleTier, ti: dict) -> tuple[ReplicaGroup, ...]:
                 groups.append(ReplicaGroup(task_type, count, "standard"))
         return tuple(groups)
     if "masterType" not in ti:
-        raise UsageError("scale tier CUSTOM needs trainingInput.masterType (e.g. "
-                         "masterType: standard) in --config")
+        raise UsageError("scale tier CUSTOM needs the master's machine type; pass "
+                         "--master-machine-type (e.g. n1-standard-4 or standard) or set "
+                         "trainingInput.masterType in --config")
     master_type = _machine(ti["masterType"], "masterType")
     groups = [ReplicaGroup(CHIEF, 1, master_type, _gpus(ti, "masterConfig", master_type))]
     for task_type, count_key, type_key, config_key in GROUP_KEYS:
@@ -379,8 +421,8 @@ def _normalise_url(url: str | None, flag: str) -> str | None:
         if scheme not in URL_SCHEMES:
             raise UsageError(f"{flag} {url!r} has unknown URL scheme {scheme!r}; use a local "
                              "path, file://, memory:// or gs://")
-        if scheme == "gs" and not re.match(r"^gs://[a-z0-9][a-z0-9._\-]{1,220}", url):
-            raise UsageError(f"{flag} {url!r} names no bucket; write gs://BUCKET/PATH")
+        if scheme == "gs":
+            check_bucket(url, flag)
         stripped = url.rstrip("/")
         return url if stripped.endswith(":") else stripped
     return os.path.abspath(url)
@@ -419,3 +461,188 @@ def _type_name(types) -> str:
     names = {str: "a string", int: "an integer", bool: "true or false", list: "a list",
              dict: "a mapping", float: "a number", type(None): "empty"}
     return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+# -- labels, deadlines, gcloud's per-type flags, restart and TF_CONFIG defaults ----------
+
+# Google Cloud's label rules: at most 64 labels; keys 1 to 63 characters, starting with a
+# lower-case letter; keys and values (0 to 63) of lower-case letters, digits, `_` and `-`.
+# International letters, which Google Cloud also takes, are refused: Kubernetes' labels
+# (where the TFJob carries them) take only ASCII.
+MAX_LABELS = 64
+LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
+RESERVED_LABEL_PREFIX = "mljob"   # the engines' own labels (mljob-job-id, ...)
+DEFAULT_MAX_RESTARTS = 6          # Kubernetes Job's backoffLimit default
+CHIEF_SINCE_RUNTIME = (2, 1)      # Cloud ML named the chief `master` before runtime 2.1
+_DURATION = re.compile(r"([0-9]{1,12})(\.[0-9]{1,9})?s")
+TYPE_FLAGS = {  # flag (as resolve's keyword) -> (trainingInput key, the flag's name)
+    "master_machine_type": ("masterType", "--master-machine-type"),
+    "worker_machine_type": ("workerType", "--worker-machine-type"),
+    "parameter_server_machine_type": ("parameterServerType",
+                                      "--parameter-server-machine-type"),
+    "master_accelerator": ("masterConfig", "--master-accelerator"),
+    "worker_accelerator": ("workerConfig", "--worker-accelerator"),
+    "parameter_server_accelerator": ("parameterServerConfig",
+                                     "--parameter-server-accelerator"),
+}
+TYPE_FLAG_NAMES = {key: flag for key, flag in TYPE_FLAGS.values()}
+ACCELERATOR_FLAG_HINT = "write it as count=N,type=TYPE, e.g. count=1,type=nvidia-tesla-t4"
+
+
+def check_labels(labels: Mapping, where: str) -> dict[str, str]:
+    """Labels as Google Cloud takes them; a one-line error names the first bad one."""
+    if len(labels) > MAX_LABELS:
+        raise UsageError(f"{where}: {len(labels)} labels are more than Google Cloud's "
+                         f"{MAX_LABELS}; drop some")
+    out = {}
+    for key, value in labels.items():
+        if not isinstance(key, str) or not LABEL_KEY.fullmatch(key):
+            raise UsageError(f"{where}: label key {key!r:.70} is not a Google Cloud label "
+                             "key; use 1 to 63 lower-case letters, digits, '_' or '-', "
+                             "starting with a letter")
+        if key.startswith(RESERVED_LABEL_PREFIX):
+            raise UsageError(f"{where}: label key {key!r} starts with "
+                             f"{RESERVED_LABEL_PREFIX!r}, which mljob keeps for its own "
+                             "labels; pick another key")
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise UsageError(f"{where}: label {key}'s value must be a string, not "
+                             f"{_type_name((type(value),))}")
+        value = str(value)
+        if not LABEL_VALUE.fullmatch(value):
+            raise UsageError(f"{where}: label {key}={value!r:.70} has a value Google Cloud "
+                             "refuses; use at most 63 lower-case letters, digits, '_' "
+                             "or '-'")
+        out[key] = value
+    return out
+
+
+def parse_labels_flag(values) -> dict[str, str]:
+    """`--labels team=vision,env=dev` (the flag may be repeated) as a mapping."""
+    if values is None:
+        return {}
+    if isinstance(values, Mapping):
+        return check_labels(values, "--labels")
+    if isinstance(values, str):
+        values = (values,)
+    labels: dict[str, str] = {}
+    for text in values:
+        for item in text.split(","):
+            key, eq, value = item.partition("=")
+            if not eq:
+                raise UsageError(f"--labels {item!r:.70} is not KEY=VALUE; write "
+                                 "--labels team=vision,env=dev")
+            labels[key.strip()] = value.strip()
+    return check_labels(labels, "--labels")
+
+
+def merge_labels(config_labels: Mapping[str, str],
+                 flag_labels: Mapping[str, str]) -> dict[str, str]:
+    """gcloud's rule: --labels add to the config's labels, and win where keys meet."""
+    merged = {**config_labels, **flag_labels}
+    return check_labels(merged, "--labels with the config's labels")
+
+
+def parse_duration(value: Any, where: str) -> float:
+    """A Duration as Google's APIs write it (`7200s`, `1.5s`) in seconds."""
+    match = _DURATION.fullmatch(value) if isinstance(value, str) else None
+    if match is None or float(value[:-1]) <= 0:
+        raise ConfigError(f"{where} {value!r:.60} is not a duration; write seconds with an "
+                          "'s', greater than 0, e.g. 7200s")
+    return float(value[:-1])
+
+
+def check_scheduling(ti: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """trainingInput.scheduling: (maxRunningTime, maxWaitTime) in seconds, or None."""
+    scheduling = ti.get("scheduling")
+    if scheduling is None:
+        return None, None
+    _no_unknown(scheduling, ("maxRunningTime", "maxWaitTime"), "trainingInput.scheduling")
+    return tuple(parse_duration(scheduling[key], f"trainingInput.scheduling.{key}")
+                 if key in scheduling else None
+                 for key in ("maxRunningTime", "maxWaitTime"))
+
+
+def parse_accelerator_flag(text: str, flag: str) -> dict:
+    """gcloud's `--master-accelerator count=1,type=nvidia-tesla-t4` as an
+    acceleratorConfig (`{count: 1, type: NVIDIA_TESLA_T4}`)."""
+    fields: dict[str, str] = {}
+    for item in text.split(","):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or key not in ACCELERATOR_KEYS or key in fields:
+            raise UsageError(f"{flag} {text!r:.70}: {item!r:.40} is not count=N or "
+                             f"type=TYPE; {ACCELERATOR_FLAG_HINT}")
+        fields[key] = value
+    if "count" not in fields or "type" not in fields:
+        missing = "count" if "count" not in fields else "type"
+        raise UsageError(f"{flag} {text!r:.70} has no {missing}; {ACCELERATOR_FLAG_HINT}")
+    if not re.fullmatch(r"[1-9][0-9]{0,1}", fields["count"]):
+        raise UsageError(f"{flag} count={fields['count']!r:.20} is not a number of GPUs "
+                         f"from 1 to 99; {ACCELERATOR_FLAG_HINT}")
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{1,40}", fields["type"]):
+        raise UsageError(f"{flag} type={fields['type']!r:.40} is not an accelerator type; "
+                         f"{ACCELERATOR_FLAG_HINT}")
+    return {"count": int(fields["count"]),
+            "type": fields["type"].upper().replace("-", "_")}
+
+
+def apply_type_flags(ti: dict, **flags) -> None:
+    """gcloud's per-type flags over trainingInput: machine types, accelerators (kept with
+    the type's other replica settings) and --use-chief-in-tf-config."""
+    use_chief = flags.pop("use_chief_in_tf_config", None)
+    if use_chief is not None:
+        ti["useChiefInTfConfig"] = bool(use_chief)
+    for name, value in flags.items():
+        if value is None:
+            continue
+        key, flag = TYPE_FLAGS[name]
+        if key.endswith("Config"):
+            ti[key] = {**(ti.get(key) or {}),
+                       "acceleratorConfig": parse_accelerator_flag(value, flag)}
+        else:
+            ti[key] = value
+
+
+def default_max_restarts(policy: str, most: int | None) -> int:
+    """A policy other than Never with no maximum allows DEFAULT_MAX_RESTARTS."""
+    if most is not None:
+        return most
+    return 0 if policy == "Never" else DEFAULT_MAX_RESTARTS
+
+
+def default_use_chief(ti: Mapping[str, Any]) -> bool:
+    """useChiefInTfConfig as given, else by runtimeVersion as Cloud ML did: before 2.1
+    TF_CONFIG named the chief `master`."""
+    if "useChiefInTfConfig" in ti:
+        return ti["useChiefInTfConfig"]
+    version = ti.get("runtimeVersion")
+    if version is None:
+        return True
+    match = re.fullmatch(r"([0-9]{1,2})\.([0-9]{1,2})", version)
+    if match is None:
+        raise ConfigError(f"trainingInput.runtimeVersion {version!r:.40} is not a runtime "
+                          "version; write MAJOR.MINOR, e.g. \"2.11\" or \"1.15\"")
+    return (int(match[1]), int(match[2])) >= CHIEF_SINCE_RUNTIME
+
+
+def check_bucket(url: str, flag: str) -> None:
+    """A gs:// URL's bucket by Cloud Storage's naming rules, each broken one said."""
+    bucket = url[len("gs://"):].split("/", 1)[0]
+    if not bucket:
+        raise UsageError(f"{flag} {url!r:.80} names no bucket; write gs://BUCKET/PATH")
+    rule = None
+    if not re.fullmatch(r"[a-z0-9._-]+", bucket):
+        rule = "bucket names use only lower-case letters, digits, '-', '_' and '.'"
+    elif not (3 <= len(bucket) <= 63 or "." in bucket and len(bucket) <= 222
+              and all(len(part) <= 63 for part in bucket.split("."))):
+        rule = ("bucket names are 3 to 63 characters (up to 222 with dots, 63 between "
+                "dots)")
+    elif not (bucket[0].isalnum() and bucket[-1].isalnum()):
+        rule = "bucket names start and end with a letter or digit"
+    elif re.fullmatch(r"[0-9]+(\.[0-9]+){3}", bucket):
+        rule = "bucket names cannot be IP addresses"
+    elif bucket.startswith("goog") or "google" in bucket:
+        rule = "bucket names cannot start with 'goog' or contain 'google'"
+    if rule:
+        raise UsageError(f"{flag} {url!r:.80}: {bucket!r:.70} is not a valid bucket name "
+                         f"({rule}); write gs://BUCKET/PATH")

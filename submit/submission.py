@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from mljob import storage
 from submit import jobs as records
@@ -28,7 +29,7 @@ class Submission:
 
     `resolve` holds the keyword arguments of `submit.spec.resolve` given by flags
     (scale tier, counts, job dir, staging bucket, package path, module, trainer args,
-    restart policy); `config_path` is --config."""
+    restart policy, labels, gcloud's per-type flags); `config_path` is --config."""
 
     job_id: str
     runner: str = "local"
@@ -44,13 +45,15 @@ def submit(request: Submission, echo: Echo) -> int:
     """Run the submission to its end (or to the dry run's print); the exit status."""
     runner = runners.get(request.runner)(request.options)
     training_input = specs.load_config(request.config_path) if request.config_path else {}
-    spec = specs.resolve(request.job_id, training_input, **request.resolve)
+    config_labels = specs.load_labels(request.config_path) if request.config_path else {}
+    spec = specs.resolve(request.job_id, training_input, config_labels=config_labels,
+                         **request.resolve)
     runner.check(spec)
     if not request.stream and spec.job_dir and spec.job_dir.startswith("memory://"):
         raise UsageError("--async cannot use a memory:// job dir: the store lives in this "
                          "process, which ends at once; use a path or gs:// URL, or stream")
     if not request.dry_run:  # a dry run reads and writes nothing
-        check_job_id_free(spec, request.resume)
+        check_job_id_free(spec, request.resume, request.runner)
     source_dir = None if spec.package_uri else package.check_package_path(spec.package_path)
     with tempfile.TemporaryDirectory(prefix="mljob-sdist-") as tmp:
         pkg = (package.fetch(spec.package_uri, tmp) if spec.package_uri
@@ -87,7 +90,9 @@ def build_package(spec: specs.JobSpec, source_dir: str, tmp: str) -> package.Pac
         pkg, job_id=spec.job_id, staging_bucket=spec.staging_bucket, job_dir=spec.job_dir))
 
 
-def check_job_id_free(spec: specs.JobSpec, resume: bool) -> None:
+def check_job_id_free(spec: specs.JobSpec, resume: bool, runner: str = "local") -> None:
+    """A job id is used once: in its job dir, and in the local index (unless --resume
+    continues the same job: same job dir, same runner)."""
     if spec.job_dir and not resume and records.used_in_job_dir(spec.job_dir, spec.job_id):
         raise UsageError(f"job id {spec.job_id!r} is already used in {spec.job_dir}; pick "
                          "another job id, or pass --resume to continue that job")
@@ -98,6 +103,14 @@ def check_job_id_free(spec: specs.JobSpec, resume: bool) -> None:
     if old.running():
         raise UsageError(f"job {spec.job_id!r} is still {old.state}; cancel it with "
                          f"`python -m submit jobs cancel {spec.job_id}` or pick another id")
+    if not (resume and old.job_dir and old.job_dir == spec.job_dir
+            and old.runner == runner):
+        # job ids are unique, as in a gcloud project: the index entry is never replaced
+        again = (f", or pass --resume with --job-dir {old.job_dir} to continue it"
+                 if old.job_dir else "")
+        raise UsageError(f"job id {spec.job_id!r} already exists ({old.state}, job dir "
+                         f"{old.job_dir or 'none'}, runner {old.runner}); pick another "
+                         f"job id{again}")
 
 
 def runner_for(record: records.JobRecord) -> Runner:

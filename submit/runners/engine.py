@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable, ClassVar, Iterator, Mapping
+from typing import Any, ClassVar
+from collections.abc import Callable, Iterator, Mapping
 
 from submit import jobs as records
 from submit.errors import JobCancelled, JobFailed, UsageError
@@ -125,7 +126,7 @@ class Runner(abc.ABC):
         the image's build context); return lines telling them what to do with it."""
         return []
 
-    def ready(self, rendered: Rendered) -> None:
+    def ready(self, rendered: Rendered) -> None:  # noqa: B027 - a hook, empty by default
         """Raise UsageError when the job cannot be submitted as rendered (a dry run may
         still print it: Kubeflow's needs --image only to run). Called before staging."""
 
@@ -157,7 +158,8 @@ class Runner(abc.ABC):
             job_id=spec.job_id, job_dir=spec.job_dir, scale_tier=spec.scale_tier,
             package_url=package.url, package_sha256=package.sha256,
             module=spec.module_name, trainer_args=list(spec.trainer_args),
-            training_input=dict(spec.training_input), runner=self.name)
+            training_input=dict(spec.training_input), runner=self.name,
+            labels=dict(spec.labels))
 
     def start(self, rendered: Rendered, record: records.JobRecord, *,
               attach: bool) -> str:

@@ -1,26 +1,10 @@
-"""`--runner kubeflow`: the job as a Kubeflow Training Operator TFJob (kubeflow.org/v1).
+"""`--runner kubeflow`: the job as a Kubeflow Training Operator TFJob, on the cluster of
+the current kubeconfig (or `--kube-context`).
 
-The TFJob has one replica spec per replica type: Chief (or Master when the config asks
-for Cloud ML's legacy name), Worker, PS and Evaluator, with the counts of the scale tier
-or config.yaml. Every replica runs the same container, `--image`, which holds the staged
-sdist installed on TensorFlow 2.21 (the Dockerfile is generated; `--dry-run` prints it),
-and the same command `python -m <module> <args> --job-dir <gs://...>`. The operator sets
-TF_CONFIG (lower-cased types, port 2222), which the trainer reads unchanged.
-
-Decisions:
-- Restart policies are the TFJob's own (we took their names from it); `runPolicy.
-  backoffLimit` is the largest `maxRestarts` when any type restarts.
-- `cleanPodPolicy: Running`: when the job ends the operator deletes the pods still
-  running (parameter servers, evaluators), so none outlives the job, and keeps finished
-  pods so that their logs can still be read.
-- `successPolicy: ""` is the operator's default: the job succeeds when the chief does.
-- Machine types map to resource requests (`MACHINES`, docs/engine-kubeflow.md): the
-  machine's vCPUs and memory are requested, memory is also the limit, GPUs go in limits
-  as `nvidia.com/gpu`, and a GPU type in `acceleratorConfig` becomes GKE's
-  `cloud.google.com/gke-accelerator` node selector.
-- The job dir must be gs://: pods cannot see this machine's files or memory://.
-- The TFJob's name is the job id in lower case with `-` for `_` (Kubernetes names are
-  DNS labels); the job id itself is kept in the label `mljob/job-id`.
+What the TFJob holds, and why, is `submit.runners.kubeflow_render` (pure: no cluster
+calls). This module is the engine: it checks what only a cluster needs (a gs:// job dir:
+pods cannot see this machine's files or memory://), and creates, follows, reads the logs
+of and deletes the TFJob through the kubernetes client.
 """
 from __future__ import annotations
 
@@ -28,112 +12,38 @@ import calendar
 import json
 import os
 import queue
-import re
-import shutil
-import shlex
-import tempfile
 import threading
 import time
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import kubernetes
-import yaml
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from mljob import contracts, machines
+from mljob import contracts
 from submit import jobs as records
 from submit import logs as logfmt
 from submit import spec as specs
 from submit.errors import SubmitError, UsageError
-from submit.package import Package, mljob_home
+from submit.package import Package
+from submit.runners import kubeflow_render
 from submit.runners.engine import (ClusterEngine, EngineStatus, Rendered,
                                    ReplicaStatus)
+from submit.runners.kubeflow_render import (  # noqa: F401 - the engine's names, as before
+    BASE_IMAGE, BASE_IMAGE_GPU, CONTAINER, DNS_LABEL, GROUP, MAX_NAME, PLURAL, PORT,
+    PORT_NAME, REPLICA_TYPES, VERSION, build_context, dockerfile, machine_resources,
+    resources, tfjob_name)
 
-GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "tfjobs"
-CONTAINER, PORT_NAME, PORT = "tensorflow", "tfjob-port", 2222  # what the operator expects
-BASE_IMAGE, BASE_IMAGE_GPU = "tensorflow/tensorflow:2.21.0", "tensorflow/tensorflow:2.21.0-gpu"
-MAX_NAME = 50   # pods are <name>-<type>-<index>; their services must stay DNS labels (63)
 TIMEOUT_S = 30
 POLL_S = 2.0
-REPLICA_TYPES = {specs.CHIEF: "Chief", specs.WORKER: "Worker", specs.PS: "PS",
-                 specs.EVALUATOR: "Evaluator"}
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 TYPE_LABEL, INDEX_LABEL = "training.kubeflow.org/replica-type", \
     "training.kubeflow.org/replica-index"
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 STATES = {"Created": records.QUEUED, "Suspended": records.QUEUED,
           "Running": records.RUNNING, "Restarting": records.RUNNING,
           "Succeeded": records.SUCCEEDED, "Failed": records.FAILED}
-
-
-def machine_resources(machine: str, gpus: int) -> tuple[int, float, int]:
-    """(vCPUs, GiB, GPUs) of a Cloud ML or Compute Engine n1 machine name; `gpus`, when
-    not 0, is acceleratorConfig.count and overrides the machine's own."""
-    entry = machines.lookup(machine)
-    return entry.vcpus, entry.memory_gib, machines.gpus(machine, gpus)
-
-
-def resources(group: specs.ReplicaGroup, accelerator_count: int) -> dict:
-    cpus, memory, gpus = machine_resources(group.machine_type, accelerator_count)
-    mem = f"{round(memory * 1024)}Mi"
-    out = {"requests": {"cpu": str(cpus), "memory": mem}, "limits": {"memory": mem}}
-    if gpus:
-        out["limits"]["nvidia.com/gpu"] = str(gpus)
-    return out
-
-
-def tfjob_name(job_id: str) -> str:
-    name = job_id.lower().replace("_", "-")
-    if len(name) > MAX_NAME or not _DNS_LABEL.match(name):
-        raise UsageError(f"job id {job_id!r} cannot name a TFJob: with --runner kubeflow "
-                         f"use at most {MAX_NAME} characters, ending in a letter or digit")
-    return name
-
-
-def dockerfile(package: Package, gpu: bool) -> str:
-    """Install the sdist on TensorFlow's image. The base provides TensorFlow 2.21, so the
-    package's own TensorFlow requirement, if it has one, is left out: pip would otherwise
-    lay a second TensorFlow (tensorflow-cpu, say) over the base's."""
-    dist = package.top_dir.rsplit("-", 1)[0]
-    sdist = f"/tmp/{package.file_name}"
-    deps = ('import importlib.metadata as m, re, subprocess, sys; '
-            f'r = [q for q in m.requires("{dist}") or [] if "extra ==" not in q '
-            'and not re.match(r"tensorflow(-cpu|-gpu)?(?![\\w.-])", q)]; '
-            'r and subprocess.check_call([sys.executable, "-m", "pip", "install", '
-            '"--no-cache-dir", *r])')
-    return "\n".join([
-        f"# The trainer of {package.file_name} (sha256 {package.sha256[:12]}) on "
-        "TensorFlow 2.21.",
-        f"FROM {BASE_IMAGE_GPU if gpu else BASE_IMAGE}",
-        f"COPY {package.file_name} {sdist}",
-        f"RUN pip install --no-cache-dir --no-deps {sdist} \\",
-        f" && python -c {shlex.quote(deps)} \\",
-        f" && rm {sdist}",
-        "WORKDIR /",
-        ""])
-
-
-def build_context(package: Package, gpu: bool) -> str:
-    """`$MLJOB_HOME/images/<sha256>/`: the Dockerfile and the sdist, ready for `docker
-    build`. Written to a temporary folder and renamed into place, once per package."""
-    folder = os.path.join(mljob_home(), "images",
-                          package.sha256[:16] + ("-gpu" if gpu else ""))
-    if os.path.isdir(folder):
-        return folder
-    os.makedirs(os.path.dirname(folder), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=os.path.dirname(folder))
-    try:
-        with open(os.path.join(tmp, "Dockerfile"), "w") as f:
-            f.write(dockerfile(package, gpu))
-        shutil.copyfile(package.local_file, os.path.join(tmp, package.file_name))
-        os.rename(tmp, folder)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not os.path.isdir(folder):  # not a concurrent build that won the race
-            raise
-    return folder
 
 
 class KubeflowEngine(ClusterEngine):
@@ -158,7 +68,8 @@ class KubeflowEngine(ClusterEngine):
                              "run in pods and cannot reach "
                              f"{spec.job_dir or 'a job dir on this machine'}")
         tfjob_name(spec.job_id)
-        if self.options.namespace is not None and not _DNS_LABEL.match(
+        kubeflow_render.check_labels(spec)
+        if self.options.namespace is not None and not DNS_LABEL.match(
                 self.options.namespace):
             raise UsageError(f"--namespace {self.options.namespace!r} is not a Kubernetes "
                              "namespace name; use lower-case letters, digits and '-'")
@@ -166,58 +77,14 @@ class KubeflowEngine(ClusterEngine):
     def render(self, spec: specs.JobSpec, package: Package) -> Rendered:
         name, namespace = tfjob_name(spec.job_id), self._namespace()
         image = self.options.image or f"mljob-trainer:{package.sha256[:12]}"
-        labels = {"app.kubernetes.io/managed-by": "mljob", "mljob/job-id": spec.job_id}
-        replica_specs = {}
-        for group in spec.groups:
-            kind = REPLICA_TYPES[group.task_type]
-            if group.task_type == specs.CHIEF and not spec.use_chief:
-                kind = "Master"
-            replica_specs[kind] = self._replica_spec(spec, group, image, labels)
-        most = max((g.max_restarts for g in spec.groups if g.restart_policy != "Never"),
-                   default=None)
-        run_policy: dict[str, Any] = {"cleanPodPolicy": "Running"}
-        if most is not None:
-            run_policy["backoffLimit"] = most
-        body = {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "TFJob",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels,
-                         "annotations": {"mljob/package-uri": package.url or "",
-                                         "mljob/package-sha256": package.sha256}},
-            "spec": {"runPolicy": run_policy, "successPolicy": "",
-                     "tfReplicaSpecs": replica_specs}}
-        docker = dockerfile(package, gpu=spec.gpus_needed > 0)
-        header = ["# TFJob for mljob job " + spec.job_id + "; apply it with "
-                  "`kubectl apply -f -` or submit without --dry-run.",
-                  f"# Every replica runs --image {image}, built from the staged "
-                  f"package {package.file_name} with this Dockerfile:", "#"]
-        header += [f"#   {line}" for line in docker.rstrip("\n").splitlines()]
-        text = "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False,
-                                                         default_flow_style=False)
-        return Rendered(body=body, text=text,
+        body = kubeflow_render.tfjob(spec, package, name=name, namespace=namespace,
+                                     image=image,
+                                     service_account=self.options.service_account)
+        return Rendered(body=body, text=kubeflow_render.dry_run_text(spec, package, body,
+                                                                     image),
                         handle={"name": name, "namespace": namespace,
                                 "context": self.options.context,
                                 "image_given": self.options.image is not None})
-
-    def _replica_spec(self, spec, group, image, labels) -> dict:
-        container = {
-            "name": CONTAINER, "image": image,
-            "command": ["python", "-m", spec.module_name],
-            "args": list(spec.trainer_args),
-            "env": [{"name": contracts.JOB_ID_ENV, "value": spec.job_id},
-                    {"name": "PYTHONUNBUFFERED", "value": "1"}],
-            "ports": [{"name": PORT_NAME, "containerPort": PORT}]}
-        config = spec.training_input.get(specs.CONFIG_KEYS[group.task_type]) or {}
-        accelerator_config = config.get("acceleratorConfig") or {}
-        container["resources"] = resources(group, accelerator_config.get("count", 0))
-        pod: dict[str, Any] = {"containers": [container]}
-        if self.options.service_account:
-            pod["serviceAccountName"] = self.options.service_account
-        accelerator = accelerator_config.get("type")
-        if accelerator and group.gpus:
-            pod["nodeSelector"] = {"cloud.google.com/gke-accelerator":
-                                   accelerator.lower().replace("_", "-")}
-        return {"replicas": group.count, "restartPolicy": group.restart_policy,
-                "template": {"metadata": {"labels": dict(labels)}, "spec": pod}}
 
     def _namespace(self) -> str:
         if self.options.namespace:

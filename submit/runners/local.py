@@ -12,11 +12,17 @@ SIGKILL. SIGINT or SIGTERM to the supervising process cancels the job (CANCELLIN
 CANCELLED). Replicas cannot outlive the supervisor even when it is SIGKILLed: each runs
 in its own session with PR_SET_PDEATHSIG=SIGTERM, and has MLJOB_PARENT_PID to watch.
 
+Deadlines (trainingInput.scheduling): a job still running `maxRunningTime` after it
+started RUNNING fails, every replica stopped; one that took longer than `maxWaitTime`
+from submission to RUNNING (building its package environment) fails before any replica
+starts. The wait is judged when preparation ends: a pip install is not interrupted.
+
 Restart policies, per replica type (as Kubeflow's TFJob names them): Never; OnFailure
 (any non-zero exit); ExitCode (exit statuses 128-255, the trainer's retryable ones: 143
 preempted, 200 peer unavailable, and deaths by signal; 1-127 are permanent); Always (ps,
 workers and evaluators also when they exit 0). Each replica may restart its type's
-`max_restarts` times, after a back-off of 1, 2, 4 ... 30 seconds.
+`max_restarts` times (6 when a policy is given without a maximum), after a back-off of
+1, 2, 4 ... 30 seconds.
 
 A ps or worker serves until the job ends, and exits 0 when told to stop (SIGTERM): one
 that exits 0 while the chief still runs was stopped from outside (preempted), and is
@@ -33,7 +39,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from mljob import contracts, storage
 from mljob.errors import EXIT_PREEMPTED
@@ -186,6 +192,12 @@ class LocalRunner:
             if self._cancel.is_set():
                 self._set(jobs.CANCELLING)
                 return self._finish(jobs.CANCELLED, None)
+            waited = time.time() - self.record.create_time
+            if self.plan.max_wait_time is not None and waited > self.plan.max_wait_time:
+                return self._finish(jobs.FAILED, (
+                    f"The job did not start running within its maximum wait time of "
+                    f"{self.plan.max_wait_time:g}s (trainingInput.scheduling.maxWaitTime); "
+                    f"it waited {waited:.0f}s."))
             for replica in self.replicas:
                 replica.start(self.plan.cwd, os.getpid())
                 self._note_replica(replica, "RUNNING")
@@ -226,9 +238,15 @@ class LocalRunner:
     def _supervise(self) -> tuple[str, str | None]:
         chief = next(r for r in self.replicas if r.plan.is_chief)
         next_mirror = time.monotonic() + MIRROR_EVERY_S
+        limit = self.plan.max_running_time
+        deadline = None if limit is None else time.monotonic() + limit
         while True:
             if self._cancel.is_set():
                 return jobs.CANCELLED, None
+            if deadline is not None and time.monotonic() >= deadline:
+                return jobs.FAILED, (f"The job exceeded its maximum running time of "
+                                     f"{limit:g}s (trainingInput.scheduling.maxRunningTime) "
+                                     "and was stopped.")
             for replica in self.replicas:
                 if replica.finished or replica.restart_at is not None or replica.running:
                     continue
@@ -304,12 +322,12 @@ class LocalRunner:
         if state == jobs.SUCCEEDED:
             try:
                 self._mirror(final=True)
-            except Exception as exc:  # noqa: BLE001 - any storage failure fails the job
+            except Exception as exc:  # any storage failure fails the job
                 state, error = jobs.FAILED, f"cannot copy the job dir: {exc}"
         else:
             try:
                 self._mirror(final=True)
-            except Exception as exc:  # noqa: BLE001 - keep the job's own failure reason
+            except Exception as exc:  # keep the job's own failure reason
                 log.warning("could not copy the job dir after the job ended: %s", exc)
         self._set(state, error)
         return state
@@ -318,7 +336,7 @@ class LocalRunner:
         for mirror in self.mirrors:
             try:
                 mirror.sync()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if final:
                     raise
                 log.warning("mirroring %s failed, will retry: %s", mirror.url, exc)
@@ -331,7 +349,7 @@ class LocalRunner:
     def _publish(self) -> None:
         try:
             self.publish(self.record)
-        except Exception as exc:  # noqa: BLE001 - a record write must not orphan replicas
+        except Exception as exc:  # a record write must not orphan replicas
             log.warning("cannot save the job record: %s", exc)
 
     def _note_replica(self, replica: Replica, state: str, status: int | None = None) -> None:
@@ -373,7 +391,8 @@ class LocalEngine(Runner):
 
     def render(self, spec: JobSpec, package: Package | None) -> Rendered:
         plan = plans.build(spec, package, home=mljob_home(), ports=self.ports,
-                           source_dir=self.source_dir)
+                           source_dir=self.source_dir,
+                           gpus_available=local_gpu_count() if spec.gpus_needed else 0)
         return Rendered(body=plan.to_dict(), text=plan.to_json(),
                         handle={"job_id": plan.job_id})
 
@@ -385,7 +404,8 @@ class LocalEngine(Runner):
             package_url=plan.package_url, package_sha256=plan.package_sha256,
             module=plan.module, trainer_args=list(plan.trainer_args),
             training_input=dict(plan.training_input), log_dir=plan.log_dir, mode=plan.mode,
-            replicas=[jobs.ReplicaRecord(r.label) for r in plan.replicas])
+            replicas=[jobs.ReplicaRecord(r.label) for r in plan.replicas],
+            labels=dict(plan.labels))
 
     def start(self, rendered: Rendered, record: jobs.JobRecord, *, attach: bool) -> str:
         """An attached job starts in `attach`; a detached one gets its supervisor now."""

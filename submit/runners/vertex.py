@@ -8,45 +8,40 @@ WorkerPoolSpec (the API's rule: "all worker pools except the first one are optio
 can be skipped by providing an empty value") and trailing empty pools are left out.
 
 Every client call goes over REST: `JobServiceClient(transport="rest")` at
-`{region}-aiplatform.googleapis.com` for jobs, Cloud Logging's `entries:list` for logs,
-both with Application Default Credentials. As STORAGE_EMULATOR_HOST does for gs://,
-MLJOB_VERTEX_API_ENDPOINT and MLJOB_LOGGING_API_ENDPOINT (e.g. http://127.0.0.1:PORT)
-send those calls elsewhere with anonymous credentials; the tests point them at a
-recording HTTP endpoint, so the code path is the production one.
+`{region}-aiplatform.googleapis.com` for jobs, Cloud Logging's `entries:list` for logs
+(`submit.runners.vertex_logs`), both with Application Default Credentials. As
+STORAGE_EMULATOR_HOST does for gs://, MLJOB_VERTEX_API_ENDPOINT and
+MLJOB_LOGGING_API_ENDPOINT (e.g. http://127.0.0.1:PORT) send those calls elsewhere with
+anonymous credentials; the tests point them at a recording HTTP endpoint, so the code
+path is the production one.
 """
 from __future__ import annotations
 
-import calendar
-import contextlib
+import datetime
 import json
 import os
 import re
-import time
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
-import google.auth
-import requests
-from google.api_core import exceptions as api_exceptions
-from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import AnonymousCredentials
-from google.auth.transport.requests import AuthorizedSession
 from google.cloud import aiplatform_v1
 from google.protobuf import json_format
 
 from mljob import contracts, machines
-from submit import jobs, logs, spec as specs
-from submit.errors import SubmitError, UsageError
+from submit import jobs, spec as specs
+from submit.errors import UsageError
 from submit.package import Package
+from submit.runners import vertex_logs
 from submit.runners.engine import ClusterEngine, EngineOptions, EngineStatus, Rendered
+from submit.runners.google_api import CALL_TIMEOUT_S, api_errors, one_line
+from submit.runners.vertex_logs import (  # noqa: F401 - the engine's names, as before
+    LOGGING_ENDPOINT_ENV, replica_label, vertex_task_name)
 from submit.spec import JobSpec
 
 VERTEX_ENDPOINT_ENV = "MLJOB_VERTEX_API_ENDPOINT"
-LOGGING_ENDPOINT_ENV = "MLJOB_LOGGING_API_ENDPOINT"
-LOGGING_API = "https://logging.googleapis.com"
 PROJECT_ENVS = ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT")
 DEFAULT_REGION = "us-central1"
-CALL_TIMEOUT_S = 60.0
-LOG_LAG_S = 5.0
 # The job id as submitted. Not CLOUD_ML_JOB_ID: Vertex sets that one itself, to the
 # CustomJob's numeric id, and its own tools (the TensorBoard profiler) read it.
 JOB_ID_ENV = contracts.MLJOB_JOB_ID_ENV
@@ -60,6 +55,7 @@ _EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
 
 # Machine names map through mljob/machines.py (the retired K80s are T4s there).
 T4, RETIRED_ACCELERATORS = machines.T4, machines.RETIRED_ACCELERATORS
+OWN_LABELS = ("mljob-job-id", "mljob-scale-tier", "mljob-package-sha256")
 POOLS = contracts.VERTEX_POOL_TYPES  # Vertex's pool index per replica type
 STATES = {  # Vertex JobState -> (record state, message)
     "JOB_STATE_UNSPECIFIED": (jobs.QUEUED, None), "JOB_STATE_QUEUED": (jobs.QUEUED, None),
@@ -109,6 +105,11 @@ class VertexEngine(ClusterEngine):
                              "email; write it like NAME@PROJECT.iam.gserviceaccount.com")
         for group in spec.groups:
             _machine_spec(spec, group)
+        room = specs.MAX_LABELS - len(OWN_LABELS)
+        if len(spec.labels) > room:
+            raise UsageError(f"{len(spec.labels)} labels are too many for Vertex AI, which "
+                             f"takes {specs.MAX_LABELS} and mljob sets {len(OWN_LABELS)}; "
+                             f"give at most {room}")
 
     def render(self, spec: JobSpec, package: Package) -> Rendered:
         project, region = self._location(spec)
@@ -123,12 +124,18 @@ class VertexEngine(ClusterEngine):
                 output_uri_prefix=spec.job_dir))
         if self.options.service_account:
             job_spec.service_account = self.options.service_account
+        scheduling = aiplatform_v1.Scheduling()
         if any(g.restart_policy != "Never" for g in spec.groups):
             # Vertex restarts a lost replica itself and has no per-exit-code policy; what
             # it can do is restart the whole job when a replica restarts, so every replica
             # resumes together from the latest checkpoint, as the trainer expects.
-            job_spec.scheduling = aiplatform_v1.Scheduling(
-                restart_job_on_worker_restart=True)
+            scheduling.restart_job_on_worker_restart = True
+        if spec.max_running_time is not None:
+            scheduling.timeout = _duration(spec.max_running_time)
+        if spec.max_wait_time is not None:
+            scheduling.max_wait_duration = _duration(spec.max_wait_time)
+        if scheduling != aiplatform_v1.Scheduling():
+            job_spec.scheduling = scheduling
         request = aiplatform_v1.CreateCustomJobRequest(
             parent=parent, custom_job=aiplatform_v1.CustomJob(
                 display_name=spec.job_id, job_spec=job_spec,
@@ -158,7 +165,7 @@ class VertexEngine(ClusterEngine):
     def create(self, rendered: Rendered) -> Mapping[str, Any]:
         handle = dict(rendered.handle)
         request = aiplatform_v1.CreateCustomJobRequest.from_json(rendered.text)
-        with _api_errors(f"create job {handle['display_name']}", handle):
+        with api_errors(f"create job {handle['display_name']}", handle):
             job = _job_client(handle["region"]).create_custom_job(
                 request=request, timeout=CALL_TIMEOUT_S)
         handle["name"] = job.name
@@ -166,49 +173,27 @@ class VertexEngine(ClusterEngine):
         return handle
 
     def status(self, handle: Mapping[str, Any]) -> EngineStatus:
-        with _api_errors(f"describe job {handle.get('display_name')}", handle):
+        with api_errors(f"describe job {handle.get('display_name')}", handle):
             job = _job_client(handle["region"]).get_custom_job(
                 name=handle["name"], timeout=CALL_TIMEOUT_S)
         state_name = getattr(job.state, "name", str(job.state))  # an int if unknown
         state, message = STATES.get(state_name, (jobs.RUNNING, None))
         if state == jobs.FAILED and job.error.message:
-            message = _one_line(job.error.message)
+            message = one_line(job.error.message)
         return EngineStatus(state=state, message=message)
 
     def cancel(self, handle: Mapping[str, Any]) -> str:
-        with _api_errors(f"cancel job {handle.get('display_name')}", handle):
+        with api_errors(f"cancel job {handle.get('display_name')}", handle):
             _job_client(handle["region"]).cancel_custom_job(
                 name=handle["name"], timeout=CALL_TIMEOUT_S)
         return jobs.CANCELLING
 
     def logs(self, handle: Mapping[str, Any], *, task_name: str | None = None,
              follow: bool = True) -> Iterator[str]:
-        """Replica logs from Cloud Logging, as `gcloud ai custom-jobs stream-logs` reads
-        them: resource type ml_job, the job's numeric id, one replica by its task name.
-        Following polls from the last entry seen until the job has ended and a read finds
-        nothing new (Logging may receive the last lines after the job ends); while the job
-        runs, the last LOG_LAG_S seconds are left for the next read, as gcloud does, so
-        that an entry that arrives late is not passed over."""
-        job_id = handle["name"].rsplit("/", 1)[-1]
-        filters = ['resource.type="ml_job"', f'resource.labels.job_id="{job_id}"']
-        if task_name:
-            filters.append(f'resource.labels.task_name="{vertex_task_name(task_name)}"')
-        session, url = _logging_session()
-        position = _Position()
-        ended = False
-        while True:
-            if follow and not ended:
-                ended = self.status(handle).state in jobs.FINAL_STATES
-            window = [] if ended or not follow else \
-                [f'timestamp<"{_rfc3339(time.time() - LOG_LAG_S)}"']
-            new = 0
-            for entry in _entries(session, url, handle, filters + position.bounds() + window):
-                if position.advance(entry):
-                    new += 1
-                    yield from _format(entry)
-            if not follow or (ended and not new):
-                return
-            time.sleep(self.poll_s)
+        """Replica logs from Cloud Logging (`submit.runners.vertex_logs`)."""
+        return vertex_logs.read(
+            handle, task_name=task_name, follow=follow, poll_s=self.poll_s,
+            ended_now=lambda: self.status(handle).state in jobs.FINAL_STATES)
 
 
 def _pool(spec: JobSpec, group: specs.ReplicaGroup, package: Package, image: str | None,
@@ -257,11 +242,17 @@ def _image(region: str, gpu: bool) -> str:
 
 
 def _labels(spec: JobSpec, package: Package) -> dict[str, str]:
-    """Vertex label values are at most 63 lower-case letters, digits, `_` and `-`: job ids
-    are letters, digits and `_`, so lower-casing is enough (display_name keeps the case)."""
-    return {"mljob-job-id": spec.job_id.lower()[:63],
-            "mljob-scale-tier": spec.scale_tier.lower(),
-            "mljob-package-sha256": package.sha256[:16]}
+    """The job's labels (checked by Google Cloud's rules in `submit.spec`) and mljob's own
+    (`mljob-*`, a prefix the job's may not use). Vertex label values are at most 63
+    lower-case letters, digits, `_` and `-`: job ids are letters, digits and `_`, so
+    lower-casing is enough (display_name keeps the case)."""
+    own = (spec.job_id.lower()[:63], spec.scale_tier.lower(), package.sha256[:16])
+    return {**spec.labels, **dict(zip(OWN_LABELS, own, strict=True))}
+
+
+def _duration(seconds: float) -> datetime.timedelta:
+    """A scheduling Duration (proto-plus takes a timedelta)."""
+    return datetime.timedelta(seconds=seconds)
 
 
 def _to_json(request) -> str:
@@ -270,24 +261,7 @@ def _to_json(request) -> str:
     return json_format.MessageToJson(type(request).pb(request), sort_keys=True, indent=2)
 
 
-def vertex_task_name(label: str) -> str:
-    """`master-replica-0` -> `workerpool0-0` (Vertex's names pass through)."""
-    if re.fullmatch(r"workerpool[0-3]-\d+|service", label):
-        return label
-    parsed = contracts.parse_label(label)
-    if parsed is None:
-        raise UsageError(f"--task-name {label!r} names no replica; use "
-                         f"{contracts.LABEL_HINT}")
-    return f"workerpool{contracts.vertex_pool(parsed[0])}-{parsed[1]}"
-
-
-def replica_label(task_name: str) -> str:
-    """`workerpool1-3` -> `worker-replica-3`, as Cloud ML labelled replicas."""
-    match = re.fullmatch(r"workerpool([0-3])-(\d+)", task_name)
-    return contracts.replica_label(POOLS[int(match[1])], match[2]) if match else task_name
-
-
-# -- clients and errors ----------------------------------------------------------------
+# -- the client ------------------------------------------------------------------------
 
 def _job_client(region: str) -> aiplatform_v1.JobServiceClient:
     endpoint = os.environ.get(VERTEX_ENDPOINT_ENV)
@@ -297,128 +271,3 @@ def _job_client(region: str) -> aiplatform_v1.JobServiceClient:
         client_options={"api_endpoint": endpoint or f"{region}-aiplatform.googleapis.com"})
 
 
-def _logging_session() -> tuple[AuthorizedSession, str]:
-    endpoint = os.environ.get(LOGGING_ENDPOINT_ENV)
-    if endpoint:
-        credentials = AnonymousCredentials()
-    else:
-        with _api_errors("read the job's logs", {}):
-            credentials, _ = google.auth.default(
-                scopes=["https://www.googleapis.com/auth/logging.read"])
-    return AuthorizedSession(credentials), f"{(endpoint or LOGGING_API).rstrip('/')}" \
-                                           "/v2/entries:list"
-
-
-FIXES = {400: "check the request --dry-run prints", 401: "run `gcloud auth "
-         "application-default login`", 403: "run `gcloud auth application-default login` "
-         "with an account that has roles/aiplatform.user (and roles/logging.viewer for "
-         "logs) in the project, and enable the Vertex AI API", 404: "check --project and "
-         "--region, and that the job exists", 409: "pick another job id",
-         429: "wait a minute or ask for more quota"}
-
-
-@contextlib.contextmanager
-def _api_errors(action: str, handle: Mapping[str, Any]):
-    """Google API and credential errors -> one-line SubmitError naming the fix."""
-    where = f" in project {handle['project']} region {handle['region']}" \
-        if handle.get("project") else ""
-    try:
-        yield
-    except auth_exceptions.DefaultCredentialsError as exc:
-        raise SubmitError(f"cannot {action}: no Application Default Credentials "
-                          f"({_one_line(str(exc))[:160]}); run `gcloud auth "
-                          "application-default login` or set GOOGLE_APPLICATION_CREDENTIALS "
-                          "to a service account key file") from None
-    except (auth_exceptions.GoogleAuthError, requests.RequestException) as exc:
-        raise SubmitError(f"cannot {action}{where}: {_one_line(str(exc))[:300]}; check the "
-                          "network and run `gcloud auth application-default login`") from None
-    except api_exceptions.GoogleAPICallError as exc:
-        code = int(exc.code) if exc.code else 0
-        message = re.sub(r"^[A-Z]+ \S+: ", "", exc.message or str(exc))  # drop method, URL
-        fix = FIXES.get(code, "try again later" if code >= 500 else "see the message")
-        raise SubmitError(f"Vertex AI refused to {action}{where}: {code} "
-                          f"{_one_line(message)[:300]}; {fix}") from None
-    except api_exceptions.GoogleAPIError as exc:  # retries ran out, and the like
-        raise SubmitError(f"cannot {action}{where}: {_one_line(str(exc))[:300]}; try again "
-                          "later") from None
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-# -- Cloud Logging ---------------------------------------------------------------------
-
-def _entries(session: AuthorizedSession, url: str, handle: Mapping[str, Any],
-             filters: list[str]) -> Iterator[dict]:
-    body: dict[str, Any] = {"resourceNames": [f"projects/{handle['project']}"],
-                            "filter": " AND ".join(filters), "orderBy": "timestamp asc",
-                            "pageSize": 1000}
-    while True:
-        with _api_errors(f"read the logs of job {handle.get('display_name')}", handle):
-            response = session.post(url, json=body, timeout=CALL_TIMEOUT_S)
-        if response.status_code >= 400:
-            raise SubmitError(f"Cloud Logging refused to read the logs of job "
-                              f"{handle.get('display_name')}: {response.status_code} "
-                              f"{_logging_error(response)}; "
-                              f"{FIXES.get(response.status_code, 'try again later')}")
-        page = response.json()
-        yield from page.get("entries", ())
-        if not page.get("nextPageToken"):
-            return
-        body["pageToken"] = page["nextPageToken"]
-
-
-def _logging_error(response: requests.Response) -> str:
-    try:
-        return _one_line(str(response.json()["error"]["message"]))[:300]
-    except (ValueError, KeyError, TypeError):
-        return _one_line(response.text)[:300] or response.reason
-
-
-class _Position:
-    """The last entry read (timestamp, insertId): reads ask only for later entries, and
-    entries at or before it (a page read twice) are skipped."""
-
-    def __init__(self):
-        self.key: tuple[str, str] | None = None
-
-    def bounds(self) -> list[str]:
-        if self.key is None:
-            return []
-        stamp, insert_id = self.key
-        return [f'(timestamp>"{stamp}" OR (timestamp="{stamp}" AND '
-                f'insertId>"{insert_id}"))']
-
-    def advance(self, entry: Mapping[str, Any]) -> bool:
-        key = (_timestamp(entry.get("timestamp", "")), str(entry.get("insertId", "")))
-        if self.key is not None and key <= self.key:
-            return False
-        self.key = key
-        return True
-
-
-def _rfc3339(when: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(when)) + \
-        f".{int(when % 1 * 1e9):09d}Z"
-
-
-def _timestamp(stamp: str) -> str:
-    """RFC 3339 in UTC with nine fraction digits, so that string order is time order."""
-    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z", stamp)
-    return f"{match[1]}.{(match[2] or '').ljust(9, '0')}Z" if match else stamp
-
-
-def _format(entry: Mapping[str, Any]) -> Iterator[str]:
-    task = (entry.get("resource", {}).get("labels", {}).get("task_name")
-            or entry.get("labels", {}).get("ml.googleapis.com/task_name") or "service")
-    payload = entry.get("jsonPayload")
-    text = str(payload.get("message") or "") if isinstance(payload, dict) \
-        else str(entry.get("textPayload") or "")
-    severity = entry.get("severity") or "DEFAULT"
-    severity = "INFO" if severity == "DEFAULT" else severity   # as the local runner's
-    stamp = entry.get("timestamp", "")
-    when = calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) \
-        if re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", stamp) else None
-    for line in text.splitlines() or [""]:
-        yield logs.format_line(replica_label(task), line, severity, when)

@@ -6,12 +6,16 @@ preempted, and the job record counts restarts per replica."""
 from __future__ import annotations
 
 import os
+import signal
+import threading
+import time
 
 import pytest
 
 from tests.support.common import pid_alive
 from submit import jobs as records
 from submit.__main__ import main
+from submit.errors import JobNotFoundError
 from submit.runners.local import should_restart
 
 FAKE_TASK = r'''
@@ -125,3 +129,38 @@ def test_a_server_stopped_while_the_chief_runs_is_restarted_as_preempted(
     assert "ps-replica-0 exited with status 0; restarting in 1 s" in out
     assert ps_restarts(record) == 1
     assert len(open(os.path.join(tmp_path, "preempted", "ps-starts")).read()) == 2
+
+
+def test_a_restart_policy_alone_survives_a_sigkilled_worker(capsys, tmp_path, pkg,
+                                                            monkeypatch):
+    """--restart-policy OnFailure with no --max-restarts allows the default restarts: the
+    worker this test SIGKILLs from outside comes back and the job succeeds."""
+    monkeypatch.setenv("FAKE_CHIEF_SLEEP", "12")
+    killed = []
+
+    def kill_the_worker():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                record = records.load("sigkilled")
+            except JobNotFoundError:  # not written yet
+                record = None
+            worker = record and {r.label: r for r in record.replicas}.get("worker-replica-0")
+            if worker and worker.pid and worker.state == "RUNNING" and pid_alive(worker.pid):
+                time.sleep(1.0)
+                os.kill(worker.pid, signal.SIGKILL)
+                killed.append(worker.pid)
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_the_worker, daemon=True)
+    killer.start()
+    status, out, err, record = run_job(capsys, tmp_path, pkg, "sigkilled", "",
+                                       "--restart-policy", "OnFailure")
+    killer.join(timeout=5)
+    assert killed, "the worker never ran"
+    assert status == 0, err
+    assert "worker-replica-0 exited with status 137; restarting in 1 s" in out
+    assert record.state == records.SUCCEEDED
+    worker = {r.label: r for r in record.replicas}["worker-replica-0"]
+    assert worker.restarts == 1 and worker.pid != killed[0]

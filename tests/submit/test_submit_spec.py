@@ -24,7 +24,8 @@ def write(tmp_path, name, text):
 
 CASES = [
     # (argv after the job id, expected fragment of the message)
-    (["--scale-tier", "CUSTOM"], "scale tier CUSTOM needs trainingInput.masterType"),
+    (["--scale-tier", "CUSTOM"],
+     "scale tier CUSTOM needs the master's machine type; pass --master-machine-type"),
     (["--worker-count", "2"], "--worker-count needs --scale-tier CUSTOM"),
     (["--scale-tier", "STANDARD_1", "--parameter-server-count", "1"],
      "--parameter-server-count needs --scale-tier CUSTOM"),
