@@ -29,6 +29,9 @@ MAX_REPLICAS_PER_TYPE = 10_000
 JOB_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # whole string: fullmatch
 URL_SCHEMES = ("file", "memory", "gs")
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
+VERSIONS = {"region": re.compile(r"[a-z]+(-[a-z]+)+[0-9]{1,2}"),
+            "runtimeVersion": re.compile(r"[0-9]+\.[0-9]+"),
+            "pythonVersion": re.compile(r"[0-9]\.[0-9]+")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +110,9 @@ class JobSpec:
     training_input: Mapping[str, Any]
     restart_policy: str = "Never"
     max_restarts: int = 0
+    # archives installed with the package: --packages paths or URLs, packageUris after
+    # the first
+    extra_packages: tuple[str, ...] = ()
 
     def count(self, task_type: str) -> int:
         return sum(g.count for g in self.groups if g.task_type == task_type)
@@ -220,12 +226,18 @@ def check_training_input(ti: Mapping[str, Any]) -> None:
 def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
             worker_count=None, parameter_server_count=None, evaluator_count=None,
             job_dir=None, staging_bucket=None, package_path=None, module_name=None,
-            args=None, restart_policy=None, max_restarts=None,
+            args=None, restart_policy=None, max_restarts=None, packages=None,
+            region=None, runtime_version=None, python_version=None,
             staged=True) -> JobSpec:
     """Merge flags (None when not given) over trainingInput and check the result.
 
     Restarts: --restart-policy/--max-restarts, when given, apply to every replica type;
     otherwise each type's `<type>Config.restartPolicy/maxRestarts` (default Never, 0).
+
+    `packages` (--packages) are sdists or wheels, paths or URLs, installed with the
+    package; given alone (no --package-path), the first is the job's package.
+    --region, --runtime-version and --python-version are recorded in trainingInput (the
+    local runner runs on this machine's TensorFlow and Python).
 
     staged=False is `local train`: the working tree runs, nothing needs a staging place.
     """
@@ -264,13 +276,28 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
     if any(a == "--job-dir" or a.startswith("--job-dir=") for a in user_args):
         raise UsageError("--job-dir is among the trainer arguments; give it to submit "
                          "(before `--`), which passes it on to the trainer")
-    package_uri = None
-    if ti.get("packageUris"):
-        if len(ti["packageUris"]) != 1 or package_path is not None:
-            raise ConfigError("trainingInput.packageUris: give one staged package (a .tar.gz "
-                              "URL), or none and --package-path")
-        package_uri = _normalise_url(ti["packageUris"][0], "trainingInput.packageUris")
-    elif staged and not job_dir and not staging_bucket:
+    for flag, key, value, pattern, example in (
+            ("--region", "region", region, VERSIONS["region"], "us-central1"),
+            ("--runtime-version", "runtimeVersion", runtime_version,
+             VERSIONS["runtimeVersion"], "2.11"),
+            ("--python-version", "pythonVersion", python_version,
+             VERSIONS["pythonVersion"], "3.7")):
+        if value is not None:
+            ti[key] = value
+        if key in ti and not pattern.fullmatch(ti[key]):
+            raise UsageError(f"{flag} {ti[key]!r:.60} is not valid; write it like {example}")
+    package_uri, extras = None, ()
+    if packages is not None:
+        extras = tuple(_archive(p, "--packages") for p in packages)
+    elif ti.get("packageUris"):
+        if package_path is not None:
+            raise ConfigError("trainingInput.packageUris: give staged packages (.tar.gz or "
+                              ".whl URLs), or --package-path, not both")
+        uris = [_archive(u, "trainingInput.packageUris") for u in ti["packageUris"]]
+        package_uri, extras = uris[0], tuple(uris[1:])
+    local_archives = package_path is not None or any("://" not in e for e in extras) or \
+        (package_uri is None and not extras)
+    if staged and local_archives and not job_dir and not staging_bucket:
         raise UsageError("If local packages are provided, the --staging-bucket or "
                          "--job-dir flag must be given.")
     if restart_policy is not None and restart_policy not in RESTART_POLICIES:
@@ -290,7 +317,15 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
                    staging_bucket=staging_bucket, package_path=package_path,
                    package_uri=package_uri, module_name=module, args=user_args,
                    use_chief=use_chief, training_input=ti, restart_policy=restart_policy,
-                   max_restarts=max_restarts)
+                   max_restarts=max_restarts, extra_packages=extras)
+
+
+def _archive(path: str, flag: str) -> str:
+    """A package archive: an sdist (.tar.gz) or a wheel (.whl), as a path or URL."""
+    if not isinstance(path, str) or not path.endswith((".tar.gz", ".whl")):
+        raise UsageError(f"{flag} {path!r:.80} is not an sdist or a wheel; give "
+                         "NAME-VERSION.tar.gz or .whl files")
+    return _normalise_url(path, flag)
 
 
 def _with_restarts(group: ReplicaGroup, ti: dict, policy, most) -> ReplicaGroup:

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from mljob import contracts, storage
 from mljob.errors import EXIT_PREEMPTED
@@ -217,11 +217,18 @@ class LocalRunner:
         for folder in (self.plan.run_dir, self.plan.log_dir, self.plan.cwd):
             os.makedirs(folder, exist_ok=True)
         if self.plan.mode == "cloud":
-            _, created = ensure_environment(self.plan.package_url, self.plan.package_sha256,
-                                            self.plan.package_top_dir)
+            # Before any replica starts: a package that cannot be installed fails the job.
+            key = self.plan.env_key
+            self.terminal.note(f"package environment {key[:12]}: installing "
+                               f"{', '.join(p['file_name'] for p in self.plan.packages)}")
+            started = time.monotonic()
+            _, created = ensure_environment(
+                [Package(p["file_name"], p["sha256"], "", url=p["url"])
+                 for p in self.plan.packages], key, root=self.plan.env_root,
+                cancelled=self._cancel.is_set)
             what = "created" if created else "reused"
-            self.terminal.note(f"package environment {self.plan.package_sha256[:12]} "
-                               f"{what}")
+            self.terminal.note(f"package environment {key[:12]} {what} in "
+                               f"{time.monotonic() - started:.1f} s")
 
     def _supervise(self) -> tuple[str, str | None]:
         chief = next(r for r in self.replicas if r.plan.is_chief)
@@ -304,12 +311,12 @@ class LocalRunner:
         if state == jobs.SUCCEEDED:
             try:
                 self._mirror(final=True)
-            except Exception as exc:  # noqa: BLE001 - any storage failure fails the job
+            except Exception as exc:  # any storage failure fails the job
                 state, error = jobs.FAILED, f"cannot copy the job dir: {exc}"
         else:
             try:
                 self._mirror(final=True)
-            except Exception as exc:  # noqa: BLE001 - keep the job's own failure reason
+            except Exception as exc:  # keep the job's own failure reason
                 log.warning("could not copy the job dir after the job ended: %s", exc)
         self._set(state, error)
         return state
@@ -318,7 +325,7 @@ class LocalRunner:
         for mirror in self.mirrors:
             try:
                 mirror.sync()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if final:
                     raise
                 log.warning("mirroring %s failed, will retry: %s", mirror.url, exc)
@@ -331,7 +338,7 @@ class LocalRunner:
     def _publish(self) -> None:
         try:
             self.publish(self.record)
-        except Exception as exc:  # noqa: BLE001 - a record write must not orphan replicas
+        except Exception as exc:  # a record write must not orphan replicas
             log.warning("cannot save the job record: %s", exc)
 
     def _note_replica(self, replica: Replica, state: str, status: int | None = None) -> None:
