@@ -81,7 +81,12 @@ def cli():
 @click.option("--job-dir", help="Job output URL: path, file://, memory:// or gs://.")
 @click.option("--staging-bucket", help="Where packages are staged (else <job-dir>/packages).")
 @click.option("--package-path", type=click.Path(file_okay=False),
-              help="Folder holding setup.py (default: this project's source tree).")
+              help="Your package folder (e.g. trainer), built from its parent with the "
+                   "parent's setup.py or a generated one; or a folder holding setup.py "
+                   "(default: this project's source tree).")
+@click.option("--packages", "packages", multiple=True,
+              help="Comma-separated sdists (.tar.gz) or wheels (.whl), paths or URLs, "
+                   "staged and installed with the package.")
 @click.option("--module-name", help="Module each replica runs (default trainer.task).")
 @click.option("--worker-count", type=int, help="Workers (CUSTOM tier only).")
 @click.option("--parameter-server-count", type=int, help="Parameter servers (CUSTOM only).")
@@ -128,15 +133,21 @@ def cli():
                                                 "[default: the current one].")
 @click.option("--project", help="vertex: the Google Cloud project [default: "
                                 "$GOOGLE_CLOUD_PROJECT].")
-@click.option("--region", help="vertex: the region [default: us-central1].")
+@click.option("--region", help="The region, recorded in trainingInput; vertex runs the "
+                               "job there [default: the config's region, else us-central1].")
+@click.option("--runtime-version", help="Cloud ML's runtime version (e.g. 2.11), recorded "
+                                        "in trainingInput.")
+@click.option("--python-version", help="Cloud ML's Python version (e.g. 3.7), recorded in "
+                                       "trainingInput.")
 @click.option("--service-account", help="kubeflow: the pods' service account; vertex: "
                                         "the service account email replicas run as.")
 @click.pass_context
 def submit_command(ctx, job_id, scale_tier, config_path, job_dir, staging_bucket,
-                   package_path, module_name, worker_count, parameter_server_count,
-                   evaluator_count, stream_logs, dry_run, resume, restart_policy,
-                   max_restarts, runner, image, namespace, context, project, region,
-                   service_account, **job_definition):
+                   package_path, packages, module_name, worker_count,
+                   parameter_server_count, evaluator_count, stream_logs, dry_run, resume,
+                   restart_policy, max_restarts, runner, image, namespace, context, project,
+                   region, runtime_version, python_version, service_account,
+                   **job_definition):
     """Submit training job JOB_ID; everything after `--` goes to the trainer, followed by
     `--job-dir URL` as Cloud ML passes it."""
     options = EngineOptions(image=image, namespace=namespace, context=context,
@@ -151,6 +162,9 @@ def submit_command(ctx, job_id, scale_tier, config_path, job_dir, staging_bucket
                      staging_bucket=staging_bucket, package_path=package_path,
                      module_name=module_name, args=ctx.meta["trainer_args"],
                      restart_policy=restart_policy, max_restarts=max_restarts,
+                     packages=[p for given in packages for p in given.split(",") if p]
+                     if packages else None, region=region,
+                     runtime_version=runtime_version, python_version=python_version,
                      **job_definition),
         dry_run=dry_run, stream=stream_logs, resume=resume), _echo)
 

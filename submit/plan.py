@@ -19,9 +19,10 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
+from submit import package as packages
 from submit import spec as specs
 from submit.package import Package
 from mljob import contracts, storage
@@ -66,7 +67,7 @@ class JobPlan:
     package_url: str | None
     package_sha256: str | None
     package_top_dir: str | None
-    python_path: str
+    python_path: str               # "" for a staged package: nothing shadows what it installs
     cwd: str
     module: str
     trainer_args: tuple[str, ...]
@@ -78,6 +79,10 @@ class JobPlan:
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     max_running_time: float | None = None   # seconds, scheduling.maxRunningTime
     max_wait_time: float | None = None      # seconds, scheduling.maxWaitTime
+    # cloud mode: the archives pip-installs into the environment `env_key` under `env_root`
+    packages: tuple[Mapping[str, str], ...] = ()
+    env_root: str | None = None
+    env_key: str | None = None
 
     @property
     def chief(self) -> ReplicaPlan:
@@ -97,6 +102,7 @@ class JobPlan:
         data["mirrors"] = tuple(tuple(m) for m in data["mirrors"])
         data["trainer_args"] = tuple(data["trainer_args"])
         data["cluster"] = {k: tuple(v) for k, v in data["cluster"].items()}
+        data["packages"] = tuple(data.get("packages", ()))
         return cls(**data)
 
 
@@ -106,6 +112,7 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
     """The plan for a staged package (cloud mode) or, with source_dir, the working tree
     (`local train` mode: no staging, the module runs from source_dir)."""
     python = python or sys.executable
+    env_key = env_dir = None
     run_dir = os.path.join(home, "runs", spec.job_id)
     job_dir = spec.job_dir
     replica_job_dir, mirrors = job_dir, []
@@ -123,8 +130,12 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
     if source_dir is not None:
         python_path, cwd, mode = source_dir, source_dir, "local"
     else:
-        python_path = os.path.join(home, "envs", package.sha256, "src", package.top_dir)
-        cwd, mode = run_dir, "cloud"  # not the working tree: `-m` imports from the cwd
+        # The packages are pip-installed into an environment of their own; PYTHONPATH is
+        # emptied so that no working tree (a `trainer/` folder) shadows what it holds.
+        env_key = packages.environment_key(package.all, python)
+        env_dir = packages.env_root(home)
+        python = os.path.join(env_dir, env_key, "bin", "python")
+        python_path, cwd, mode = "", run_dir, "cloud"  # `-m` imports from the cwd
 
     trainer_args = spec.args + (("--job-dir", replica_job_dir) if replica_job_dir else ())
     chief_name = specs.CHIEF if spec.use_chief else specs.MASTER
@@ -172,7 +183,10 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
         training_input=dict(spec.training_input), replicas=tuple(replicas),
         restart_policy=spec.restart_policy, max_restarts=spec.max_restarts,
         labels=dict(spec.labels), max_running_time=spec.max_running_time,
-        max_wait_time=spec.max_wait_time)
+        max_wait_time=spec.max_wait_time,
+        packages=tuple({"url": p.url, "sha256": p.sha256, "file_name": p.file_name}
+                       for p in package.all) if env_key else (),
+        env_root=env_dir, env_key=env_key)
 
 
 def assign_gpus(spec: specs.JobSpec, available: int) -> dict[str, str]:

@@ -30,6 +30,9 @@ MAX_REPLICAS_PER_TYPE = 10_000
 JOB_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # whole string: fullmatch
 URL_SCHEMES = ("file", "memory", "gs")
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
+VERSIONS = {"region": re.compile(r"[a-z]+(-[a-z]+)+[0-9]{1,2}"),
+            "runtimeVersion": re.compile(r"[0-9]+\.[0-9]+"),
+            "pythonVersion": re.compile(r"[0-9]\.[0-9]+")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +116,9 @@ class JobSpec:
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     max_running_time: float | None = None   # seconds: scheduling.maxRunningTime
     max_wait_time: float | None = None      # seconds: scheduling.maxWaitTime
+    # archives installed with the package: --packages paths or URLs, packageUris after
+    # the first
+    extra_packages: tuple[str, ...] = ()
 
     def count(self, task_type: str) -> int:
         return sum(g.count for g in self.groups if g.task_type == task_type)
@@ -248,6 +254,7 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
             worker_machine_type=None, parameter_server_machine_type=None,
             master_accelerator=None, worker_accelerator=None,
             parameter_server_accelerator=None, use_chief_in_tf_config=None,
+            packages=None, region=None, runtime_version=None, python_version=None,
             staged=True) -> JobSpec:
     """Merge flags (None when not given) over trainingInput and check the result.
 
@@ -256,6 +263,11 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
     policy other than Never allows DEFAULT_MAX_RESTARTS when no maximum is given).
     gcloud's per-type flags (--master-machine-type, --worker-accelerator, ...) go into
     trainingInput as their keys; `labels` (--labels) go over `config_labels`.
+
+    `packages` (--packages) are sdists or wheels, paths or URLs, installed with the
+    package; given alone (no --package-path), the first is the job's package.
+    --region, --runtime-version and --python-version are recorded in trainingInput (the
+    local runner runs on this machine's TensorFlow and Python).
 
     staged=False is `local train`: the working tree runs, nothing needs a staging place.
     """
@@ -301,13 +313,29 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
     if any(a == "--job-dir" or a.startswith("--job-dir=") for a in user_args):
         raise UsageError("--job-dir is among the trainer arguments; give it to submit "
                          "(before `--`), which passes it on to the trainer")
-    package_uri = None
-    if ti.get("packageUris"):
-        if len(ti["packageUris"]) != 1 or package_path is not None:
-            raise ConfigError("trainingInput.packageUris: give one staged package (a .tar.gz "
-                              "URL), or none and --package-path")
-        package_uri = _normalise_url(ti["packageUris"][0], "trainingInput.packageUris")
-    elif staged and not job_dir and not staging_bucket:
+    for flag, key, value, what, example in (
+            ("--region", "region", region, "Google Cloud region", "us-central1"),
+            ("--runtime-version", "runtimeVersion", runtime_version, "runtime version",
+             "MAJOR.MINOR, e.g. 2.11 or 1.15"),
+            ("--python-version", "pythonVersion", python_version, "Python version",
+             "3.7")):
+        if value is not None:
+            ti[key] = value
+        if key in ti and not VERSIONS[key].fullmatch(ti[key]):
+            name = flag if value is not None else f"trainingInput.{key}"
+            raise UsageError(f"{name} {ti[key]!r:.60} is not a {what}; write {example}")
+    package_uri, extras = None, ()
+    if packages is not None:
+        extras = tuple(_archive(p, "--packages") for p in packages)
+    elif ti.get("packageUris"):
+        if package_path is not None:
+            raise ConfigError("trainingInput.packageUris: give staged packages (.tar.gz or "
+                              ".whl URLs), or --package-path, not both")
+        uris = [_archive(u, "trainingInput.packageUris") for u in ti["packageUris"]]
+        package_uri, extras = uris[0], tuple(uris[1:])
+    local_archives = package_path is not None or any("://" not in e for e in extras) or \
+        (package_uri is None and not extras)
+    if staged and local_archives and not job_dir and not staging_bucket:
         raise UsageError("If local packages are provided, the --staging-bucket or "
                          "--job-dir flag must be given.")
     if restart_policy is not None and restart_policy not in RESTART_POLICIES:
@@ -330,7 +358,16 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
                    use_chief=use_chief, training_input=ti, restart_policy=restart_policy,
                    max_restarts=max_restarts,
                    labels=merge_labels(config_labels or {}, parse_labels_flag(labels)),
-                   max_running_time=max_running_time, max_wait_time=max_wait_time)
+                   max_running_time=max_running_time, max_wait_time=max_wait_time,
+                   extra_packages=extras)
+
+
+def _archive(path: str, flag: str) -> str:
+    """A package archive: an sdist (.tar.gz) or a wheel (.whl), as a path or URL."""
+    if not isinstance(path, str) or not path.endswith((".tar.gz", ".whl")):
+        raise UsageError(f"{flag} {path!r:.80} is not an sdist or a wheel; give "
+                         "NAME-VERSION.tar.gz or .whl files")
+    return _normalise_url(path, flag)
 
 
 def _with_restarts(group: ReplicaGroup, ti: dict, policy, most) -> ReplicaGroup:
@@ -618,11 +655,8 @@ def default_use_chief(ti: Mapping[str, Any]) -> bool:
     version = ti.get("runtimeVersion")
     if version is None:
         return True
-    match = re.fullmatch(r"([0-9]{1,2})\.([0-9]{1,2})", version)
-    if match is None:
-        raise ConfigError(f"trainingInput.runtimeVersion {version!r:.40} is not a runtime "
-                          "version; write MAJOR.MINOR, e.g. \"2.11\" or \"1.15\"")
-    return (int(match[1]), int(match[2])) >= CHIEF_SINCE_RUNTIME
+    major, minor = version.split(".")  # checked by resolve against VERSIONS
+    return (int(major), int(minor)) >= CHIEF_SINCE_RUNTIME
 
 
 def check_bucket(url: str, flag: str) -> None:

@@ -10,14 +10,15 @@ module alone decides where lines go.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tempfile
-from typing import Any
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from mljob import storage
 from submit import jobs as records
 from submit import package, runners, spec as specs
-from submit.errors import UsageError
+from submit.errors import PackageUsageError, UsageError
 from submit.runners.engine import EngineOptions, Runner
 
 Echo = Callable[..., None]
@@ -54,10 +55,16 @@ def submit(request: Submission, echo: Echo) -> int:
                          "process, which ends at once; use a path or gs:// URL, or stream")
     if not request.dry_run:  # a dry run reads and writes nothing
         check_job_id_free(spec, request.resume, request.runner)
-    source_dir = None if spec.package_uri else package.check_package_path(spec.package_path)
+    builds = not spec.package_uri and (spec.package_path or not spec.extra_packages)
+    source = package.resolve_source(spec.package_path) if builds else None
+    for path in spec.extra_packages:
+        if "://" not in path and not os.path.isfile(path):
+            raise PackageUsageError(f"--packages {path} is not a file; give the sdists "
+                                    "(.tar.gz) or wheels (.whl) to install")
     with tempfile.TemporaryDirectory(prefix="mljob-sdist-") as tmp:
-        pkg = (package.fetch(spec.package_uri, tmp) if spec.package_uri
-               else build_package(spec, source_dir, tmp))
+        pkg = with_extras(spec, (package.fetch(spec.package_uri, tmp) if spec.package_uri
+                                 else build_package(spec, source, tmp) if builds else None),
+                          tmp)
         rendered = runner.render(spec, pkg)
         for note in runner.prepare(spec, pkg):
             echo(note, err=True)  # stdout stays the job object alone
@@ -65,8 +72,9 @@ def submit(request: Submission, echo: Echo) -> int:
             echo(rendered.text)
             return 0
         runner.ready(rendered)
-        if spec.package_uri is None:
-            package.stage(pkg, pkg.url)
+        for each in pkg.all:
+            if each.local_file and not _given_url(spec, each):
+                package.stage(each, each.url)
     return start(runner, rendered, runner.new_record(spec, pkg, rendered), echo,
                  stream=request.stream)
 
@@ -81,13 +89,44 @@ def start(runner: Runner, rendered, record: records.JobRecord, echo: Echo, *,
     return runner.attach(rendered, record, echo)
 
 
-def build_package(spec: specs.JobSpec, source_dir: str, tmp: str) -> package.Package:
-    """The sdist of `source_dir`, hashed, with the URL it will be staged to."""
+def build_package(spec: specs.JobSpec, source: package.Source,
+                  tmp: str) -> package.Package:
+    """The sdist of `source`, hashed, with the URL it will be staged to."""
     local_job_dir = spec.job_dir and storage.is_local(spec.job_dir)
     exclude = (storage.local_path(spec.job_dir),) if local_job_dir else ()
-    pkg = package.build(source_dir, tmp, exclude=exclude)
+    return _staged(spec, package.build(source, tmp, exclude=exclude))
+
+
+def with_extras(spec: specs.JobSpec, main: package.Package | None,
+                tmp: str) -> package.Package:
+    """The job's packages: the main one (else the first --packages archive), the other
+    archives, and mljob's core when the user's code imports mljob and does not ship it."""
+    archives = []
+    for i, path in enumerate(spec.extra_packages):
+        if "://" in path:  # already staged: installed from where it is
+            folder = os.path.join(tmp, f"extra-{i}")
+            os.makedirs(folder)
+            archives.append(package.fetch(path, folder))
+        else:
+            archives.append(_staged(spec, package.describe(os.path.abspath(path))))
+    if main is None:
+        main, archives = archives[0], archives[1:]
+    found = (main, *archives)
+    if not any(p.dist_name == "mljob" for p in found) and any(
+            package.imports_mljob(p) for p in found):
+        core_dir = os.path.join(tmp, "mljob-core")
+        archives.append(_staged(spec, package.build_mljob_core(core_dir)))
+    return dataclasses.replace(main, extras=tuple(archives))
+
+
+def _staged(spec: specs.JobSpec, pkg: package.Package) -> package.Package:
     return dataclasses.replace(pkg, url=package.staging_url(
         pkg, job_id=spec.job_id, staging_bucket=spec.staging_bucket, job_dir=spec.job_dir))
+
+
+def _given_url(spec: specs.JobSpec, pkg: package.Package) -> bool:
+    """Whether the archive was given as a URL (packageUris, --packages gs://...)."""
+    return pkg.url == spec.package_uri or pkg.url in spec.extra_packages
 
 
 def check_job_id_free(spec: specs.JobSpec, resume: bool, runner: str = "local") -> None:

@@ -19,6 +19,19 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shared_package_environments(tmp_path_factory):
+    """Package environments are keyed by the hashes of what they hold, so tests share
+    one cache (a pip install a job, not a test); a test about building sets its own."""
+    old = os.environ.get("MLJOB_ENV_CACHE")
+    os.environ["MLJOB_ENV_CACHE"] = str(tmp_path_factory.mktemp("mljob-envs"))
+    yield
+    if old is None:
+        os.environ.pop("MLJOB_ENV_CACHE", None)
+    else:
+        os.environ["MLJOB_ENV_CACHE"] = old
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("MLJOB_HOME", str(tmp_path_factory.mktemp("mljob-home")))

@@ -41,7 +41,8 @@ class EngineOptions:
     `image`: Kubeflow's container image (the trainer installed, see the generated
     Dockerfile), or Vertex's `executor_image_uri` (a Python image the staged sdist is
     pip-installed into). `namespace` and `context` pick the Kubernetes namespace and
-    kubeconfig context; `project` and `region` the Vertex location.
+    kubeconfig context; `project` and `region` the Vertex location (every runner accepts
+    `region`, and records it in trainingInput).
     `service_account` is a Kubernetes service account or a Google service account email.
     """
 
@@ -55,7 +56,7 @@ class EngineOptions:
     # which runner each option belongs to (the rest are shared)
     OWNERS: ClassVar[Mapping[str, tuple[str, ...]]] = {
         "image": ("kubeflow", "vertex"), "namespace": ("kubeflow",),
-        "context": ("kubeflow",), "project": ("vertex",), "region": ("vertex",),
+        "context": ("kubeflow",), "project": ("vertex",),
         "service_account": ("kubeflow", "vertex")}
 
     def check_for(self, runner: str) -> None:

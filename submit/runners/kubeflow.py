@@ -58,7 +58,7 @@ class KubeflowEngine(ClusterEngine):
             return []
         folder = build_context(package, gpu=spec.gpus_needed > 0)
         image = self.options.image or "REGISTRY/mljob-trainer:TAG"
-        return [f"The image's build context (Dockerfile and sdist) is {folder}; build "
+        return [f"The image's build context (Dockerfile and packages) is {folder}; build "
                 f"and push it with:", f"  docker build -t {image} {folder} && "
                 f"docker push {image}"]
 

@@ -29,6 +29,7 @@ Decisions:
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -79,13 +80,14 @@ def tfjob_name(job_id: str) -> str:
 
 
 def dockerfile(package: Package, gpu: bool) -> str:
-    """Install the sdist on TensorFlow's image. The base provides TensorFlow 2.21, so the
-    package's own TensorFlow requirement, if it has one, is left out: pip would otherwise
-    lay a second TensorFlow (tensorflow-cpu, say) over the base's."""
-    dist = package.top_dir.rsplit("-", 1)[0]
-    sdist = f"/tmp/{package.file_name}"
+    """Install the job's archives on TensorFlow's image: the package, its `--packages`,
+    and mljob's core when the user's code imports mljob. The base provides TensorFlow
+    2.21, so each archive's own TensorFlow requirement, if it has one, is left out: pip
+    would otherwise lay a second TensorFlow (tensorflow-cpu, say) over the base's."""
+    archives = [f"/tmp/mljob-packages/{p.file_name}" for p in package.all]
+    dists = [p.dist_name for p in package.all]
     deps = ('import importlib.metadata as m, re, subprocess, sys; '
-            f'r = [q for q in m.requires("{dist}") or [] if "extra ==" not in q '
+            f'r = [q for d in {dists!r} for q in m.requires(d) or [] if "extra ==" not in q '
             'and not re.match(r"tensorflow(-cpu|-gpu)?(?![\\w.-])", q)]; '
             'r and subprocess.check_call([sys.executable, "-m", "pip", "install", '
             '"--no-cache-dir", *r])')
@@ -93,19 +95,20 @@ def dockerfile(package: Package, gpu: bool) -> str:
         f"# The trainer of {package.file_name} (sha256 {package.sha256[:12]}) on "
         "TensorFlow 2.21.",
         f"FROM {BASE_IMAGE_GPU if gpu else BASE_IMAGE}",
-        f"COPY {package.file_name} {sdist}",
-        f"RUN pip install --no-cache-dir --no-deps {sdist} \\",
+        *(f"COPY {p.file_name} {a}" for p, a in zip(package.all, archives, strict=True)),
+        f"RUN pip install --no-cache-dir --no-deps {' '.join(archives)} \\",
         f" && python -c {shlex.quote(deps)} \\",
-        f" && rm {sdist}",
+        " && rm -r /tmp/mljob-packages",
         "WORKDIR /",
         ""])
 
 
 def build_context(package: Package, gpu: bool) -> str:
-    """`$MLJOB_HOME/images/<sha256>/`: the Dockerfile and the sdist, ready for `docker
-    build`. Written to a temporary folder and renamed into place, once per package."""
-    folder = os.path.join(mljob_home(), "images",
-                          package.sha256[:16] + ("-gpu" if gpu else ""))
+    """`$MLJOB_HOME/images/<hash>/`: the Dockerfile and the archives, ready for `docker
+    build`. Written to a temporary folder and renamed into place, once per package set."""
+    key = package.sha256 if not package.extras else hashlib.sha256(
+        " ".join(p.sha256 for p in package.all).encode()).hexdigest()
+    folder = os.path.join(mljob_home(), "images", key[:16] + ("-gpu" if gpu else ""))
     if os.path.isdir(folder):
         return folder
     os.makedirs(os.path.dirname(folder), exist_ok=True)
@@ -113,7 +116,8 @@ def build_context(package: Package, gpu: bool) -> str:
     try:
         with open(os.path.join(tmp, "Dockerfile"), "w") as f:
             f.write(dockerfile(package, gpu))
-        shutil.copyfile(package.local_file, os.path.join(tmp, package.file_name))
+        for each in package.all:
+            shutil.copyfile(each.local_file, os.path.join(tmp, each.file_name))
         os.rename(tmp, folder)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)

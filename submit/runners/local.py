@@ -229,11 +229,18 @@ class LocalRunner:
         for folder in (self.plan.run_dir, self.plan.log_dir, self.plan.cwd):
             os.makedirs(folder, exist_ok=True)
         if self.plan.mode == "cloud":
-            _, created = ensure_environment(self.plan.package_url, self.plan.package_sha256,
-                                            self.plan.package_top_dir)
+            # Before any replica starts: a package that cannot be installed fails the job.
+            key = self.plan.env_key
+            self.terminal.note(f"package environment {key[:12]}: installing "
+                               f"{', '.join(p['file_name'] for p in self.plan.packages)}")
+            started = time.monotonic()
+            _, created = ensure_environment(
+                [Package(p["file_name"], p["sha256"], "", url=p["url"])
+                 for p in self.plan.packages], key, root=self.plan.env_root,
+                cancelled=self._cancel.is_set)
             what = "created" if created else "reused"
-            self.terminal.note(f"package environment {self.plan.package_sha256[:12]} "
-                               f"{what}")
+            self.terminal.note(f"package environment {key[:12]} {what} in "
+                               f"{time.monotonic() - started:.1f} s")
 
     def _supervise(self) -> tuple[str, str | None]:
         chief = next(r for r in self.replicas if r.plan.is_chief)

@@ -1,7 +1,8 @@
 """The Vertex AI engine: the job as a CustomJob of up to four worker pools.
 
 Vertex AI runs a Python package the way Cloud ML Engine did: each replica pip-installs
-the staged sdist (`package_uris`) into an executor image and runs `python -m MODULE ARGS`,
+the staged sdists (`package_uris`: the package, its `--packages`, and mljob's core when
+the user's code imports mljob) into an executor image and runs `python -m MODULE ARGS`,
 with TF_CONFIG set by Vertex. The pools come in Vertex's fixed order: 0 the chief (one
 replica), 1 workers, 2 parameter servers, 3 evaluators; a skipped middle pool is an empty
 WorkerPoolSpec (the API's rule: "all worker pools except the first one are optional and
@@ -203,7 +204,8 @@ def _pool(spec: JobSpec, group: specs.ReplicaGroup, package: Package, image: str
         replica_count=group.count, machine_spec=machine,
         python_package_spec=aiplatform_v1.PythonPackageSpec(
             executor_image_uri=image or _image(region, bool(machine.accelerator_count)),
-            package_uris=[package.url], python_module=spec.module_name,
+            package_uris=[p.url for p in package.all],  # the package, --packages, mljob
+            python_module=spec.module_name,
             args=list(spec.trainer_args),
             env=[aiplatform_v1.EnvVar(name=JOB_ID_ENV, value=spec.job_id)]))
 

@@ -183,12 +183,11 @@ def test_dockerfile_installs_the_sdist_without_replacing_tensorflow(tmp_path):
     with open(os.path.join(folder, "Dockerfile")) as f:
         lines = f.read().splitlines()
     assert lines[1] == "FROM tensorflow/tensorflow:2.21.0"
-    assert lines[2] == f"COPY {pkg.file_name} /tmp/{pkg.file_name}"
+    assert lines[2] == f"COPY {pkg.file_name} /tmp/mljob-packages/{pkg.file_name}"
     run = " ".join(line[4:] if line.startswith("RUN ") else line
                    for line in lines if line.startswith(("RUN ", " && ")))
-    run = run.replace(" \\", "").replace(f"/tmp/{pkg.file_name}",
-                                         os.path.join(folder, pkg.file_name))
-    run = run.replace(f" && rm {os.path.join(folder, pkg.file_name)}", "")
+    run = run.replace(" \\", "").replace(" && rm -r /tmp/mljob-packages", "")
+    run = run.replace("/tmp/mljob-packages", folder)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
                    check=True)
@@ -489,3 +488,21 @@ def test_build_contexts_of_cpu_and_gpu_images_are_apart(tmp_path):
                          (gpu, "tensorflow/tensorflow:2.21.0-gpu\n")):
         with open(os.path.join(folder, "Dockerfile")) as f:
             assert f.read().splitlines(keepends=True)[1] == "FROM " + base
+
+
+def test_the_image_installs_the_users_package_and_mljobs_core(capsys, tmp_path):
+    folder = tmp_path / "trainer"
+    folder.mkdir()
+    (folder / "task.py").write_text("import mljob.storage\n")
+    status, out, err = cli(capsys, "job01", "--runner", "kubeflow", "--job-dir",
+                           "gs://mljob-test/kf/job01", "--image", IMAGE, "--package-path",
+                           str(folder), "--module-name", "trainer.task", "--dry-run")
+    assert status == 0, err
+    context = err.split("is ", 1)[1].split(";", 1)[0]
+    assert sorted(os.listdir(context)) == ["Dockerfile", "mljob-0.1.0.tar.gz",
+                                           "trainer-0.0.0.tar.gz"]
+    with open(os.path.join(context, "Dockerfile")) as f:
+        docker = f.read()
+    assert ("RUN pip install --no-cache-dir --no-deps /tmp/mljob-packages/trainer-0.0.0"
+            ".tar.gz /tmp/mljob-packages/mljob-0.1.0.tar.gz") in docker
+    assert "COPY mljob-0.1.0.tar.gz /tmp/mljob-packages/mljob-0.1.0.tar.gz" in docker

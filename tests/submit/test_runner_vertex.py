@@ -25,6 +25,7 @@ from submit import jobs, runners, spec as specs
 from submit.errors import SubmitError, UsageError
 from submit.package import Package
 from submit.runners import vertex
+from submit.__main__ import main
 from submit.runners.engine import EngineOptions
 from submit.runners.vertex import VertexEngine
 
@@ -524,3 +525,25 @@ def test_cli_submit_follow_describe_and_cancel(api, capsys, gcs_emulator, monkey
     api.route("GET", f"/v1/{NAME}", 200, {"name": NAME, "state": "JOB_STATE_CANCELLED"})
     status, out, err = cli("jobs", "describe", "cli01")
     assert "state: CANCELLED" in out and jobs.load("cli01").state == jobs.CANCELLED
+
+
+@pytest.mark.parametrize("imports_mljob", [True, False])
+def test_a_package_that_imports_mljob_gets_mljobs_core_installed(capsys, tmp_path,
+                                                                  imports_mljob):
+    folder = tmp_path / "trainer"
+    folder.mkdir()
+    (folder / "task.py").write_text("from mljob import storage\n" if imports_mljob
+                                    else "import json\n")
+    status = main(["job01", "--runner", "vertex", "--project", "mljob-test", "--job-dir",
+                   JOB_DIR, "--package-path", str(folder), "--module-name", "trainer.task",
+                   "--dry-run"], standalone_mode=False)
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    uris = json.loads(out)["customJob"]["jobSpec"]["workerPoolSpecs"][0][
+        "pythonPackageSpec"]["packageUris"]
+    assert uris[0].startswith(f"{JOB_DIR}/packages/") and uris[0].endswith(
+        "/trainer-0.0.0.tar.gz")
+    if imports_mljob:  # mljob's core alone: the full distribution has its own `trainer`
+        assert len(uris) == 2 and uris[1].endswith("/mljob-0.1.0.tar.gz")
+    else:
+        assert len(uris) == 1

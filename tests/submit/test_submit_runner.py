@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.common import ROOT, free_ports, pid_alive
 from submit import jobs as records
-from submit import logs
+from submit import logs, package
 from tests.support.submit_cli import run as submit_in_process, write_package
 
 FAKE_TASK = r'''
@@ -125,14 +125,15 @@ def test_custom_job_runs_each_replica_from_the_staged_package(capsys, tmp_path, 
     # the record is also in the job dir, and logs are per replica, labelled, timestamped
     with open(os.path.join(job_dir, "jobs", "job01.json")) as f:
         assert json.load(f)["state"] == "SUCCEEDED"
-    env_root = os.path.join(os.environ["MLJOB_HOME"], "envs", record.package_sha256)
+    env_root = os.path.realpath(environment(record.package_sha256))
     seen_ports = set()
     for label in labels:
         log_file = os.path.join(job_dir, "logs", f"{label}.log")
         severity, stamp, line_label, _ = log_lines(log_file)[0]
         assert (severity, line_label) == ("INFO", label)
         assert stamp.endswith(" +0000") and len(stamp) == 25
-        assert printed(log_file, "module").startswith(env_root)  # not the working tree
+        # installed in the package's environment, not imported from the working tree
+        assert os.path.realpath(printed(log_file, "module")).startswith(env_root)
         assert json.loads(printed(log_file, "argv")) == ["--train-steps", "3", "--job-dir",
                                                          job_dir]
         tf_config = json.loads(printed(log_file, "tf_config"))
@@ -150,22 +151,30 @@ def test_custom_job_runs_each_replica_from_the_staged_package(capsys, tmp_path, 
     assert "master-replica-0\tstep 3/3 loss=0.3" in out
 
 
-def test_second_submit_reuses_the_package_environment(capsys, tmp_path, pkg):
+def environment(sha: str) -> str:
+    """The environment of the fakejob package of that hash (installed alone)."""
+    key = package.environment_key([package.Package("fakejob-0.1.tar.gz", sha, "")])
+    return os.path.join(package.env_root(), key)
+
+
+def test_second_submit_reuses_the_package_environment(capsys, tmp_path, pkg, monkeypatch):
+    monkeypatch.setenv("MLJOB_ENV_CACHE", str(tmp_path / "envs"))
     args = ["--package-path", pkg, "--module-name", "fakejob.task"]
     status, out, err = submit_in_process(capsys, "first", "--job-dir",
                                          str(tmp_path / "a"), *args)
     assert status == 0, err
-    sha = records.load("first").package_sha256
-    env = os.path.join(os.environ["MLJOB_HOME"], "envs", sha)
-    assert f"package environment {sha[:12]} created" in out
+    env = environment(records.load("first").package_sha256)
+    key = os.path.basename(env)
+    assert f"package environment {key[:12]} created" in out
     before = os.stat(env).st_mtime_ns
     status, out, err = submit_in_process(capsys, "second", "--job-dir",
                                          str(tmp_path / "b"), *args)
     assert status == 0, err
-    assert records.load("second").package_sha256 == sha
-    assert f"package environment {sha[:12]} reused" in out
+    assert environment(records.load("second").package_sha256) == env
+    assert f"package environment {key[:12]} reused" in out
     assert os.stat(env).st_mtime_ns == before
-    assert sorted(os.listdir(os.path.dirname(env))) == [sha]  # no half-built leftovers
+    # the link and the folder it names: no half-built leftovers
+    assert sorted(os.listdir(tmp_path / "envs")) == sorted([key, os.readlink(env)])
 
 
 def test_chief_failure_fails_the_job_and_stops_everyone(capsys, tmp_path, pkg, monkeypatch):

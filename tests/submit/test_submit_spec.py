@@ -115,11 +115,20 @@ def test_staging_location_is_required(capsys, pkg):
                            "or --job-dir flag must be given.")
 
 
-def test_missing_setup_py_is_a_clear_error(capsys, tmp_path):
+def test_a_package_folder_without_python_files_is_a_clear_error(capsys, tmp_path):
     (tmp_path / "src").mkdir()
     status, _, err = run(capsys, "job01", "--job-dir", str(tmp_path / "job"),
                          "--package-path", str(tmp_path / "src"))
-    assert status == 2 and "has no setup.py" in err
+    assert status == 2 and "holds no .py file" in err
+    assert files_under(tmp_path / "job") == []
+
+
+def test_a_package_folder_whose_name_is_no_python_name_is_a_clear_error(capsys, tmp_path):
+    (tmp_path / "my-trainer").mkdir()
+    (tmp_path / "my-trainer" / "task.py").write_text("print(1)\n")
+    status, _, err = run(capsys, "job01", "--job-dir", str(tmp_path / "job"),
+                         "--package-path", str(tmp_path / "my-trainer"))
+    assert status == 2 and "'my-trainer' is not a Python package name" in err
     assert files_under(tmp_path / "job") == []
 
 
@@ -178,7 +187,8 @@ def test_dry_run_standard_1_matches_cloud_ml(capsys, tmp_path, pkg):
         assert command[1:] == ["-m", "fakejob.task", "--model", "mlp", "--train-steps",
                                "20", "--job-dir", job_dir]
         env = replica["env"]
-        assert env["PYTHONPATH"].endswith(f"envs/{sha}/src/fakejob-0.1")
+        assert env["PYTHONPATH"] == ""  # no working tree shadows the installed package
+        assert command[0] == os.path.join(plan["env_root"], plan["env_key"], "bin", "python")
         assert env["GRPC_FAIL_FAST"] == "use_caller" and env["PYTHONUNBUFFERED"] == "1"
         assert replica["log_file"] == f"{job_dir}/logs/{replica['label']}.log"
 
@@ -272,7 +282,7 @@ def test_package_uris_run_an_already_staged_package(capsys, tmp_path, pkg):
     assert plan["package_sha256"] == built.sha256
     status, _, err = run(capsys, "job04", "--config", config, "--package-path", pkg,
                          "--job-dir", str(tmp_path / "job"))
-    assert status == 2 and "give one staged package" in err
+    assert status == 2 and "or --package-path, not both" in err
 
 
 def test_replica_limit_is_the_runners(capsys, tmp_path, pkg):
