@@ -177,6 +177,17 @@ def fetch(url: str, out_dir: str) -> Package:
     return describe(path, url=url)
 
 
+NOT_DOWNLOADED = "not-downloaded"  # a dry run's hash of a staged package (fits any label)
+
+
+def unfetched(url: str) -> Package:
+    """A staged package (packageUris) as `--dry-run` shows it: not downloaded, so its hash
+    is unknown and its top folder is the sdist convention's (the file name less .tar.gz)."""
+    name = posixpath.basename(url) or "package.tar.gz"
+    top = name.removesuffix(".tar.gz").removesuffix(".tgz")
+    return Package(name, NOT_DOWNLOADED, top, url=url)
+
+
 def safe_extract(tar_path: str, dest: str) -> None:
     """Extract, refusing members that would land (or point) outside dest."""
     root = os.path.realpath(dest)

@@ -13,11 +13,13 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Any, Mapping
+import unicodedata
+from typing import Any
+from collections.abc import Mapping
 
 import yaml
 
-from mljob import machines
+from mljob import machines, storage
 from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, WORKER  # noqa: F401
 from submit.errors import ConfigError, UsageError
 
@@ -27,6 +29,7 @@ MAX_CONFIG_DEPTH = 50  # a job config nests 4 deep; parsers recurse per level
 # catches a count that cannot be meant, such as a pasted timestamp.
 MAX_REPLICAS_PER_TYPE = 10_000
 JOB_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # whole string: fullmatch
+MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")  # fullmatch
 URL_SCHEMES = ("file", "memory", "gs")
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
 
@@ -185,6 +188,8 @@ def _safe_yaml(text: str, path: str) -> Any:
 def check_training_input(ti: Mapping[str, Any]) -> None:
     """Unknown keys and wrong value types are errors that name the key."""
     _no_unknown(ti, TRAINING_INPUT_KEYS, "trainingInput")
+    for where, text in _strings(dict(ti), "trainingInput"):
+        check_text(text, where, ConfigError)
     for key, value in ti.items():
         types = TRAINING_INPUT_KEYS[key]
         if isinstance(value, bool) and bool not in types or not isinstance(value, types):
@@ -230,15 +235,17 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
     staged=False is `local train`: the working tree runs, nothing needs a staging place.
     """
     check_job_id(job_id)
+    if package_path is not None:
+        check_text(package_path, "--package-path")
     ti = dict(training_input)
     check_training_input(ti)
     if ti.get("hyperparameters"):
         raise ConfigError("trainingInput.hyperparameters: hyperparameter tuning is not run "
                           "by the local runner; remove the key and submit one job per trial")
-    for flag, key, value in (("--worker-count", "workerCount", worker_count),
-                             ("--parameter-server-count", "parameterServerCount",
-                              parameter_server_count),
-                             ("--evaluator-count", "evaluatorCount", evaluator_count)):
+    for _flag, key, value in (("--worker-count", "workerCount", worker_count),
+                              ("--parameter-server-count", "parameterServerCount",
+                               parameter_server_count),
+                              ("--evaluator-count", "evaluatorCount", evaluator_count)):
         if value is not None:
             ti[key] = value
     tier_name = (scale_tier or ti.get("scaleTier") or "BASIC").upper()
@@ -255,12 +262,14 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
     if module_name is not None:
         ti["pythonModule"] = module_name
     module = ti.setdefault("pythonModule", "trainer.task")
-    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", module):
+    if not isinstance(module, str) or not MODULE.fullmatch(module):
         raise UsageError(f"--module-name {module!r} is not a Python module name; "
                          "write it like trainer.task")
     if args is not None:
         ti["args"] = list(args)
     user_args = tuple(ti.get("args", ()))
+    for i, arg in enumerate(user_args):
+        check_text(arg, f"trainer argument {i + 1}")
     if any(a == "--job-dir" or a.startswith("--job-dir=") for a in user_args):
         raise UsageError("--job-dir is among the trainer arguments; give it to submit "
                          "(before `--`), which passes it on to the trainer")
@@ -370,20 +379,56 @@ def check_job_id(job_id: str) -> None:
 
 
 def _normalise_url(url: str | None, flag: str) -> str | None:
-    """Check the scheme; plain relative paths become absolute (replicas run elsewhere)."""
-    if url is None or url == "":
+    """Check the scheme and the path; plain paths and relative `file://` URLs become
+    absolute (replicas run elsewhere), so the record, package, logs, model and
+    checkpoints all land in the one place the user named."""
+    if url is None:
         return None
-    match = re.match(r"^([A-Za-z][A-Za-z0-9+.\-]*)://", url)
-    if match:
-        scheme = match.group(1).lower()
-        if scheme not in URL_SCHEMES:
+    if not isinstance(url, str) or not url.strip():
+        raise UsageError(f"{flag} {url!r} is empty; give a path or URL, or leave it out")
+    check_text(url, flag)
+    scheme, sep, _ = url.partition("://")  # as fsspec reads it: anything before :// is one
+    if sep:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.\-]*", scheme) \
+                or scheme.lower() not in URL_SCHEMES:
             raise UsageError(f"{flag} {url!r} has unknown URL scheme {scheme!r}; use a local "
                              "path, file://, memory:// or gs://")
-        if scheme == "gs" and not re.match(r"^gs://[a-z0-9][a-z0-9._\-]{1,220}", url):
+        scheme = scheme.lower()
+        url = scheme + url[len(scheme):]  # fsspec knows its schemes in lower case
+        if scheme == "gs" and not re.fullmatch(r"gs://[a-z0-9][a-z0-9._\-]{1,220}(/.*)?",
+                                               url, re.ASCII | re.DOTALL):
             raise UsageError(f"{flag} {url!r} names no bucket; write gs://BUCKET/PATH")
         stripped = url.rstrip("/")
-        return url if stripped.endswith(":") else stripped
-    return os.path.abspath(url)
+        url = url if stripped.endswith(":") else stripped
+    try:
+        return storage.absolute_url(url)
+    except storage.StorageError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+CONTROL_CATEGORIES = ("Cc", "Zl", "Zp")  # C0, DEL, C1, and the Unicode line breaks
+
+
+def check_text(value: str, what: str, error: type = UsageError) -> None:
+    """Refuse control characters (NUL, newlines, escapes): no path, URL, argument or
+    name needs one, and NUL cannot even reach a process (exec refuses it)."""
+    bad = next((c for c in value if unicodedata.category(c) in CONTROL_CATEGORIES), None)
+    if bad is not None:
+        raise error(f"{what} {value[:60]!r} holds the control character {bad!r}; "
+                    "remove it")
+
+
+def _strings(value: Any, where: str):
+    """(where, text) for every string in a config value, keys included."""
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k, where)
+            yield from _strings(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{where}[{i}]")
 
 
 def local_gpu_count() -> int:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from mljob import storage
 from submit import jobs as records
@@ -53,8 +54,11 @@ def submit(request: Submission, echo: Echo) -> int:
         check_job_id_free(spec, request.resume)
     source_dir = None if spec.package_uri else package.check_package_path(spec.package_path)
     with tempfile.TemporaryDirectory(prefix="mljob-sdist-") as tmp:
-        pkg = (package.fetch(spec.package_uri, tmp) if spec.package_uri
-               else build_package(spec, source_dir, tmp))
+        if spec.package_uri:  # a dry run reads nothing remote: no download, no hash
+            pkg = (package.unfetched(spec.package_uri) if request.dry_run
+                   else package.fetch(spec.package_uri, tmp))
+        else:
+            pkg = build_package(spec, source_dir, tmp)
         rendered = runner.render(spec, pkg)
         for note in runner.prepare(spec, pkg):
             echo(note, err=True)  # stdout stays the job object alone

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Callable, ClassVar, Iterator, Mapping
+from typing import Any, ClassVar
+from collections.abc import Callable, Iterator, Mapping
 
 from submit import jobs as records
 from submit.errors import JobCancelled, JobFailed, UsageError
 from submit.package import Package
-from submit.spec import JobSpec
+from submit.spec import JobSpec, check_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,10 +59,13 @@ class EngineOptions:
         "service_account": ("kubeflow", "vertex")}
 
     def check_for(self, runner: str) -> None:
-        """Engine flags given to a runner that has no use for them are mistakes."""
+        """Engine flags given to a runner that has no use for them are mistakes, and so
+        are control characters in any of them."""
         for name, owners in self.OWNERS.items():
+            flag = "--kube-context" if name == "context" else "--" + name.replace("_", "-")
+            if getattr(self, name) is not None:
+                check_text(getattr(self, name), flag)
             if getattr(self, name) is not None and runner not in owners:
-                flag = "--kube-context" if name == "context" else "--" + name.replace("_", "-")
                 raise UsageError(f"{flag} is for --runner {' or '.join(owners)}, not "
                                  f"--runner {runner}; drop it or change --runner")
 
@@ -125,7 +129,7 @@ class Runner(abc.ABC):
         the image's build context); return lines telling them what to do with it."""
         return []
 
-    def ready(self, rendered: Rendered) -> None:
+    def ready(self, rendered: Rendered) -> None:  # noqa: B027 - a hook, empty by default
         """Raise UsageError when the job cannot be submitted as rendered (a dry run may
         still print it: Kubeflow's needs --image only to run). Called before staging."""
 

@@ -34,7 +34,8 @@ import shlex
 import tempfile
 import threading
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any
+from collections.abc import Iterator, Mapping
 
 import kubernetes
 import yaml
@@ -61,7 +62,7 @@ REPLICA_TYPES = {specs.CHIEF: "Chief", specs.WORKER: "Worker", specs.PS: "PS",
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 TYPE_LABEL, INDEX_LABEL = "training.kubeflow.org/replica-type", \
     "training.kubeflow.org/replica-index"
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # fullmatch: `$` takes "\n"
 
 STATES = {"Created": records.QUEUED, "Suspended": records.QUEUED,
           "Running": records.RUNNING, "Restarting": records.RUNNING,
@@ -86,7 +87,7 @@ def resources(group: specs.ReplicaGroup, accelerator_count: int) -> dict:
 
 def tfjob_name(job_id: str) -> str:
     name = job_id.lower().replace("_", "-")
-    if len(name) > MAX_NAME or not _DNS_LABEL.match(name):
+    if len(name) > MAX_NAME or not _DNS_LABEL.fullmatch(name):
         raise UsageError(f"job id {job_id!r} cannot name a TFJob: with --runner kubeflow "
                          f"use at most {MAX_NAME} characters, ending in a letter or digit")
     return name
@@ -158,7 +159,7 @@ class KubeflowEngine(ClusterEngine):
                              "run in pods and cannot reach "
                              f"{spec.job_dir or 'a job dir on this machine'}")
         tfjob_name(spec.job_id)
-        if self.options.namespace is not None and not _DNS_LABEL.match(
+        if self.options.namespace is not None and not _DNS_LABEL.fullmatch(
                 self.options.namespace):
             raise UsageError(f"--namespace {self.options.namespace!r} is not a Kubernetes "
                              "namespace name; use lower-case letters, digits and '-'")
