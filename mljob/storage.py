@@ -240,24 +240,32 @@ def retry(fn: Callable[[], T], what: str, *, missing_ok: bool = True,
             # "not found" while creating means the bucket is missing.
             if creates and exc.filename is None:
                 raise StorageError(f"cannot {what}: its bucket or parent folder does not "
-                                   f"exist ({first_line(exc, 200)}); create it or fix the URL") \
+                                   f"exist ({_reason(exc)}); create it or fix the URL") \
                     from None
             raise
         except PermissionError as exc:
-            raise StorageError(f"cannot {what}: permission denied ({first_line(exc, 200)})") \
+            raise StorageError(f"cannot {what}: permission denied ({_reason(exc)})") \
                 from None
         except Exception as exc:  # storage backends raise many types
             if not _transient(exc):
-                raise StorageError(f"cannot {what}: {first_line(exc, 200)}") from None
+                raise StorageError(f"cannot {what}: {_reason(exc)}") from None
             if attempt == attempts:
                 raise StorageError(
-                    f"cannot {what} after {attempts} attempts: {first_line(exc, 200)}; "
+                    f"cannot {what} after {attempts} attempts: {_reason(exc)}; "
                     "check that the storage is reachable") from None
             log.warning("storage: %s failed (%s), retry %d/%d in %.1fs", what,
-                        first_line(exc, 200), attempt, attempts - 1, delay)
+                        _reason(exc), attempt, attempts - 1, delay)
             time.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_DELAY)
     raise AssertionError("unreachable")
+
+
+def _reason(exc: BaseException) -> str:
+    """Why an operation failed, without the local file name an OSError repeats (the
+    message names the URL already)."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:
+        return exc.strerror
+    return first_line(exc, 200)
 
 
 # HTTP statuses worth another try (as gcsfs and Google's client libraries see them).

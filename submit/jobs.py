@@ -18,6 +18,7 @@ from submit.errors import JobNotFoundError, SubmitError
 from submit.package import mljob_home
 from submit.spec import check_job_id
 from mljob import contracts, procs, storage
+from mljob.errors import first_line
 
 QUEUED, PREPARING, RUNNING = "QUEUED", "PREPARING", "RUNNING"
 SUCCEEDED, FAILED, CANCELLING, CANCELLED = "SUCCEEDED", "FAILED", "CANCELLING", "CANCELLED"
@@ -146,7 +147,9 @@ def save(record: JobRecord, *, create_in_job_dir: bool = True) -> None:
                                                               record.job_id)):
                 storage.write_bytes(record_url(record.job_dir, record.job_id), data)
         except (storage.StorageError, OSError) as exc:
-            raise SubmitError(f"cannot write the job record to {record.job_dir}: {exc}") \
+            text = first_line(exc)  # storage's errors name the URL already
+            raise SubmitError(text if record.job_dir in text else
+                              f"cannot write the job record to {record.job_dir}: {text}") \
                 from None
 
 

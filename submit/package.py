@@ -31,6 +31,7 @@ import uuid
 
 from submit.errors import PackageError, PackageUsageError
 from mljob import storage
+from mljob.errors import first_line
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +159,14 @@ def stage(package: Package, url: str) -> Package:
             with open(package.local_file, "rb") as f:
                 storage.write_bytes(url, f.read())  # atomic locally; sdists are small
     except (storage.StorageError, OSError) as exc:
-        raise PackageError(f"cannot stage the package to {url}: {exc}") from None
+        raise PackageError(f"cannot stage the package: {_naming(exc, url)}") from None
     return dataclasses.replace(package, url=url)
+
+
+def _naming(exc: BaseException, url: str) -> str:
+    """An error's text naming the URL once: storage's own errors already name it."""
+    text = first_line(exc)
+    return text if url in text else f"{url}: {text}"
 
 
 def fetch(url: str, out_dir: str) -> Package:
@@ -170,7 +177,7 @@ def fetch(url: str, out_dir: str) -> Package:
         raise PackageUsageError(f"staged package {url} does not exist; check packageUris") \
             from None
     except (storage.StorageError, OSError) as exc:
-        raise PackageError(f"cannot download the package {url}: {exc}") from None
+        raise PackageError(f"cannot download the package: {_naming(exc, url)}") from None
     path = os.path.join(out_dir, posixpath.basename(url) or "package.tar.gz")
     with open(path, "wb") as f:
         f.write(data)
@@ -247,7 +254,8 @@ def ensure_environment(url: str, sha256: str, top_dir: str, *,
         try:
             data = storage.read_bytes(url)
         except (FileNotFoundError, storage.StorageError, OSError) as exc:
-            raise PackageError(f"cannot download the staged package {url}: {exc}") from None
+            raise PackageError(f"cannot download the staged package: "
+                               f"{_naming(exc, url)}") from None
         with open(archive, "wb") as f:
             f.write(data)
         got, top = content_hash(archive)

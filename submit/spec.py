@@ -136,10 +136,18 @@ def load_config(path: str) -> dict:
         raise ConfigError(f"--config {path} is {size} bytes; the limit is "
                           f"{MAX_CONFIG_BYTES} (a job config is a few lines)")
     with open(path, "rb") as f:
-        text = f.read().decode("utf-8", errors="replace")
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} "
+                          f"at offset {exc.start}); save it as UTF-8") from None
     if path.endswith(".json"):
         try:
-            document = json.loads(text)
+            document = json.loads(text, object_pairs_hook=_unique_keys)
+        except _RepeatedKey as exc:
+            raise ConfigError(f"--config {path} repeats the key {exc.key!r:.60}; give each "
+                              "key once (the last one would silently win)") from None
         except ValueError as exc:
             raise ConfigError(f"--config {path} is not valid JSON: {exc}") from None
         except RecursionError:
@@ -151,12 +159,69 @@ def load_config(path: str) -> dict:
         raise ConfigError(f"--config {path} must be a mapping with a 'trainingInput' key, "
                           f"not {type(document).__name__}")
     _no_unknown(document, TOP_LEVEL_KEYS, f"--config {path}")
+    labels = document.get("labels", {})
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                               for k, v in labels.items()):
+        raise ConfigError(f"--config {path}: labels must map strings to strings, like "
+                          "{team: vision}")
+    for where, text in _strings(labels, "labels"):
+        check_text(text, where, ConfigError)
+    if "jobId" in document:
+        if not isinstance(document["jobId"], str):
+            raise ConfigError(f"--config {path}: jobId must be a string like job01, not "
+                              f"{_type_name((type(document['jobId']),))}")
+        check_job_id(document["jobId"])
     training_input = document.get("trainingInput", {})
     if not isinstance(training_input, dict):
         raise ConfigError(f"--config {path}: trainingInput must be a mapping, not "
                           f"{type(training_input).__name__}")
     check_training_input(training_input)
     return training_input
+
+
+class _RepeatedKey(Exception):
+    def __init__(self, key, line: int | None = None):
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+def _unique_keys(pairs: list) -> dict:
+    """json's object_pairs_hook: a key given twice is an error, not last-wins."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(key)
+        out[key] = value
+    return out
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """yaml's safe loader, stricter: a key given twice in a mapping is an error (not
+    last-wins), and YAML 1.1's base-60 numbers (`1:30` is 90) stay the text written."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                key = self.construct_object(key_node)
+                try:
+                    if key in seen:
+                        raise _RepeatedKey(key, key_node.start_mark.line + 1)
+                    seen.add(key)
+                except TypeError:  # unhashable: the safe loader refuses it below
+                    continue
+        return super().construct_mapping(node, deep)
+
+    def construct_base60(self, node):
+        if ":" in str(node.value):
+            return self.construct_scalar(node)
+        tag = node.tag.rsplit(":", 1)[-1]
+        return (yaml.SafeLoader.construct_yaml_int if tag == "int"
+                else yaml.SafeLoader.construct_yaml_float)(self, node)
+
+
+for _tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
+    _ConfigLoader.add_constructor(_tag, _ConfigLoader.construct_base60)
 
 
 def _safe_yaml(text: str, path: str) -> Any:
@@ -177,7 +242,10 @@ def _safe_yaml(text: str, path: str) -> Any:
                 line = event.start_mark.line + 1
                 raise ConfigError(f"--config {path} line {line} uses the YAML alias "
                                   f"*{event.anchor}; aliases are refused, write the value out")
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader, stricter
+    except _RepeatedKey as exc:
+        raise ConfigError(f"--config {path} line {exc.line} repeats the key {exc.key!r:.60}; "
+                          "give each key once (the last one would silently win)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -219,7 +287,10 @@ def check_training_input(ti: Mapping[str, Any]) -> None:
         count = accel.get("count", 0)
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ConfigError(f"trainingInput.{key}.acceleratorConfig.count must be a "
-                              f"non-negative integer, not {count!r}")
+                              f"non-negative integer, not {count!r:.60}")
+        if not isinstance(accel.get("type", ""), str):
+            raise ConfigError(f"trainingInput.{key}.acceleratorConfig.type must be a string "
+                              f"like NVIDIA_TESLA_T4, not {accel['type']!r:.60}")
 
 
 def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
@@ -289,8 +360,12 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
                                      not 0 <= max_restarts <= MAX_RESTARTS):
         raise UsageError(f"--max-restarts {max_restarts} is out of range; use 0 to "
                          f"{MAX_RESTARTS}")
+    from_flags = {key for key, value in (("workerCount", worker_count),
+                                         ("parameterServerCount", parameter_server_count),
+                                         ("evaluatorCount", evaluator_count))
+                  if value is not None}
     groups = tuple(_with_restarts(g, ti, restart_policy, max_restarts)
-                   for g in _groups(SCALE_TIERS[tier_name], ti))
+                   for g in _groups(SCALE_TIERS[tier_name], ti, from_flags))
     restart_policy = restart_policy or "Never"
     max_restarts = max_restarts or 0
     use_chief = ti.get("useChiefInTfConfig", True)
@@ -314,7 +389,9 @@ def _with_restarts(group: ReplicaGroup, ti: dict, policy, most) -> ReplicaGroup:
 CONFIG_KEYS = {CHIEF: "masterConfig", **{t: cfg for t, _, _, cfg in GROUP_KEYS}}
 
 
-def _groups(tier: ScaleTier, ti: dict) -> tuple[ReplicaGroup, ...]:
+def _groups(tier: ScaleTier, ti: dict, from_flags=frozenset()) -> tuple[ReplicaGroup, ...]:
+    """The replica groups; a mistake names the flag when a flag gave the value, else the
+    config key (never a flag the user did not write)."""
     custom = tier.name == "CUSTOM"
     if not custom:
         # A fixed tier fixes counts, machines and GPUs; restart settings are free.
@@ -325,7 +402,8 @@ def _groups(tier: ScaleTier, ti: dict) -> tuple[ReplicaGroup, ...]:
         if given:
             flag = {"workerCount": "--worker-count", "parameterServerCount":
                     "--parameter-server-count", "evaluatorCount": "--evaluator-count"}
-            name = flag.get(given[0], given[0])
+            name = (flag[given[0]] if given[0] in from_flags
+                    else f"trainingInput.{given[0]}")
             raise UsageError(f"{name} needs --scale-tier CUSTOM (scale tier {tier.name} "
                              "fixes the cluster's shape); use CUSTOM or drop it")
         groups = [ReplicaGroup(CHIEF, 1, "standard_gpu" if tier.master_gpus else "standard",
@@ -341,7 +419,8 @@ def _groups(tier: ScaleTier, ti: dict) -> tuple[ReplicaGroup, ...]:
     groups = [ReplicaGroup(CHIEF, 1, master_type, _gpus(ti, "masterConfig", master_type))]
     for task_type, count_key, type_key, config_key in GROUP_KEYS:
         count = ti.get(count_key, 0)
-        flag = "--" + re.sub(r"([A-Z])", r"-\1", count_key).lower()
+        flag = ("--" + re.sub(r"([A-Z])", r"-\1", count_key).lower()
+                if count_key in from_flags else f"trainingInput.{count_key}")
         if isinstance(count, bool) or not isinstance(count, int):
             raise UsageError(f"{count_key} must be an integer, not {count!r}")
         if count < 0:

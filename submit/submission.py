@@ -55,7 +55,8 @@ def submit(request: Submission, echo: Echo) -> int:
     source_dir = None if spec.package_uri else package.check_package_path(spec.package_path)
     with tempfile.TemporaryDirectory(prefix="mljob-sdist-") as tmp:
         if spec.package_uri:  # a dry run reads nothing remote: no download, no hash
-            pkg = (package.unfetched(spec.package_uri) if request.dry_run
+            remote = not storage.is_local(spec.package_uri)
+            pkg = (package.unfetched(spec.package_uri) if request.dry_run and remote
                    else package.fetch(spec.package_uri, tmp))
         else:
             pkg = build_package(spec, source_dir, tmp)

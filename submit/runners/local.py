@@ -443,6 +443,12 @@ class LocalEngine(Runner):
     # The job-level interface: the supervisor owns the record, so it is read, not asked.
 
     def follow(self, record: jobs.JobRecord, echo, *, task_name: str | None) -> int:
+        labels = [r.label for r in record.replicas]
+        if task_name is not None and (contracts.parse_label(task_name) is None
+                                      or (labels and task_name not in labels)):
+            raise UsageError(f"--task-name {task_name!r:.60} names no replica of job "
+                             f"{record.job_id}; use one of "
+                             f"{', '.join(labels) or contracts.LABEL_HINT}")
         for line in self.logs({"job_id": record.job_id}, task_name=task_name):
             echo(line)
         return 0

@@ -146,3 +146,89 @@ def test_dry_run_reads_nothing_remote_and_writes_nothing(tmp_path, pkg, runner):
         if "--config" in extra:
             assert "gs://bucket/pkg/fakejob-0.1.tar.gz" in out.stdout
     assert files_under(home) == []
+
+
+# --- config files: repeated keys, encodings, types, base-60 numbers -------------------------
+
+CUSTOM = "trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"
+CONFIGS = {
+    "repeated trainingInput": ("config.yaml", "trainingInput:\n  workerCount: 1\n"
+                               "trainingInput:\n  scaleTier: BASIC\n",
+                               "line 3 repeats the key 'trainingInput'"),
+    "repeated nested key": ("config.yaml", CUSTOM + "  workerCount: 1\n  workerCount: 2\n",
+                            "line 5 repeats the key 'workerCount'"),
+    "repeated JSON key": ("config.json", '{"trainingInput": {"scaleTier": "BASIC", '
+                          '"scaleTier": "CUSTOM"}}', "repeats the key 'scaleTier'"),
+    "not UTF-8": ("config.yaml", b"trainingInput:\n  region: caf\xe9\n",
+                  "is not UTF-8 text (byte 0xe9 at offset 28); save it as UTF-8"),
+    "labels a list": ("config.yaml", "labels: [a, b]\n",
+                      "labels must map strings to strings"),
+    "label value a number": ("config.yaml", "labels: {team: 5}\n",
+                             "labels must map strings to strings"),
+    "jobId a number": ("config.yaml", "jobId: 5\n", "jobId must be a string like job01, not "
+                       "an integer"),
+    "jobId a path": ("config.yaml", "jobId: ../x\n", "invalid job id '../x'"),
+    "accelerator type a number": ("config.yaml", "trainingInput:\n  masterConfig:\n"
+                                  "    acceleratorConfig: {count: 1, type: 4}\n",
+                                  "acceleratorConfig.type must be a string like "
+                                  "NVIDIA_TESLA_T4, not 4"),
+    "base-60 count": ("config.yaml", CUSTOM + "  workerCount: 1:30\n",
+                      "trainingInput.workerCount must be an integer, not a string '1:30'"),
+    "negative base-60 count": ("config.yaml", CUSTOM + "  workerCount: -1:30\n",
+                               "trainingInput.workerCount must be an integer, not a string "
+                               "'-1:30'"),
+    "negative count": ("config.yaml", CUSTOM + "  workerCount: -3\n",
+                       "trainingInput.workerCount -3 is negative"),
+    "count with a fixed tier": ("config.yaml", "trainingInput:\n  workerCount: 2\n",
+                                "trainingInput.workerCount needs --scale-tier CUSTOM"),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_hostile_config_files_are_one_line(capsys, tmp_path, pkg, name):
+    file_name, text, words = CONFIGS[name]
+    config = tmp_path / file_name
+    if isinstance(text, str):
+        text = text.encode()
+    config.write_bytes(text)
+    status, _, err = run(capsys, "job01", "--job-dir", str(tmp_path / "job"),
+                         "--package-path", pkg, "--config", str(config))
+    assert status == 2
+    line = one_error_line(err)
+    assert words in line
+    assert "--worker-count" not in line  # no flag the user did not write
+    nothing_written(tmp_path / "job")
+
+
+def test_a_storage_error_names_its_url_once(capsys, tmp_path):
+    folder = tmp_path / "not-a-package.tar.gz"
+    folder.mkdir()
+    config = tmp_path / "config.yaml"
+    config.write_text(f"trainingInput:\n  packageUris: [file://{folder}]\n")
+    status, _, err = run(capsys, "job01", "--job-dir", str(tmp_path / "job"),
+                         "--config", str(config))
+    assert status == 1
+    line = one_error_line(err)
+    assert line.count(str(folder)) == 1 and "cannot download the package" in line
+
+
+# --- jobs stream-logs --task-name ------------------------------------------------------------
+
+def test_stream_logs_of_a_replica_the_job_does_not_have_exits_2(capsys, tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "master-replica-0.log").write_text("INFO\tt\tmaster-replica-0\thello\n")
+    index = os.path.join(os.environ["MLJOB_HOME"], "jobs")
+    os.makedirs(index)
+    with open(os.path.join(index, "job01.json"), "w") as f:
+        json.dump({"job_id": "job01", "state": "SUCCEEDED", "log_dir": str(logs),
+                   "replicas": [{"label": "master-replica-0", "state": "EXITED"}]}, f)
+    for task_name in ("worker-replica-5", "chief-0", "master-replica-0\n"):
+        status, out, err = run(capsys, "jobs", "stream-logs", "job01", "--task-name",
+                               task_name)
+        assert status == 2 and out == ""
+        assert "names no replica of job job01; use one of master-replica-0" in \
+            one_error_line(err)
+    status, out, _ = run(capsys, "jobs", "stream-logs", "job01", "--task-name",
+                         "master-replica-0")
+    assert status == 0 and "\tmaster-replica-0\thello" in out
