@@ -20,9 +20,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
-from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, ROLES, WORKER  # noqa: F401
+from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, ROLES, WORKER
 from mljob.errors import UsageError, first_line
 
 TRAINING_JOBS = (CHIEF, WORKER, PS)
@@ -34,7 +34,7 @@ VERTEX_POOLS = {"workerpool0": CHIEF, "workerpool1": WORKER, "workerpool2": PS,
 CLUSTER_SPEC_KEYS = ("cluster", "task", "environment", "job")
 STRATEGIES = ("auto", "ps", "multiworker", "mirrored", "single")
 
-_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
+_ADDRESS = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):([0-9]{1,5})")  # fullmatch
 
 
 class ClusterConfigError(UsageError, ValueError):
@@ -327,7 +327,7 @@ def _build(cluster: dict, task: dict, *, source: str, environment: str | None = 
     if task_type == MASTER:
         task_type = CHIEF
         legacy_master = True
-    if isinstance(task_index, str) and task_index.isdecimal():  # Kubeflow variants
+    if isinstance(task_index, str) and _is_index(task_index):  # Kubeflow variants
         task_index = int(task_index)
     if isinstance(task_index, bool) or not isinstance(task_index, int):
         raise ClusterConfigError(
@@ -370,10 +370,16 @@ def _build(cluster: dict, task: dict, *, source: str, environment: str | None = 
                        source=source)
 
 
+def _is_index(text: str) -> bool:
+    """ASCII digits only: str.isdecimal() also takes "３" and "٣", which int() reads but
+    TensorFlow and every other reader of TF_CONFIG do not."""
+    return text.isascii() and text.isdecimal()
+
+
 def _dense_hosts(value: dict, job: str, source: str) -> list | None:
     """A job given as {index: address}, as a list; None when the keys are not indexes.
     Kubeflow's enableDynamicWorker lists only the replica itself: no strategy trains so."""
-    if not all(isinstance(k, str) and k.isdecimal() for k in value):
+    if not all(isinstance(k, str) and _is_index(k) for k in value):
         return None
     indexes = sorted(int(k) for k in value)
     if indexes != list(range(len(indexes))):
@@ -384,7 +390,7 @@ def _dense_hosts(value: dict, job: str, source: str) -> list | None:
 
 
 def _check_address(address: str, where: str) -> None:
-    match = _ADDRESS.match(address)
+    match = _ADDRESS.fullmatch(address)
     if not match or not 0 < int(match.group(2)) < 65536:
         raise ClusterConfigError(
             f"{where} has bad address {address!r}; write it as host:port with a port "

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 
 
 def free_ports(n: int) -> list[int]:
@@ -68,3 +69,94 @@ def stop_process(proc: subprocess.Popen, grace: float = 5.0, *,
     if proc.poll() is None:
         proc.kill()
         proc.wait(10)
+
+
+# --- is this PID still the process we started? ------------------------------------------
+# A PID in a record is only a number: by the time it is read the process may have ended
+# and the number been reused, or the record may have been written by someone else. Before
+# a PID is signalled it must still be the very process that was recorded (same start time
+# and command line, as /proc shows them) and carry the job's own marker: an environment
+# variable set when it was started, or a file only that job's supervisor holds open.
+
+
+def _proc_read(pid: int, name: str) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read(1 << 20)
+    except OSError:  # gone, not ours to read, or no /proc
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks after boot (/proc/PID/stat field 22)."""
+    stat = _proc_read(pid, "stat")
+    if stat is None:
+        return None
+    fields = stat.rsplit(b")", 1)[-1].split()  # the name in () may hold spaces
+    try:
+        return int(fields[19])  # fields[0] is field 3 (state)
+    except (IndexError, ValueError):
+        return None
+
+
+def command_line(pid: int) -> list[str] | None:
+    raw = _proc_read(pid, "cmdline")
+    if not raw:
+        return None
+    return [a.decode("utf-8", "surrogateescape") for a in raw.rstrip(b"\0").split(b"\0")]
+
+
+def environment(pid: int) -> dict[str, str]:
+    raw = _proc_read(pid, "environ") or b""
+    pairs = (item.decode("utf-8", "surrogateescape").partition("=")
+             for item in raw.split(b"\0") if item)
+    return {k: v for k, _, v in pairs}
+
+
+def holds_open(pid: int, path: str) -> bool:
+    """True when the process has `path` open (read from /proc/PID/fd)."""
+    target = os.path.realpath(path)
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def stamp(pid: int, wait: float = 2.0) -> dict | None:
+    """What identifies a process we just started: its start time and command line.
+    Popen returns while exec is still under way and the command line is empty for a
+    moment, so it is waited for (up to `wait` seconds)."""
+    deadline = time.monotonic() + wait
+    while True:
+        ticks, argv = start_ticks(pid), command_line(pid)
+        if ticks is not None and argv is not None:
+            return {"start_ticks": ticks, "cmdline": argv}
+        if ticks is None or time.monotonic() > deadline:  # gone, or no /proc
+            return None
+        time.sleep(0.005)
+
+
+def is_ours(pid, recorded, *, env=None, open_file: str | None = None) -> bool:
+    """True only when pid is still the process `recorded` (a `stamp`) describes, alive,
+    and carrying one of the markers asked for: every variable of `env` set to its value in
+    its environment, or `open_file` held open. Anything unknown answers False: a PID
+    that cannot be shown to be ours is never signalled."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    if not isinstance(recorded, dict) or not pid_alive(pid):
+        return False
+    if start_ticks(pid) != recorded.get("start_ticks") \
+            or command_line(pid) != recorded.get("cmdline"):
+        return False
+    if env:
+        live = environment(pid)
+        if all(live.get(k) == v for k, v in env.items()):
+            return True
+    return open_file is not None and holds_open(pid, open_file)

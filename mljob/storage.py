@@ -24,7 +24,8 @@ import os
 import shutil
 import time
 import uuid
-from typing import Callable, Iterable, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Iterable
 
 # Recent gcsfs versions probe each bucket's type over gRPC first, which waits 60 s per
 # bucket against an emulator. The switch is read when gcsfs is imported, so set it here,
@@ -32,9 +33,9 @@ from typing import Callable, Iterable, TypeVar
 if os.environ.get("STORAGE_EMULATOR_HOST"):
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
-from mljob.errors import first_line  # noqa: E402
-import fsspec  # noqa: E402
-from fsspec.core import split_protocol, url_to_fs  # noqa: E402
+from mljob.errors import first_line
+import fsspec
+from fsspec.core import split_protocol, url_to_fs
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -49,12 +50,39 @@ class StorageError(OSError):
 
 
 def filesystem(url: str):
-    """(fs, path) for a URL; an unknown scheme or a missing backend is a StorageError."""
+    """(fs, path) for a URL; an unknown scheme, a missing backend or a `..` segment in a
+    URL (which object stores keep as a name, and local ones resolve) is a StorageError."""
+    check_segments(url)
     try:
         return url_to_fs(url)
     except (ValueError, ImportError) as exc:
         raise StorageError(f"cannot use {url!r}: {first_line(exc, 200)}; "
                            "use a local path, file://, memory:// or gs:// URL") from None
+
+
+def check_segments(url: str) -> None:
+    """Refuse `..` in a URL's path: memory:// and gs:// keep it as part of a name (so
+    `gs://b/job/../x` is not `gs://b/x`), and where it resolves it leaves the folder
+    the URL names. Plain paths are the user's own and may hold it."""
+    protocol, path = split_protocol(url)
+    if protocol is not None and ".." in path.replace("\\", "/").split("/"):
+        raise StorageError(f"{url!r} has a '..' segment; write the URL without it")
+
+
+def absolute_url(url: str) -> str:
+    """The URL every process reads the same way: plain paths and relative `file://` URLs
+    made absolute (a replica runs in another folder), an empty `file://` refused, a `..`
+    segment in a URL refused. Other schemes come back as given."""
+    protocol, path = split_protocol(url)
+    if protocol is None:
+        return os.path.abspath(url)
+    check_segments(url)
+    if protocol in ("file", "local"):
+        if not path:
+            raise StorageError(f"{url!r} names no folder; write file:///ABSOLUTE/PATH or "
+                               "a plain path")
+        return "file://" + os.path.abspath(path)
+    return url
 
 
 def is_local(url: str) -> bool:
@@ -212,24 +240,32 @@ def retry(fn: Callable[[], T], what: str, *, missing_ok: bool = True,
             # "not found" while creating means the bucket is missing.
             if creates and exc.filename is None:
                 raise StorageError(f"cannot {what}: its bucket or parent folder does not "
-                                   f"exist ({first_line(exc, 200)}); create it or fix the URL") \
+                                   f"exist ({_reason(exc)}); create it or fix the URL") \
                     from None
             raise
         except PermissionError as exc:
-            raise StorageError(f"cannot {what}: permission denied ({first_line(exc, 200)})") \
+            raise StorageError(f"cannot {what}: permission denied ({_reason(exc)})") \
                 from None
-        except Exception as exc:  # noqa: BLE001 - storage backends raise many types
+        except Exception as exc:  # storage backends raise many types
             if not _transient(exc):
-                raise StorageError(f"cannot {what}: {first_line(exc, 200)}") from None
+                raise StorageError(f"cannot {what}: {_reason(exc)}") from None
             if attempt == attempts:
                 raise StorageError(
-                    f"cannot {what} after {attempts} attempts: {first_line(exc, 200)}; "
+                    f"cannot {what} after {attempts} attempts: {_reason(exc)}; "
                     "check that the storage is reachable") from None
             log.warning("storage: %s failed (%s), retry %d/%d in %.1fs", what,
-                        first_line(exc, 200), attempt, attempts - 1, delay)
+                        _reason(exc), attempt, attempts - 1, delay)
             time.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_DELAY)
     raise AssertionError("unreachable")
+
+
+def _reason(exc: BaseException) -> str:
+    """Why an operation failed, without the local file name an OSError repeats (the
+    message names the URL already)."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:
+        return exc.strerror
+    return first_line(exc, 200)
 
 
 # HTTP statuses worth another try (as gcsfs and Google's client libraries see them).
@@ -289,6 +325,7 @@ def _protocols(fs) -> tuple:
 
 
 
-__all__ = ["StorageError", "filesystem", "is_local", "local_path", "join", "exists",
+__all__ = ["StorageError", "filesystem", "check_segments", "absolute_url", "is_local",
+           "local_path", "join", "exists",
            "read_bytes", "write_bytes", "makedirs", "upload_file", "download_tree",
            "upload_tree", "publish_dir", "retry", "fsspec"]

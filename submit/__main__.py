@@ -278,16 +278,16 @@ def local_train(ctx, package_path, module_name, job_dir, distributed, worker_cou
     if not distributed and any(v is not None for v in counts.values()):
         raise UsageError("--worker-count, --parameter-server-count and --evaluator-count "
                          "need --distributed")
-    ti = {"masterType": "standard"}
+    flags = {}  # as flags, so that a mistake names the flag
     if distributed:
-        ti.update(workerCount=2 if worker_count is None else worker_count,
-                  parameterServerCount=(2 if parameter_server_count is None
-                                        else parameter_server_count),
-                  evaluatorCount=evaluator_count or 0)
+        flags = dict(worker_count=2 if worker_count is None else worker_count,
+                     parameter_server_count=(2 if parameter_server_count is None
+                                             else parameter_server_count),
+                     evaluator_count=evaluator_count or 0)
     job_id = "local_" + time.strftime("%Y%m%d_%H%M%S") + f"_{os.getpid()}"
-    spec = specs.resolve(job_id, ti, scale_tier="CUSTOM", job_dir=job_dir,
-                         module_name=module_name, args=ctx.meta["trainer_args"] or (),
-                         staged=False)
+    spec = specs.resolve(job_id, {"masterType": "standard"}, scale_tier="CUSTOM",
+                         job_dir=job_dir, module_name=module_name,
+                         args=ctx.meta["trainer_args"] or (), staged=False, **flags)
     source = package.check_package_path(package_path)
     n = sum(spec.count(t) for t in (specs.CHIEF, specs.WORKER, specs.PS))
     if start_port is not None and start_port + n - 1 > 65535:

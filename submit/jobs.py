@@ -16,7 +16,9 @@ import psutil
 
 from submit.errors import JobNotFoundError, SubmitError
 from submit.package import mljob_home
-from mljob import storage
+from submit.spec import check_job_id
+from mljob import contracts, procs, storage
+from mljob.errors import first_line
 
 QUEUED, PREPARING, RUNNING = "QUEUED", "PREPARING", "RUNNING"
 SUCCEEDED, FAILED, CANCELLING, CANCELLED = "SUCCEEDED", "FAILED", "CANCELLING", "CANCELLED"
@@ -31,6 +33,7 @@ class ReplicaRecord:
     state: str = "PENDING"           # PENDING, RUNNING, EXITED, STOPPED, RESTARTING
     exit_code: int | None = None
     restarts: int = 0
+    stamp: dict | None = None        # procs.stamp of its current process: start, argv
 
 
 @dataclasses.dataclass
@@ -52,6 +55,7 @@ class JobRecord:
     log_dir: str | None = None
     supervisor_pid: int | None = None
     supervisor_create_time: float | None = None
+    supervisor_stamp: dict | None = None  # procs.stamp: start time and command line
     replicas: list[ReplicaRecord] = dataclasses.field(default_factory=list)
     error_message: str | None = None
     mode: str = "cloud"
@@ -81,25 +85,23 @@ class JobRecord:
             self.error_message = error
 
     def adopt_supervisor(self, pid: int | None = None) -> None:
-        """Record the supervising process (and its start time, against PID reuse)."""
+        """Record the supervising process: its PID, and its start time and command line
+        (`procs.stamp`), against PID reuse and records naming another process."""
         pid = pid or os.getpid()
         self.supervisor_pid = pid
+        self.supervisor_stamp = procs.stamp(pid)
         try:
             self.supervisor_create_time = psutil.Process(pid).create_time()
         except psutil.Error:
             self.supervisor_create_time = None
 
     def supervisor_alive(self) -> bool:
-        if not self.supervisor_pid:
-            return False
-        try:
-            proc = psutil.Process(self.supervisor_pid)
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return False
-            return (self.supervisor_create_time is None
-                    or abs(proc.create_time() - self.supervisor_create_time) < 1.0)
-        except psutil.Error:
-            return False
+        """True only while the recorded supervisor is provably this job's: the same
+        process (start time, command line) that holds the job's lock file open or, for a
+        detached supervisor, carries the job id in its environment."""
+        return procs.is_ours(self.supervisor_pid, self.supervisor_stamp,
+                             env={contracts.MLJOB_JOB_ID_ENV: self.job_id},
+                             open_file=lock_path(self.job_id))
 
     def running(self) -> bool:
         """Not ended, and (for a local job) its supervisor still there to end it."""
@@ -117,34 +119,57 @@ class JobRecord:
 
 
 def index_path(job_id: str) -> str:
+    check_job_id(job_id)  # an id from the command line never becomes a path unchecked
     return os.path.join(mljob_home(), "jobs", f"{job_id}.json")
 
 
+def lock_path(job_id: str) -> str:
+    """The file a local job's supervisor holds open (and locked) while it runs."""
+    check_job_id(job_id)
+    return os.path.join(mljob_home(), "runs", job_id, "supervisor.lock")
+
+
 def record_url(job_dir: str, job_id: str) -> str:
+    check_job_id(job_id)
     return storage.join(job_dir, "jobs", f"{job_id}.json")
 
 
-def save(record: JobRecord) -> None:
-    """Publish the record to the index and the job dir (both atomically)."""
+def save(record: JobRecord, *, create_in_job_dir: bool = True) -> None:
+    """Publish the record to the index and the job dir (both atomically).
+
+    create_in_job_dir=False updates the job dir's copy only where one already exists: a
+    command that acts on a record it read (`jobs cancel`) never writes a new file in a
+    folder that record names."""
     data = record.to_json().encode()
     storage.write_bytes(index_path(record.job_id), data)
     if record.job_dir:
         try:
-            storage.write_bytes(record_url(record.job_dir, record.job_id), data)
+            if create_in_job_dir or storage.exists(record_url(record.job_dir,
+                                                              record.job_id)):
+                storage.write_bytes(record_url(record.job_dir, record.job_id), data)
         except (storage.StorageError, OSError) as exc:
-            raise SubmitError(f"cannot write the job record to {record.job_dir}: {exc}") \
+            text = first_line(exc)  # storage's errors name the URL already
+            raise SubmitError(text if record.job_dir in text else
+                              f"cannot write the job record to {record.job_dir}: {text}") \
                 from None
 
 
 def load(job_id: str) -> JobRecord:
+    """The index's record of job_id (validated first: never a path outside the index)."""
     path = index_path(job_id)
     try:
         with open(path, "rb") as f:
-            return JobRecord.from_json(f.read())
+            record = JobRecord.from_json(f.read())
     except FileNotFoundError:
         raise JobNotFoundError(f"no job {job_id!r} in the local index "
                                f"({os.path.dirname(path)}); see `python -m submit jobs "
                                "list`") from None
+    except (ValueError, TypeError, AttributeError):
+        raise SubmitError(f"the job record {path} is damaged; remove it") from None
+    if record.job_id != job_id:
+        raise SubmitError(f"the job record {path} names job {record.job_id!r:.60}, not "
+                          f"{job_id!r}; remove it")
+    return record
 
 
 def list_all() -> list[JobRecord]:
@@ -154,9 +179,11 @@ def list_all() -> list[JobRecord]:
         if name.endswith(".json"):
             try:
                 with open(os.path.join(folder, name), "rb") as f:
-                    records.append(JobRecord.from_json(f.read()))
-            except (OSError, ValueError, TypeError):
+                    record = JobRecord.from_json(f.read())
+            except (OSError, ValueError, TypeError, AttributeError):
                 continue  # a foreign or damaged file is not a job
+            if f"{record.job_id}.json" == name and isinstance(record.create_time, (int, float)):
+                records.append(record)
     return sorted(records, key=lambda r: r.create_time)
 
 

@@ -42,6 +42,7 @@ import zipfile
 from collections.abc import Callable, Sequence
 
 from mljob import storage
+from mljob.errors import first_line
 from mljob.procs import pid_alive, stop_process
 from submit.errors import PackageError, PackageUsageError
 
@@ -328,8 +329,14 @@ def stage(package: Package, url: str) -> Package:
             with open(package.local_file, "rb") as f:
                 storage.write_bytes(url, f.read())  # atomic locally; sdists are small
     except (storage.StorageError, OSError) as exc:
-        raise PackageError(f"cannot stage the package to {url}: {exc}") from None
+        raise PackageError(f"cannot stage the package: {_naming(exc, url)}") from None
     return dataclasses.replace(package, url=url)
+
+
+def _naming(exc: BaseException, url: str) -> str:
+    """An error's text naming the URL once: storage's own errors already name it."""
+    text = first_line(exc)
+    return text if url in text else f"{url}: {text}"
 
 
 def fetch(url: str, out_dir: str) -> Package:
@@ -340,11 +347,22 @@ def fetch(url: str, out_dir: str) -> Package:
         raise PackageUsageError(f"staged package {url} does not exist; check packageUris") \
             from None
     except (storage.StorageError, OSError) as exc:
-        raise PackageError(f"cannot download the package {url}: {exc}") from None
+        raise PackageError(f"cannot download the package: {_naming(exc, url)}") from None
     path = os.path.join(out_dir, posixpath.basename(url) or "package.tar.gz")
     with open(path, "wb") as f:
         f.write(data)
     return describe(path, url=url)
+
+
+NOT_DOWNLOADED = "not-downloaded"  # a dry run's hash of a staged package (fits any label)
+
+
+def unfetched(url: str) -> Package:
+    """A staged package (packageUris) as `--dry-run` shows it: not downloaded, so its hash
+    is unknown and its top folder is the sdist convention's (the file name less .tar.gz)."""
+    name = posixpath.basename(url) or "package.tar.gz"
+    top = name.removesuffix(".tar.gz").removesuffix(".tgz")
+    return Package(name, NOT_DOWNLOADED, top, url=url)
 
 
 def safe_extract(tar_path: str, dest: str) -> None:
@@ -456,8 +474,8 @@ def _download(packages: Sequence[Package], folder: str) -> list[str]:
         try:
             data = storage.read_bytes(pkg.url)
         except (FileNotFoundError, storage.StorageError, OSError) as exc:
-            raise PackageError(f"cannot download the staged package {pkg.url}: {exc}") \
-                from None
+            raise PackageError(f"cannot download the staged package: "
+                               f"{_naming(exc, pkg.url)}") from None
         with open(path, "wb") as f:
             f.write(data)
         got, _ = content_hash(path)

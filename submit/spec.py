@@ -13,12 +13,13 @@ import os
 import re
 import shutil
 import subprocess
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
 import yaml
 
-from mljob import machines
+from mljob import machines, storage
 from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, WORKER  # noqa: F401
 from submit.errors import ConfigError, UsageError
 
@@ -28,6 +29,7 @@ MAX_CONFIG_DEPTH = 50  # a job config nests 4 deep; parsers recurse per level
 # catches a count that cannot be meant, such as a pasted timestamp.
 MAX_REPLICAS_PER_TYPE = 10_000
 JOB_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # whole string: fullmatch
+MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")  # fullmatch
 URL_SCHEMES = ("file", "memory", "gs")
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
 VERSIONS = {"region": re.compile(r"[a-z]+(-[a-z]+)+[0-9]{1,2}"),
@@ -167,10 +169,18 @@ def _read_document(path: str) -> dict:
         raise ConfigError(f"--config {path} is {size} bytes; the limit is "
                           f"{MAX_CONFIG_BYTES} (a job config is a few lines)")
     with open(path, "rb") as f:
-        text = f.read().decode("utf-8", errors="replace")
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} "
+                          f"at offset {exc.start}); save it as UTF-8") from None
     if path.endswith(".json"):
         try:
-            document = json.loads(text)
+            document = json.loads(text, object_pairs_hook=_unique_keys)
+        except _RepeatedKey as exc:
+            raise ConfigError(f"--config {path} repeats the key {exc.key!r:.60}; give each "
+                              "key once (the last one would silently win)") from None
         except ValueError as exc:
             raise ConfigError(f"--config {path} is not valid JSON: {exc}") from None
         except RecursionError:
@@ -182,7 +192,57 @@ def _read_document(path: str) -> dict:
         raise ConfigError(f"--config {path} must be a mapping with a 'trainingInput' key, "
                           f"not {type(document).__name__}")
     _no_unknown(document, TOP_LEVEL_KEYS, f"--config {path}")
+    if "jobId" in document:
+        if not isinstance(document["jobId"], str):
+            raise ConfigError(f"--config {path}: jobId must be a string like job01, not "
+                              f"{_type_name((type(document['jobId']),))}")
+        check_job_id(document["jobId"])
     return document
+
+
+class _RepeatedKey(Exception):
+    def __init__(self, key, line: int | None = None):
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+def _unique_keys(pairs: list) -> dict:
+    """json's object_pairs_hook: a key given twice is an error, not last-wins."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(key)
+        out[key] = value
+    return out
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """yaml's safe loader, stricter: a key given twice in a mapping is an error (not
+    last-wins), and YAML 1.1's base-60 numbers (`1:30` is 90) stay the text written."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                key = self.construct_object(key_node)
+                try:
+                    if key in seen:
+                        raise _RepeatedKey(key, key_node.start_mark.line + 1)
+                    seen.add(key)
+                except TypeError:  # unhashable: the safe loader refuses it below
+                    continue
+        return super().construct_mapping(node, deep)
+
+    def construct_base60(self, node):
+        if ":" in str(node.value):
+            return self.construct_scalar(node)
+        tag = node.tag.rsplit(":", 1)[-1]
+        return (yaml.SafeLoader.construct_yaml_int if tag == "int"
+                else yaml.SafeLoader.construct_yaml_float)(self, node)
+
+
+for _tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
+    _ConfigLoader.add_constructor(_tag, _ConfigLoader.construct_base60)
 
 
 def _safe_yaml(text: str, path: str) -> Any:
@@ -203,7 +263,10 @@ def _safe_yaml(text: str, path: str) -> Any:
                 line = event.start_mark.line + 1
                 raise ConfigError(f"--config {path} line {line} uses the YAML alias "
                                   f"*{event.anchor}; aliases are refused, write the value out")
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader, stricter
+    except _RepeatedKey as exc:
+        raise ConfigError(f"--config {path} line {exc.line} repeats the key {exc.key!r:.60}; "
+                          "give each key once (the last one would silently win)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -214,6 +277,8 @@ def _safe_yaml(text: str, path: str) -> Any:
 def check_training_input(ti: Mapping[str, Any]) -> None:
     """Unknown keys and wrong value types are errors that name the key."""
     _no_unknown(ti, TRAINING_INPUT_KEYS, "trainingInput")
+    for where, text in _strings(dict(ti), "trainingInput"):
+        check_text(text, where, ConfigError)
     for key, value in ti.items():
         types = TRAINING_INPUT_KEYS[key]
         if isinstance(value, bool) and bool not in types or not isinstance(value, types):
@@ -243,7 +308,10 @@ def check_training_input(ti: Mapping[str, Any]) -> None:
         count = accel.get("count", 0)
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ConfigError(f"trainingInput.{key}.acceleratorConfig.count must be a "
-                              f"non-negative integer, not {count!r}")
+                              f"non-negative integer, not {count!r:.60}")
+        if not isinstance(accel.get("type", ""), str):
+            raise ConfigError(f"trainingInput.{key}.acceleratorConfig.type must be a string "
+                              f"like NVIDIA_TESLA_T4, not {accel['type']!r:.60}")
 
 
 def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
@@ -272,6 +340,8 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
     staged=False is `local train`: the working tree runs, nothing needs a staging place.
     """
     check_job_id(job_id)
+    if package_path is not None:
+        check_text(package_path, "--package-path")
     ti = dict(training_input)
     check_training_input(ti)
     if ti.get("hyperparameters"):
@@ -283,13 +353,12 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
                               ("--evaluator-count", "evaluatorCount", evaluator_count)):
         if value is not None:
             ti[key] = value
-    apply_type_flags(ti, master_machine_type=master_machine_type,
-                     worker_machine_type=worker_machine_type,
-                     parameter_server_machine_type=parameter_server_machine_type,
-                     master_accelerator=master_accelerator,
-                     worker_accelerator=worker_accelerator,
-                     parameter_server_accelerator=parameter_server_accelerator,
-                     use_chief_in_tf_config=use_chief_in_tf_config)
+    type_keys = apply_type_flags(
+        ti, master_machine_type=master_machine_type, worker_machine_type=worker_machine_type,
+        parameter_server_machine_type=parameter_server_machine_type,
+        master_accelerator=master_accelerator, worker_accelerator=worker_accelerator,
+        parameter_server_accelerator=parameter_server_accelerator,
+        use_chief_in_tf_config=use_chief_in_tf_config)
     tier_name = (scale_tier or ti.get("scaleTier") or "BASIC").upper()
     if tier_name not in SCALE_TIERS:
         raise UsageError(f"unknown scale tier {tier_name!r}; use one of "
@@ -304,12 +373,14 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
     if module_name is not None:
         ti["pythonModule"] = module_name
     module = ti.setdefault("pythonModule", "trainer.task")
-    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", module):
+    if not isinstance(module, str) or not MODULE.fullmatch(module):
         raise UsageError(f"--module-name {module!r} is not a Python module name; "
                          "write it like trainer.task")
     if args is not None:
         ti["args"] = list(args)
     user_args = tuple(ti.get("args", ()))
+    for i, arg in enumerate(user_args):
+        check_text(arg, f"trainer argument {i + 1}")
     if any(a == "--job-dir" or a.startswith("--job-dir=") for a in user_args):
         raise UsageError("--job-dir is among the trainer arguments; give it to submit "
                          "(before `--`), which passes it on to the trainer")
@@ -345,8 +416,12 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
                                      not 0 <= max_restarts <= MAX_RESTARTS):
         raise UsageError(f"--max-restarts {max_restarts} is out of range; use 0 to "
                          f"{MAX_RESTARTS}")
+    from_flags = {key for key, value in (("workerCount", worker_count),
+                                         ("parameterServerCount", parameter_server_count),
+                                         ("evaluatorCount", evaluator_count))
+                  if value is not None} | type_keys
     groups = tuple(_with_restarts(g, ti, restart_policy, max_restarts)
-                   for g in _groups(SCALE_TIERS[tier_name], ti))
+                   for g in _groups(SCALE_TIERS[tier_name], ti, from_flags))
     restart_policy = restart_policy or "Never"
     max_restarts = default_max_restarts(restart_policy, max_restarts)
     use_chief = default_use_chief(ti)
@@ -382,7 +457,9 @@ def _with_restarts(group: ReplicaGroup, ti: dict, policy, most) -> ReplicaGroup:
 CONFIG_KEYS = {CHIEF: "masterConfig", **{t: cfg for t, _, _, cfg in GROUP_KEYS}}
 
 
-def _groups(tier: ScaleTier, ti: dict) -> tuple[ReplicaGroup, ...]:
+def _groups(tier: ScaleTier, ti: dict, from_flags=frozenset()) -> tuple[ReplicaGroup, ...]:
+    """The replica groups; a mistake names the flag when a flag gave the value, else the
+    config key (never a flag the user did not write)."""
     custom = tier.name == "CUSTOM"
     if not custom:
         # A fixed tier fixes counts, machines and GPUs; restart settings are free.
@@ -394,7 +471,8 @@ def _groups(tier: ScaleTier, ti: dict) -> tuple[ReplicaGroup, ...]:
             flag = {"workerCount": "--worker-count", "parameterServerCount":
                     "--parameter-server-count", "evaluatorCount": "--evaluator-count",
                     **TYPE_FLAG_NAMES}
-            name = flag.get(given[0], given[0])
+            name = (flag[given[0]] if given[0] in from_flags
+                    else f"trainingInput.{given[0]}")
             raise UsageError(f"{name} needs --scale-tier CUSTOM (scale tier {tier.name} "
                              "fixes the cluster's shape); use CUSTOM or drop it")
         groups = [ReplicaGroup(CHIEF, 1, "standard_gpu" if tier.master_gpus else "standard",
@@ -411,7 +489,8 @@ def _groups(tier: ScaleTier, ti: dict) -> tuple[ReplicaGroup, ...]:
     groups = [ReplicaGroup(CHIEF, 1, master_type, _gpus(ti, "masterConfig", master_type))]
     for task_type, count_key, type_key, config_key in GROUP_KEYS:
         count = ti.get(count_key, 0)
-        flag = "--" + re.sub(r"([A-Z])", r"-\1", count_key).lower()
+        flag = ("--" + re.sub(r"([A-Z])", r"-\1", count_key).lower()
+                if count_key in from_flags else f"trainingInput.{count_key}")
         if isinstance(count, bool) or not isinstance(count, int):
             raise UsageError(f"{count_key} must be an integer, not {count!r}")
         if count < 0:
@@ -449,20 +528,55 @@ def check_job_id(job_id: str) -> None:
 
 
 def _normalise_url(url: str | None, flag: str) -> str | None:
-    """Check the scheme; plain relative paths become absolute (replicas run elsewhere)."""
-    if url is None or url == "":
+    """Check the scheme and the path; plain paths and relative `file://` URLs become
+    absolute (replicas run elsewhere), so the record, package, logs, model and
+    checkpoints all land in the one place the user named."""
+    if url is None:
         return None
-    match = re.match(r"^([A-Za-z][A-Za-z0-9+.\-]*)://", url)
-    if match:
-        scheme = match.group(1).lower()
-        if scheme not in URL_SCHEMES:
+    if not isinstance(url, str) or not url.strip():
+        raise UsageError(f"{flag} {url!r} is empty; give a path or URL, or leave it out")
+    check_text(url, flag)
+    scheme, sep, _ = url.partition("://")  # as fsspec reads it: anything before :// is one
+    if sep:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.\-]*", scheme) \
+                or scheme.lower() not in URL_SCHEMES:
             raise UsageError(f"{flag} {url!r} has unknown URL scheme {scheme!r}; use a local "
                              "path, file://, memory:// or gs://")
+        scheme = scheme.lower()
+        url = scheme + url[len(scheme):]  # fsspec knows its schemes in lower case
         if scheme == "gs":
             check_bucket(url, flag)
         stripped = url.rstrip("/")
-        return url if stripped.endswith(":") else stripped
-    return os.path.abspath(url)
+        url = url if stripped.endswith(":") else stripped
+    try:
+        return storage.absolute_url(url)
+    except storage.StorageError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+
+
+CONTROL_CATEGORIES = ("Cc", "Zl", "Zp")  # C0, DEL, C1, and the Unicode line breaks
+
+
+def check_text(value: str, what: str, error: type = UsageError) -> None:
+    """Refuse control characters (NUL, newlines, escapes): no path, URL, argument or
+    name needs one, and NUL cannot even reach a process (exec refuses it)."""
+    bad = next((c for c in value if unicodedata.category(c) in CONTROL_CATEGORIES), None)
+    if bad is not None:
+        raise error(f"{what} {value[:60]!r} holds the control character {bad!r}; "
+                    "remove it")
+
+
+def _strings(value: Any, where: str):
+    """(where, text) for every string in a config value, keys included."""
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k, where)
+            yield from _strings(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{where}[{i}]")
 
 
 def local_gpu_count() -> int:
@@ -623,9 +737,11 @@ def parse_accelerator_flag(text: str, flag: str) -> dict:
             "type": fields["type"].upper().replace("-", "_")}
 
 
-def apply_type_flags(ti: dict, **flags) -> None:
+def apply_type_flags(ti: dict, **flags) -> set[str]:
     """gcloud's per-type flags over trainingInput: machine types, accelerators (kept with
-    the type's other replica settings) and --use-chief-in-tf-config."""
+    the type's other replica settings) and --use-chief-in-tf-config. Returns the keys
+    the flags set (so that a mistake names the flag, not a config key)."""
+    given: set[str] = set()
     use_chief = flags.pop("use_chief_in_tf_config", None)
     if use_chief is not None:
         ti["useChiefInTfConfig"] = bool(use_chief)
@@ -638,6 +754,8 @@ def apply_type_flags(ti: dict, **flags) -> None:
                        "acceleratorConfig": parse_accelerator_flag(value, flag)}
         else:
             ti[key] = value
+        given.add(key)
+    return given
 
 
 def default_max_restarts(policy: str, most: int | None) -> int:

@@ -62,9 +62,10 @@ def submit(request: Submission, echo: Echo) -> int:
             raise PackageUsageError(f"--packages {path} is not a file; give the sdists "
                                     "(.tar.gz) or wheels (.whl) to install")
     with tempfile.TemporaryDirectory(prefix="mljob-sdist-") as tmp:
-        pkg = with_extras(spec, (package.fetch(spec.package_uri, tmp) if spec.package_uri
+        pkg = with_extras(spec, (_fetch(spec.package_uri, tmp, request.dry_run)
+                                 if spec.package_uri
                                  else build_package(spec, source, tmp) if builds else None),
-                          tmp)
+                          tmp, request.dry_run)
         rendered = runner.render(spec, pkg)
         for note in runner.prepare(spec, pkg):
             echo(note, err=True)  # stdout stays the job object alone
@@ -97,23 +98,32 @@ def build_package(spec: specs.JobSpec, source: package.Source,
     return _staged(spec, package.build(source, tmp, exclude=exclude))
 
 
+def _fetch(url: str, folder: str, dry_run: bool) -> package.Package:
+    """A staged archive, downloaded; a dry run reads nothing remote (no download, no
+    hash: package.unfetched)."""
+    if dry_run and not storage.is_local(url):
+        return package.unfetched(url)
+    return package.fetch(url, folder)
+
+
 def with_extras(spec: specs.JobSpec, main: package.Package | None,
-                tmp: str) -> package.Package:
+                tmp: str, dry_run: bool = False) -> package.Package:
     """The job's packages: the main one (else the first --packages archive), the other
-    archives, and mljob's core when the user's code imports mljob and does not ship it."""
+    archives, and mljob's core when the user's code imports mljob and does not ship it
+    (not known, so not added, for archives a dry run leaves where they are)."""
     archives = []
     for i, path in enumerate(spec.extra_packages):
         if "://" in path:  # already staged: installed from where it is
             folder = os.path.join(tmp, f"extra-{i}")
             os.makedirs(folder)
-            archives.append(package.fetch(path, folder))
+            archives.append(_fetch(path, folder, dry_run))
         else:
             archives.append(_staged(spec, package.describe(os.path.abspath(path))))
     if main is None:
         main, archives = archives[0], archives[1:]
     found = (main, *archives)
     if not any(p.dist_name == "mljob" for p in found) and any(
-            package.imports_mljob(p) for p in found):
+            p.local_file and package.imports_mljob(p) for p in found):
         core_dir = os.path.join(tmp, "mljob-core")
         archives.append(_staged(spec, package.build_mljob_core(core_dir)))
     return dataclasses.replace(main, extras=tuple(archives))

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "ckpt"
 STATE_FILE = contracts.CHECKPOINT_STATE
-_INDEX = re.compile(rf"^{PREFIX}-(\d+)\.index$")
+_INDEX = re.compile(rf"{PREFIX}-([0-9]+)\.index")  # fullmatch
 
 
 class CheckpointStore:
@@ -63,7 +63,7 @@ class CheckpointStore:
             return []
         steps = []
         for name in names:
-            match = _INDEX.match(os.path.basename(name.rstrip("/")))
+            match = _INDEX.fullmatch(os.path.basename(name.rstrip("/")))
             if match:
                 steps.append(int(match.group(1)))
         return sorted(steps, reverse=True)
@@ -74,7 +74,7 @@ class CheckpointStore:
             text = storage.read_bytes(storage.join(self.url, STATE_FILE)).decode()
         except FileNotFoundError:
             return None
-        match = re.search(rf'^model_checkpoint_path:\s*"{PREFIX}-(\d+)"', text, re.M)
+        match = re.search(rf'^model_checkpoint_path:\s*"{PREFIX}-([0-9]+)"', text, re.M)
         return int(match.group(1)) if match else None
 
     def local_prefix(self, step: int) -> str:
@@ -157,7 +157,7 @@ class CheckpointStore:
             names = storage.retry(lambda: fs.ls(root, detail=False), f"list {self.url}")
         except FileNotFoundError:
             return
-        pattern = re.compile(rf"^{PREFIX}-(\d+)\.")
+        pattern = re.compile(rf"^{PREFIX}-([0-9]+)\.")
         for path in names:
             match = pattern.match(os.path.basename(path.rstrip("/")))
             if match and int(match.group(1)) not in keep:

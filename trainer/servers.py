@@ -157,7 +157,8 @@ def _parse_seconds(text: str | None, default: float) -> float:
 
 
 def _parse_pid(text: str | None) -> int | None:
-    if not text or not text.strip().isdigit():
+    text = (text or "").strip()
+    if not (text.isascii() and text.isdecimal()):  # isdigit() also takes "²": int() fails
         return None
     pid = int(text)
     return pid if pid > 0 else None

@@ -130,7 +130,7 @@ def worker_shard_dataset(images, labels, batch_size: int, worker_index, num_work
 def peer_named_in(text: str, info: ClusterInfo) -> str:
     """The replica a gRPC error names ('ps-replica-0 (host:port)'): a parameter server
     when one is named, since a ps is what the coordinator cannot do without."""
-    named = re.findall(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)", text)
+    named = re.findall(r"/job:(ps|worker|chief)/replica:[0-9]+/task:([0-9]+)", text)
     named.sort(key=lambda jt: jt[0] != PS)
     for job, index in named:
         hosts = info.cluster.get(job, ())

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from submit import jobs as records
 from submit.errors import JobCancelled, JobFailed, UsageError
 from submit.package import Package
-from submit.spec import JobSpec
+from submit.spec import JobSpec, check_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +60,13 @@ class EngineOptions:
         "service_account": ("kubeflow", "vertex")}
 
     def check_for(self, runner: str) -> None:
-        """Engine flags given to a runner that has no use for them are mistakes."""
+        """Engine flags given to a runner that has no use for them are mistakes, and so
+        are control characters in any of them."""
         for name, owners in self.OWNERS.items():
+            flag = "--kube-context" if name == "context" else "--" + name.replace("_", "-")
+            if getattr(self, name) is not None:
+                check_text(getattr(self, name), flag)
             if getattr(self, name) is not None and runner not in owners:
-                flag = "--kube-context" if name == "context" else "--" + name.replace("_", "-")
                 raise UsageError(f"{flag} is for --runner {' or '.join(owners)}, not "
                                  f"--runner {runner}; drop it or change --runner")
 

@@ -69,7 +69,7 @@ class KubeflowEngine(ClusterEngine):
                              f"{spec.job_dir or 'a job dir on this machine'}")
         tfjob_name(spec.job_id)
         kubeflow_render.check_labels(spec)
-        if self.options.namespace is not None and not DNS_LABEL.match(
+        if self.options.namespace is not None and not DNS_LABEL.fullmatch(
                 self.options.namespace):
             raise UsageError(f"--namespace {self.options.namespace!r} is not a Kubernetes "
                              "namespace name; use lower-case letters, digits and '-'")

@@ -51,7 +51,7 @@ BASE_IMAGE, BASE_IMAGE_GPU = "tensorflow/tensorflow:2.21.0", "tensorflow/tensorf
 MAX_NAME = 50   # pods are <name>-<type>-<index>; their services must stay DNS labels (63)
 REPLICA_TYPES = {specs.CHIEF: "Chief", specs.WORKER: "Worker", specs.PS: "PS",
                  specs.EVALUATOR: "Evaluator"}
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # fullmatch: `$` takes "\n"
 K8S_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
@@ -73,7 +73,7 @@ def resources(group: specs.ReplicaGroup, accelerator_count: int) -> dict:
 
 def tfjob_name(job_id: str) -> str:
     name = job_id.lower().replace("_", "-")
-    if len(name) > MAX_NAME or not DNS_LABEL.match(name):
+    if len(name) > MAX_NAME or not DNS_LABEL.fullmatch(name):
         raise UsageError(f"job id {job_id!r} cannot name a TFJob: with --runner kubeflow "
                          f"use at most {MAX_NAME} characters, ending in a letter or digit")
     return name

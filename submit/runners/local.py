@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from mljob import contracts, storage
+from mljob import contracts, procs, storage
 from mljob.errors import EXIT_PREEMPTED
 from submit import jobs, logs
 from submit import plan as plans
@@ -362,6 +362,8 @@ class LocalRunner:
     def _note_replica(self, replica: Replica, state: str, status: int | None = None) -> None:
         rec = self.record.replica(replica.plan.label)
         rec.pid = replica.proc.pid if replica.proc else None
+        if state == "RUNNING" and replica.proc:
+            rec.stamp = procs.stamp(replica.proc.pid)
         rec.state, rec.exit_code, rec.restarts = state, status, replica.restarts
         self._publish()
 
@@ -429,7 +431,7 @@ class LocalEngine(Runner):
         plan_file = os.path.join(plan.run_dir, "plan.json")
         storage.write_bytes(plan_file, rendered.text.encode())
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = {**os.environ,
+        env = {**os.environ, contracts.MLJOB_JOB_ID_ENV: plan.job_id,  # its marker
                "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
         with open(os.path.join(plan.run_dir, "supervisor.log"), "ab") as out:
             proc = subprocess.Popen(
@@ -468,6 +470,12 @@ class LocalEngine(Runner):
     # The job-level interface: the supervisor owns the record, so it is read, not asked.
 
     def follow(self, record: jobs.JobRecord, echo, *, task_name: str | None) -> int:
+        labels = [r.label for r in record.replicas]
+        if task_name is not None and (contracts.parse_label(task_name) is None
+                                      or (labels and task_name not in labels)):
+            raise UsageError(f"--task-name {task_name!r:.60} names no replica of job "
+                             f"{record.job_id}; use one of "
+                             f"{', '.join(labels) or contracts.LABEL_HINT}")
         for line in self.logs({"job_id": record.job_id}, task_name=task_name):
             echo(line)
         return 0
@@ -497,28 +505,51 @@ class LocalEngine(Runner):
         if not record.done:  # the supervisor died without cleaning up: stop what it left
             _kill_orphans(record)
             record.set_state(jobs.CANCELLED, "the supervisor was gone; replicas stopped")
-            jobs.save(record)
+            jobs.save(record, create_in_job_dir=False)
         return record
 
 
 def run(plan: JobPlan, record: jobs.JobRecord, echo, *, stream: bool) -> int:
-    """Supervise a job in this process to its end; its exit status."""
-    record.adopt_supervisor()
-    jobs.save(record)
-    terminal = logs.Terminal(sys.stdout, stream=stream)
-    state = LocalRunner(plan, record, publish=jobs.save, terminal=terminal).run()
+    """Supervise a job in this process to its end; its exit status.
+
+    The supervisor holds the job's lock file open (and locked) throughout: `jobs cancel`
+    signals the recorded PID only when that process holds it (see `procs.is_ours`)."""
+    lock = _hold_lock(record.job_id)
+    try:
+        record.adopt_supervisor()
+        jobs.save(record)
+        terminal = logs.Terminal(sys.stdout, stream=stream)
+        state = LocalRunner(plan, record, publish=jobs.save, terminal=terminal).run()
+    finally:
+        lock.close()
     echo(f"Job [{plan.job_id}] {state}.")
     return ended(record, f"; see {plan.log_dir}")
 
 
+def _hold_lock(job_id: str):
+    import fcntl
+    path = jobs.lock_path(job_id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    lock = open(path, "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        raise UsageError(f"job {job_id!r} is already being supervised by another process; "
+                         f"cancel it with `python -m submit jobs cancel {job_id}`") from None
+    return lock
+
+
 def _kill_orphans(record: jobs.JobRecord) -> None:
-    import psutil
+    """SIGKILL the replicas a dead supervisor left, each only if it is provably this
+    job's: the recorded process (start time, command line) with the job's id and its
+    supervisor's PID in its environment. A record naming any other process signals
+    nothing."""
     for replica in record.replicas:
-        if not replica.pid:
-            continue
-        try:
-            proc = psutil.Process(replica.pid)
-            if proc.environ().get(contracts.JOB_ID_ENV) == record.job_id:
-                os.killpg(replica.pid, signal.SIGKILL)
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            pass
+        marker = {contracts.JOB_ID_ENV: record.job_id,
+                  contracts.PARENT_PID_ENV: str(record.supervisor_pid)}
+        if procs.is_ours(replica.pid, replica.stamp, env=marker):
+            try:
+                os.killpg(replica.pid, signal.SIGKILL)  # it leads its own session
+            except (ProcessLookupError, PermissionError):
+                pass

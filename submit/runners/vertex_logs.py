@@ -61,7 +61,7 @@ def read(handle: Mapping[str, Any], *, task_name: str | None, follow: bool,
 
 def vertex_task_name(label: str) -> str:
     """`master-replica-0` -> `workerpool0-0` (Vertex's names pass through)."""
-    if re.fullmatch(r"workerpool[0-3]-\d+|service", label):
+    if re.fullmatch(r"workerpool[0-3]-[0-9]+|service", label):
         return label
     parsed = contracts.parse_label(label)
     if parsed is None:
@@ -72,7 +72,7 @@ def vertex_task_name(label: str) -> str:
 
 def replica_label(task_name: str) -> str:
     """`workerpool1-3` -> `worker-replica-3`, as Cloud ML labelled replicas."""
-    match = re.fullmatch(r"workerpool([0-3])-(\d+)", task_name)
+    match = re.fullmatch(r"workerpool([0-3])-([0-9]+)", task_name)
     return contracts.replica_label(POOLS[int(match[1])], match[2]) if match else task_name
 
 
@@ -144,7 +144,8 @@ def _rfc3339(when: float) -> str:
 
 def _timestamp(stamp: str) -> str:
     """RFC 3339 in UTC with nine fraction digits, so that string order is time order."""
-    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z", stamp)
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z", stamp,
+                         re.ASCII)
     return f"{match[1]}.{(match[2] or '').ljust(9, '0')}Z" if match else stamp
 
 
@@ -158,6 +159,6 @@ def _format(entry: Mapping[str, Any]) -> Iterator[str]:
     severity = "INFO" if severity == "DEFAULT" else severity   # as the local runner's
     stamp = entry.get("timestamp", "")
     when = calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) \
-        if re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", stamp) else None
+        if re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", stamp, re.ASCII) else None
     for line in text.splitlines() or [""]:
         yield logs.format_line(replica_label(task), line, severity, when)

@@ -263,3 +263,14 @@ def test_http_status_decides_what_is_transient():
     assert storage._transient(HttpError({"code": 429, "message": "slow down"}))
     assert not storage._transient(HttpError({"code": 400, "message": "bad"}))
     assert not storage._transient(HttpError({"code": 403, "message": "Forbidden"}))
+
+
+@pytest.mark.parametrize("url", ["gs://bucket/job/../x", "memory://a/../b", "file:///tmp/a/..",
+                                 "memory://..", "gs://b/a/..\\x"])
+def test_dot_dot_in_a_url_is_refused(url):
+    with pytest.raises(storage.StorageError, match="has a '..' segment"):
+        storage.filesystem(url)
+    with pytest.raises(storage.StorageError, match="has a '..' segment"):
+        storage.absolute_url(url)
+    assert storage.absolute_url("/tmp/a/../b") == "/tmp/b"  # a plain path is the user's
+    assert storage.absolute_url("memory://a/..b") == "memory://a/..b"

@@ -71,10 +71,10 @@ def test_bad_job_ids_exit_2_and_write_nothing(capsys, tmp_path, pkg, job_id):
 
 CONFIGS = {
     "negative worker count": ("trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"
-                              "  workerCount: -3\n", "--worker-count -3 is negative"),
+                              "  workerCount: -3\n", "trainingInput.workerCount -3 is negative"),
     "negative ps count": ("trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"
                           "  workerCount: 1\n  parameterServerCount: -1\n",
-                          "--parameter-server-count -1 is negative"),
+                          "trainingInput.parameterServerCount -1 is negative"),
     "huge count": ("trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"
                    "  workerCount: 100000000000000000000\n", "more than 10000 replicas per type"),
     "float count": ("trainingInput:\n  workerCount: 2.5\n", "must be an integer, not a number"),
