@@ -130,7 +130,9 @@ class Replica:
             num_workers = self.num_workers
 
             def dataset_fn():
-                index = tf.distribute.coordinator.experimental_get_current_worker_index()
+                index = tf.cast(
+                    tf.distribute.coordinator.experimental_get_current_worker_index(),
+                    tf.int64)  # what Dataset.shard takes
                 return train_dataset_fn(InputContext(num_workers, index, 1,
                                                      global_batch_size=batch, seed=seed))
 
