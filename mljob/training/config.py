@@ -46,7 +46,9 @@ class RunConfig:
     log_every: int = 100
     seed: int | None = None         # the input pipeline's shuffle seed (InputContext.seed)
 
-    def __post_init__(self):
+    def check(self) -> None:
+        """UsageError naming the first bad setting; run() calls it, so that
+        `training.main` reports it in one line."""
         for name in ("train_steps", "batch_size", "keep_checkpoints",
                      "steps_per_execution", "log_every"):
             _at_least(name, getattr(self, name), 1)
@@ -57,7 +59,8 @@ class RunConfig:
                              f"{', '.join(cluster_lib.STRATEGIES)}")
 
     def resolved(self, environ: Mapping[str, str] = os.environ) -> "RunConfig":
-        """This config with the job dir and every output URL filled in and checked."""
+        """This config, checked, with the job dir and every output URL filled in."""
+        self.check()
         if self.job_dir and self.export_url and self.checkpoint_url and self.summary_url:
             return self
         out = resolve_outputs(self.job_dir, environ)

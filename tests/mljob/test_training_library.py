@@ -56,7 +56,7 @@ def _predict_local(tmp_path, model_dir, arrays, count=200) -> list[dict]:
                                 "cat": int(arrays["cat"][i]), "key": 1000 + i}) + "\n")
     done = subprocess.run([sys.executable, "-m", "predict", "local", "--model-dir",
                            str(model_dir), "--json-instances", str(path)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     answers = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     assert [a["key"] for a in answers] == list(range(1000, 1000 + count))
@@ -124,7 +124,6 @@ def test_ps_cluster_chief_two_workers_one_ps(reaper, tmp_path, data):
         "training started: strategy=ps step=0 train_steps=300 model=tabular replicas=2 ")
     assert lines(log, "variables: ")  # the ps placed them
     assert lines(log, "training finished: step=300")
-    _check_export_answers(tmp_path, job, arrays)
     # The servers serve until stopped, and SIGTERM stops each (exit 0).
     for proc in servers:
         assert proc.poll() is None
@@ -133,6 +132,7 @@ def test_ps_cluster_chief_two_workers_one_ps(reaper, tmp_path, data):
         assert wait_exit(proc, 30, tmp_path / f"{name}.log") == 0
         assert "stopping: got SIGTERM" in read(tmp_path / f"{name}.log")
         assert not pid_alive(proc.pid)
+    _check_export_answers(tmp_path, job, arrays)
 
 
 @pytest.mark.slow
@@ -177,3 +177,74 @@ def test_importing_the_library_loads_no_tensorflow():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
+
+
+# ---- the user's mistakes: a UsageError naming the fix; through main, exit 2, one line --
+
+def _tiny_model():
+    import keras
+    x = keras.Input(shape=(2,), name="x")
+    return keras.Model(x, keras.layers.Dense(2, name="out")(x))
+
+
+def _tiny_data(context):
+    import tensorflow as tf
+    return tf.data.Dataset.from_tensors(([[0.0, 1.0]], [1])).repeat()
+
+
+def _fit(tmp_path, **overrides):
+    import keras
+
+    from mljob import cluster, training
+    kwargs = dict(loss="sparse_categorical_crossentropy",
+                  optimizer=lambda: keras.optimizers.SGD(0.1),
+                  config=training.RunConfig(job_dir=str(tmp_path / "job"), train_steps=2,
+                                            batch_size=1),
+                  info=cluster.from_environment({}))
+    kwargs.update(overrides)
+    return training.fit(_tiny_model, _tiny_data, **kwargs)
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (lambda keras: {"optimizer": keras.optimizers.Adam()},
+     "give the optimizer as a function that returns a new one"),
+    (lambda keras: {"optimizer": lambda: "adam"}, "optimizer gave str, not a Keras optimizer"),
+    (lambda keras: {"metrics": ["f1"]}, "unknown metric 'f1'; use one of accuracy"),
+    (lambda keras: {"metrics": {"loss": "accuracy"}}, "a name other than 'loss'"),
+    (lambda keras: {"loss": "no_such_loss"}, "unknown loss 'no_such_loss'"),
+], ids=["optimizer instance", "optimizer not one", "unknown metric", "metric named loss",
+        "unknown loss"])
+def test_library_usage_errors_name_the_fix(tmp_path, overrides, fragment):
+    import keras
+
+    from mljob.training import UsageError
+    with pytest.raises(UsageError, match=re.escape(fragment)):
+        _fit(tmp_path, **overrides(keras))
+    assert not os.path.exists(tmp_path / "job" / "model")
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda t: t.RunConfig(train_steps=0).check(),
+     "train_steps must be an integer of at least 1"),
+    (lambda t: t.RunConfig(checkpoint_every=-1).check(), "checkpoint_every must be an integer"),
+    (lambda t: t.RunConfig(strategy="horovod").check(), "strategy 'horovod' is not one of auto"),
+    (lambda t: t.Serving(inputs={}), "Serving needs at least one input"),
+    (lambda t: t.Serving(inputs={"key": None}), "the instance key 'key' is also a model input"),
+], ids=["train_steps 0", "negative every", "unknown strategy", "no inputs", "key is an input"])
+def test_library_config_errors_name_the_fix(make, fragment):
+    from mljob import training
+    with pytest.raises(training.UsageError, match=re.escape(fragment)):
+        make(training)
+
+
+def test_main_reports_a_usage_error_in_one_line_and_exits_2(tmp_path):
+    script = ("from mljob import training\n"
+              "training.main(lambda: None, lambda c: None, loss='mse', optimizer='sgd',\n"
+              "              config=training.RunConfig(job_dir=%r, train_steps=-3))\n"
+              % str(tmp_path / "job"))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60, env={**os.environ, "TF_CONFIG": ""})
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "error: train_steps must be an integer of at least 1, got -3"], done.stderr
+    assert not os.path.exists(tmp_path / "job")
