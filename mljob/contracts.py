@@ -8,6 +8,7 @@ sets or reads, and the role names TF_CONFIG uses. Exit statuses live with the er
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import NamedTuple
 
 # --- roles: TF_CONFIG's task types -------------------------------------------------------
@@ -52,15 +53,24 @@ class Progress(NamedTuple):
 _PROGRESS = re.compile(r"^step ([0-9]+)/([0-9]+)\b.*?\bloss=([-+0-9.eEnaif]+)")
 
 
-def progress_line(step: int, total: int, loss: float, accuracy: float,
-                  examples_per_sec: float, lr: float) -> str:
-    """What a training replica prints every few steps; `parse_progress` reads it back."""
-    return (f"step {step}/{total} loss={loss:.4f} accuracy={accuracy:.4f} "
-            f"examples/s={examples_per_sec:.1f} lr={lr:g}")
+def progress_line(step: int, total: int, loss: float,
+                  accuracy: float | Mapping[str, float], examples_per_sec: float,
+                  lr: float) -> str:
+    """What a training replica prints every few steps; `parse_progress` reads it back.
+    `accuracy` is the accuracy, or the model's metrics by name (printed in order)."""
+    return " ".join(filter(None, (f"step {step}/{total} loss={loss:.4f}",
+                                  _metrics_text(accuracy),
+                                  f"examples/s={examples_per_sec:.1f} lr={lr:g}")))
 
 
-def eval_line(step: int, loss: float, accuracy: float) -> str:
-    return f"eval step={step} loss={loss:.4f} accuracy={accuracy:.4f}"
+def eval_line(step: int, loss: float, accuracy: float | Mapping[str, float]) -> str:
+    return f"eval step={step} loss={loss:.4f} {_metrics_text(accuracy)}".rstrip()
+
+
+def _metrics_text(metrics: float | Mapping[str, float]) -> str:
+    if not isinstance(metrics, Mapping):
+        metrics = {"accuracy": metrics}
+    return " ".join(f"{name}={value:.4f}" for name, value in metrics.items())
 
 
 def parse_progress(text: str) -> Progress | None:

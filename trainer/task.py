@@ -1,16 +1,17 @@
-"""`python -m trainer.task`: flags -> ClusterInfo -> role -> run.
+"""`python -m trainer.task`: flags -> ClusterInfo -> `mljob.training.fit`.
 
 Flags and the cluster are parsed and checked before TensorFlow is imported, so a usage
 mistake ends with one `error: ...` line and status 2 before any server starts. Then the
-replica takes its role:
+replica takes its role in `mljob.training` (trainer.fit gives it the model and data):
 
-- evaluator: follows the job's checkpoints (trainer.evaluator);
-- ps, and worker under the ps strategy: serves until stopped (trainer.servers);
-- chief, and every worker under multiworker, or a single node: trains (trainer.train).
+- evaluator: follows the job's checkpoints;
+- ps, and worker under the ps strategy: serves until stopped;
+- chief, and every worker under multiworker, or a single node: trains.
 
-Where the outputs go is resolved here once (`resolve_outputs`): under `--job-dir`, except
-that Vertex AI's AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR, when set,
-take the export, the checkpoints and the summaries (docs/trainer.md).
+Where the outputs go is resolved here once (`resolve_outputs`, mljob.training.outputs):
+under `--job-dir`, except that Vertex AI's AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and
+AIP_TENSORBOARD_LOG_DIR, when set, take the export, the checkpoints and the summaries
+(docs/trainer.md).
 
 This is the one place that turns typed errors into messages and exit statuses
 (mljob/errors.py): 0 ok, 1 failed, 2 usage, 143 stopped after saving, 200 a peer is gone.
@@ -18,24 +19,19 @@ This is the one place that turns typed errors into messages and exit statuses
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime
-import importlib.util
 import os
 import sys
 import traceback
 
 from mljob import cluster as cluster_lib
 from mljob import storage
-from mljob.contracts import AIP_CHECKPOINT_DIR, AIP_MODEL_DIR, AIP_TENSORBOARD_LOG_DIR
+from mljob.contracts import AIP_MODEL_DIR
+from mljob.training.config import STEPS_PER_EXECUTION, RunConfig
+from mljob.training.outputs import DEFAULT_JOBS_DIR, Outputs, resolve_outputs
 from trainer.errors import EXIT_FAILED, EXIT_USAGE, TrainerError, UsageError
 
 MODELS = ("cnn", "mlp")  # trainer.model.MODELS, repeated to keep TensorFlow unimported
 PRECISIONS = ("off", "mixed_bfloat16")  # trainer.model.PRECISIONS, likewise
-DEFAULT_JOBS_DIR = "jobs"
-# Vertex AI sets AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR to
-# <baseOutputDirectory>/model/, /checkpoints/ and /logs/; each replaces its folder under
-# the job dir.
 
 
 class _Parser(argparse.ArgumentParser):
@@ -98,7 +94,7 @@ def parser() -> argparse.ArgumentParser:
     add("--keep-checkpoints", type=_positive, default=5)
     add("--steps-per-execution", type=_positive, default=None,
         help="steps run by one tf.function call / scheduled function (default: "
-        "trainer.train.STEPS_PER_EXECUTION)")
+        "mljob.training.STEPS_PER_EXECUTION)")
     add("--ps-shards", type=_non_negative, default=0,
         help="shards per variable over the ps: 0 automatic, 1 none, N fixed")
     add("--ps-cache-reads", action="store_true",
@@ -126,89 +122,23 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-@dataclasses.dataclass(frozen=True)
-class Outputs:
-    """Where this job's outputs go, resolved once from --job-dir and the environment."""
-
-    job_dir: str
-    export_url: str        # the SavedModel: AIP_MODEL_DIR or <job-dir>/model
-    checkpoint_url: str    # AIP_CHECKPOINT_DIR or <job-dir>/checkpoints
-    summary_url: str       # AIP_TENSORBOARD_LOG_DIR or <job-dir>/summaries (train/, eval/)
-    from_environment: tuple[str, ...] = ()  # the AIP_* variables in effect
-
-    def describe(self) -> str:
-        return (f"outputs: model={self.export_url} checkpoints={self.checkpoint_url} "
-                f"summaries={self.summary_url} (from {', '.join(self.from_environment)})")
-
-
-def resolve_outputs(job_dir: str | None, environ) -> Outputs:
-    """--job-dir and the AIP_* variables, checked; a bad URL is a UsageError naming it.
-
-    Without --job-dir the job dir is the parent of AIP_MODEL_DIR when that is set (where
-    Vertex AI's base output directory is), else jobs/trainer-<UTC time>."""
-    aip = {}
-    for name in (AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, AIP_TENSORBOARD_LOG_DIR):
-        value = (environ.get(name) or "").strip()
-        if value:
-            aip[name] = _checked_url(_without_slash(value), name)
-    if job_dir is None and AIP_MODEL_DIR in aip:
-        job_dir = _parent(aip[AIP_MODEL_DIR])
-    elif job_dir is None:
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d_%H%M%S")
-        job_dir = os.path.join(DEFAULT_JOBS_DIR, f"trainer-{stamp}")
-    _checked_url(job_dir, "--job-dir")
-    return Outputs(
-        job_dir=job_dir,
-        export_url=aip.get(AIP_MODEL_DIR) or storage.join(job_dir, "model"),
-        checkpoint_url=aip.get(AIP_CHECKPOINT_DIR) or storage.join(job_dir, "checkpoints"),
-        summary_url=aip.get(AIP_TENSORBOARD_LOG_DIR) or storage.join(job_dir, "summaries"),
-        from_environment=tuple(aip))
-
-
-def _checked_url(url: str, name: str) -> str:
-    try:
-        storage.filesystem(url)
-    except storage.StorageError as exc:
-        raise UsageError(f"{name}: {exc}") from None
-    return url
-
-
-def _without_slash(url: str) -> str:
-    """Vertex AI's values end in '/'; joins and the job record want none."""
-    stripped = url.rstrip("/")
-    return stripped if stripped and not stripped.endswith(":") else url
-
-
-def _parent(url: str) -> str:
-    scheme, sep, path = url.rpartition("://")
-    head = path.rpartition("/")[0]
-    if not head:
-        raise UsageError(f"{AIP_MODEL_DIR} {url!r} has no parent folder to use as the job "
-                         "dir; give --job-dir")
-    return f"{scheme}{sep}{head}"
-
-
-def config_from(args: argparse.Namespace, outputs: Outputs):
-    """The validated TrainConfig (imports TensorFlow via trainer.train)."""
-    from trainer.train import STEPS_PER_EXECUTION, TrainConfig
-    return TrainConfig(
+def config_from(args: argparse.Namespace, outputs: Outputs) -> RunConfig:
+    """The library's RunConfig from the flags (the model's own flags go to trainer.fit)."""
+    return RunConfig(
         job_dir=outputs.job_dir, export_url=outputs.export_url,
         checkpoint_url=outputs.checkpoint_url, summary_url=outputs.summary_url,
-        model=args.model, train_steps=args.train_steps,
-        batch_size=args.batch_size, learning_rate=args.learning_rate,
+        train_steps=args.train_steps, batch_size=args.batch_size,
         eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,
         steps_per_execution=args.steps_per_execution or STEPS_PER_EXECUTION,
-        ps_shards=args.ps_shards,
-        ps_cache_reads=args.ps_cache_reads,
-        ps_local_steps=args.ps_local_steps,
-        strategy=args.strategy, data_dir=args.data_dir, train_files=args.train_files,
-        eval_files=args.eval_files, log_every=args.log_every, seed=args.seed,
-        dropout=args.dropout, mixed_precision=args.mixed_precision)
+        ps_shards=args.ps_shards, ps_cache_reads=args.ps_cache_reads,
+        ps_local_steps=args.ps_local_steps, strategy=args.strategy,
+        log_every=args.log_every, seed=args.seed)
 
 
 def _check(args: argparse.Namespace, info: cluster_lib.ClusterInfo) -> str | None:
-    """Checks that need no TensorFlow; returns the strategy kind when it is known now."""
+    """Checks that need no TensorFlow (a --strategy the cluster cannot run among them);
+    returns the strategy kind when it is known now."""
     if args.data_dir and (args.train_files or args.eval_files):
         raise UsageError("give either --data-dir or --train-files/--eval-files, not both")
     if bool(args.train_files) != bool(args.eval_files):
@@ -226,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ, ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
             job_name=args.job_name, task_index=args.task_index)
         outputs = resolve_outputs(args.job_dir, os.environ)
-        kind = _check(args, info)
+        _check(args, info)
         if info.is_chief and args.job_dir is None:
             whence = f" (the parent of {AIP_MODEL_DIR})" if AIP_MODEL_DIR in \
                 outputs.from_environment else ""
@@ -236,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         if info.is_chief and info.source == "CLUSTER_SPEC":
             print(f"cluster: {info.describe()} from CLUSTER_SPEC (Vertex AI worker pools)",
                   flush=True)
-        return _run_role(args, info, kind, outputs)
+        return _run_role(args, info, outputs)
     except TrainerError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_status
@@ -251,33 +181,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _run_role(args, info: cluster_lib.ClusterInfo, kind: str | None,
-              outputs: Outputs) -> int:
-    if importlib.util.find_spec("tensorflow") is None:  # it is an extra, not a requirement
-        raise TrainerError("TensorFlow is not installed for this Python; install mljob with "
-                           "its cpu or gpu extra (pip install -e '.[cpu]'), or run in an "
-                           "image that has TensorFlow")
-    # A dead worker goes unnoticed unless gRPC fails fast; read when TF loads gRPC.
-    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    from trainer import servers
-    stop = servers.StopSignal()
-    if info.is_evaluator:
-        stop.install()
-        from trainer import evaluator
-        return evaluator.run(config_from(args, outputs), stop)
-    if kind == "ps" and info.task_type in (cluster_lib.PS, cluster_lib.WORKER):
-        return servers.serve(info, stop)
-    import tensorflow as tf
-    if kind is None:
-        kind = info.strategy_kind(args.strategy,
-                                  num_gpus=len(tf.config.list_physical_devices("GPU")))
-    # Until the strategy starts (train.run takes the signals over then), SIGTERM
-    # ends a replica at once: there is nothing to save yet.
-    from trainer import train
+def _run_role(args, info: cluster_lib.ClusterInfo, outputs: Outputs) -> int:
+    config = config_from(args, outputs)
+    from mljob import training  # no TensorFlow yet; sets GRPC_FAIL_FAST before it loads
+    training.require_tensorflow()
+    from trainer import fit
     try:
-        return train.run(info, config_from(args, outputs), kind, stop)
-    except TrainerError:
+        return fit.run(args, config, info)
+    except (TrainerError, cluster_lib.ClusterConfigError, storage.StorageError):
         raise
     except Exception:  # a bug: keep the traceback, it is what a report needs
         traceback.print_exc()
@@ -298,4 +209,4 @@ if __name__ == "__main__":
     _exit(main())
 
 
-__all__ = ["main", "parser", "config_from", "resolve_outputs", "Outputs"]
+__all__ = ["main", "parser", "config_from", "resolve_outputs", "Outputs", "DEFAULT_JOBS_DIR"]

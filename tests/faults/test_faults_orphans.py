@@ -16,7 +16,7 @@ from tests.support.trainer_runs import wait_exit, wait_for
 STUCK = """
 import sys, threading
 sys.path.insert(0, sys.argv[1])
-from trainer.servers import StopSignal
+from mljob.training.signals import StopSignal
 StopSignal().install()
 print("ready", flush=True)
 lock = threading.Lock()

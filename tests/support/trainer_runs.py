@@ -27,8 +27,9 @@ def tf_config(spec: dict, task_type: str, index: int = 0) -> str:
 
 
 def start(reaper, log_path, args, *, tf_config: str | None = None,
-          env: dict | None = None) -> subprocess.Popen:
-    """One replica, stdout and stderr into log_path."""
+          env: dict | None = None, module: str = "trainer.task") -> subprocess.Popen:
+    """One replica of `python -m module` (the bundled trainer unless told), stdout and
+    stderr into log_path."""
     child_env = dict(os.environ)
     child_env.pop("TF_CONFIG", None)
     if tf_config is not None:
@@ -36,7 +37,7 @@ def start(reaper, log_path, args, *, tf_config: str | None = None,
     child_env.update(env or {})
     log = open(log_path, "wb")
     try:
-        return reaper.python("-m", "trainer.task", *args, stdout=log,
+        return reaper.python("-m", module, *args, stdout=log,
                              stderr=subprocess.STDOUT, env=child_env, cwd=ROOT)
     finally:
         log.close()

@@ -386,7 +386,7 @@ def test_aip_directories_take_the_export_checkpoints_and_summaries(reaper, tmp_p
     from tensorboard.backend.event_processing import event_accumulator
     train = event_accumulator.EventAccumulator(str(logs / "train"))
     train.Reload()
-    assert [e.step for e in train.Tensors("loss")] == [1, 10, 20]
+    assert [e.step for e in train.Tensors("metrics/loss")] == [1, 10, 20]
     assert not job.exists() or not os.listdir(job)  # nothing under the job dir
 
     # The evaluator reads the same checkpoint folder and writes under the same logs.

@@ -144,5 +144,5 @@ def test_evaluator_follows_the_chief_and_exits_after_the_final_checkpoint(reaper
     assert len(mine) == 1, os.listdir(tmp_path / "job" / "summaries" / "eval")
     tagged = {(v.tag, e.step) for e in event_file_loader.EventFileLoader(mine[0]).Load()
               for v in e.summary.value}
-    assert ("accuracy", 400) in tagged and ("loss", 400) in tagged
+    assert ("metrics/accuracy", 400) in tagged and ("metrics/loss", 400) in tagged
     assert not glob.glob(str(tmp_path / "job" / "summaries" / "train" / f"*.{evaluator.pid}.*"))

@@ -66,7 +66,7 @@ def test_killed_chief_resumes_and_sigterm_saves_then_exits_143(reaper, tmp_path)
 
 
 def task_default_packing() -> int:
-    from trainer.train import STEPS_PER_EXECUTION
+    from mljob.training import STEPS_PER_EXECUTION
     return STEPS_PER_EXECUTION
 
 

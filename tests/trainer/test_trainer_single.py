@@ -84,17 +84,18 @@ def test_summaries_read_back_with_tensorboard(trained):
                                                size_guidance={"tensors": 0})
     train.Reload()
     tags = set(train.Tags()["tensors"])
-    assert {"loss", "accuracy", "learning_rate", "steps_per_sec",
-            "examples_per_sec"} <= tags
-    assert [e.step for e in train.Tensors("loss")] == [1, 20, 40, 60, 80, 100, 120]
+    # grouped by prefix, so TensorBoard's time-series page opens loss and accuracy first
+    assert {"metrics/loss", "metrics/accuracy", "optimizer/learning_rate",
+            "speed/steps_per_sec", "speed/examples_per_sec"} <= tags
+    assert [e.step for e in train.Tensors("metrics/loss")] == [1, 20, 40, 60, 80, 100, 120]
     histograms = [t for t in tags if t.startswith("weights/")]
     assert "weights/hidden/kernel" in histograms
     assert train.SummaryMetadata("weights/hidden/kernel").plugin_data.plugin_name \
         == "histograms"
     evals = event_accumulator.EventAccumulator(str(local / "summaries" / "eval"))
     evals.Reload()
-    assert {"loss", "accuracy"} <= set(evals.Tags()["tensors"])
-    assert [e.step for e in evals.Tensors("accuracy")] == [60, 120]
+    assert {"metrics/loss", "metrics/accuracy"} <= set(evals.Tags()["tensors"])
+    assert [e.step for e in evals.Tensors("metrics/accuracy")] == [60, 120]
 
 
 def test_export_loads_and_predicts(trained):
@@ -134,7 +135,7 @@ def test_cluster_errors_come_before_tensorflow_loads(tmp_path):
 def test_partitioner_choice():
     import tensorflow as tf
 
-    from trainer.strategies import make_partitioner
+    from mljob.training.strategies import make_partitioner
     assert make_partitioner(0, num_ps=1) is None          # one ps: nothing to spread
     assert make_partitioner(1, num_ps=3) is None          # --ps-shards 1: no sharding
     auto = make_partitioner(0, num_ps=3)

@@ -1,11 +1,20 @@
 """What the chief reports: TensorBoard event files and the progress lines on stdout.
 
-Event files go to `<job-dir>/summaries/train` (loss, accuracy, learning_rate,
-steps_per_sec, examples_per_sec, weight histograms `weights/<name>`) and
-`<job-dir>/summaries/eval` (loss, accuracy); with Vertex AI's AIP_TENSORBOARD_LOG_DIR set,
-`train/` and `eval/` go under that instead (TrainConfig.summary_url). TensorFlow writes event files only to
-local paths here, so for a remote job dir they are written to a scratch folder and
-uploaded (`sync`) at every checkpoint and at the end; a local job dir is written in place.
+Event files go to `<job-dir>/summaries/train` and `<job-dir>/summaries/eval`; with Vertex
+AI's AIP_TENSORBOARD_LOG_DIR set, `train/` and `eval/` go under that instead
+(RunConfig.summary_url). Tags are grouped by prefix, because TensorBoard's time-series
+page makes one group per prefix and opens only the first ones:
+
+| group | tags | in |
+|---|---|---|
+| `metrics/` | `loss` and each of the model's metrics (`accuracy`) | train and eval (overlaid) |
+| `optimizer/` | `learning_rate` | train |
+| `speed/` | `steps_per_sec`, `examples_per_sec` | train |
+| `weights/` | a histogram per variable, at every checkpoint | train |
+
+TensorFlow writes event files only to local paths here, so for a remote job dir they are
+written to a scratch folder and uploaded (`sync`) at every checkpoint and at the end; a
+local job dir is written in place.
 
 The progress lines are a contract with the launcher (it parses them): one line per event,
 flushed. A carriage-return progress bar is drawn between them only on a terminal.
@@ -22,8 +31,10 @@ import tensorflow as tf
 
 from mljob import contracts, storage
 
-TRAIN_TAGS = ("loss", "accuracy", "learning_rate", "steps_per_sec", "examples_per_sec")
-EVAL_TAGS = ("loss", "accuracy")
+METRICS, OPTIMIZER, SPEED, WEIGHTS = "metrics", "optimizer", "speed", "weights"
+# Where the loop's own scalars go; the model's metrics go under METRICS by their names.
+GROUPS = {"loss": METRICS, "learning_rate": OPTIMIZER, "steps_per_sec": SPEED,
+          "examples_per_sec": SPEED}
 
 
 class SummaryWriters:
@@ -31,7 +42,7 @@ class SummaryWriters:
 
     def __init__(self, url: str, *, enabled: bool, jobs: tuple = ("train", "eval")):
         self.enabled = enabled
-        self.url = url  # the folder holding train/ and eval/ (TrainConfig.summary_url)
+        self.url = url  # the folder holding train/ and eval/ (RunConfig.summary_url)
         self._scratch = None
         if not enabled:
             return
@@ -56,7 +67,7 @@ class SummaryWriters:
             return
         with self._train.as_default(step=step):
             for name, value in weights.items():
-                tf.summary.histogram(f"weights/{name}", value)
+                tf.summary.histogram(f"{WEIGHTS}/{name}", value)
 
     def sync(self) -> None:
         """Flush, and upload to a remote job dir (files already there unchanged are
@@ -85,8 +96,14 @@ class SummaryWriters:
         if writer is None:
             return
         with writer.as_default(step=step):
-            for tag, value in scalars.items():
-                tf.summary.scalar(tag, value)
+            for name, value in scalars.items():
+                tf.summary.scalar(tag(name), value)
+
+
+def tag(name: str) -> str:
+    """The TensorBoard tag of a scalar: `loss` -> `metrics/loss`, `examples_per_sec` ->
+    `speed/examples_per_sec`, a model metric `accuracy` -> `metrics/accuracy`."""
+    return f"{GROUPS.get(name, METRICS)}/{name}"
 
 
 class Progress:
@@ -109,13 +126,13 @@ class Progress:
         self.stream.write(text + "\n")
         self.stream.flush()
 
-    def step(self, step: int, loss: float, accuracy: float, examples_per_sec: float,
-             lr: float) -> None:
-        self.line(contracts.progress_line(step, self.total, loss, accuracy,
+    def step(self, step: int, loss: float, metrics: dict[str, float],
+             examples_per_sec: float, lr: float) -> None:
+        self.line(contracts.progress_line(step, self.total, loss, metrics,
                                           examples_per_sec, lr))
 
-    def eval(self, step: int, loss: float, accuracy: float) -> None:
-        self.line(contracts.eval_line(step, loss, accuracy))
+    def eval(self, step: int, loss: float, metrics: dict[str, float]) -> None:
+        self.line(contracts.eval_line(step, loss, metrics))
 
     def bar(self, step: int) -> None:
         """Redraw the terminal progress bar (only when stdout is a terminal)."""
@@ -128,4 +145,4 @@ class Progress:
         self._bar_shown = True
 
 
-__all__ = ["SummaryWriters", "Progress", "TRAIN_TAGS", "EVAL_TAGS"]
+__all__ = ["SummaryWriters", "Progress", "tag", "GROUPS"]

@@ -5,7 +5,6 @@
   chief, evaluators left out), never from the raw TF_CONFIG.
 - `make_partitioner`: how `--ps-shards` shards variables over the parameter servers.
 - `weight_parts` / `weights_numpy`: Keras 3 variables that may hold a ShardedVariable.
-- `worker_shard_dataset`: the input pipeline each ps-strategy worker builds for itself.
 - `peer_named_in`: which replica a gRPC error is about, for the exit-200 message.
 """
 from __future__ import annotations
@@ -19,8 +18,8 @@ import numpy as np
 import tensorflow as tf
 
 from mljob.cluster import PS, WORKER, ClusterInfo
-from trainer.errors import PeerUnavailableError
-from trainer.servers import StopSignal
+from mljob.training.errors import PeerUnavailableError
+from mljob.training.signals import StopSignal
 
 # Variables at least this big are split over the ps when --ps-shards is 0 (automatic):
 # below it, one more gRPC round trip per shard costs more than the bandwidth it spreads.
@@ -107,26 +106,6 @@ def weights_numpy(model: keras.Model) -> list[np.ndarray]:
     return out
 
 
-def worker_shard_dataset(images, labels, batch_size: int, worker_index, num_workers: int,
-                         seed: int):
-    """Under ps: this worker's shard (every num_workers-th example from its index),
-    shuffled, repeated, batched. The worker index is a tensor known only when the dataset
-    is built on the worker, which `data.train_dataset` (Python-int shard index) cannot
-    take, so this mirrors it with `Dataset.shard`."""
-    all_images = tf.constant(images)
-    all_labels = tf.constant(labels, dtype=tf.int64)
-    ds = tf.data.Dataset.range(len(labels)).shard(num_workers, worker_index)
-    buffer = -(-len(labels) // num_workers)
-    ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-    ds = ds.repeat().batch(batch_size, drop_remainder=True)
-
-    def to_batch(idx):
-        pixels = tf.cast(tf.reshape(tf.gather(all_images, idx), [-1, 28 * 28]), tf.float32)
-        return pixels / 255.0, tf.gather(all_labels, idx)
-
-    return ds.map(to_batch, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-
-
 def peer_named_in(text: str, info: ClusterInfo) -> str:
     """The replica a gRPC error names ('ps-replica-0 (host:port)'): a parameter server
     when one is named, since a ps is what the coordinator cannot do without."""
@@ -140,5 +119,4 @@ def peer_named_in(text: str, info: ClusterInfo) -> str:
 
 
 __all__ = ["MIN_SHARD_BYTES", "PEER_WAIT_SECONDS", "make_strategy", "make_partitioner",
-           "wait_for_peers", "weight_parts", "weights_numpy", "worker_shard_dataset",
-           "peer_named_in"]
+           "wait_for_peers", "weight_parts", "weights_numpy", "peer_named_in"]

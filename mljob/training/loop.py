@@ -1,16 +1,21 @@
-"""Strategy choice and the training loop of every replica that trains.
+"""The training loop of every replica that trains, for any Keras 3 model.
 
 | strategy | made from | who runs this loop |
 |---|---|---|
 | single | the default strategy | this process |
 | mirrored | `MirroredStrategy` over the local GPUs | this process |
 | multiworker | `MultiWorkerMirroredStrategy` (synchronous all-reduce) | chief and every worker |
-| ps | `ParameterServerStrategy` + `ClusterCoordinator` (asynchronous) | the chief, scheduling steps on the workers |
+| ps | `ParameterServerStrategy` + `ClusterCoordinator` (async) | the chief, scheduling steps |
 
 Keras 3's `model.fit` does not run under the two multi-worker strategies, so the loop is
-written here: one `tf.function` runs `--steps-per-execution` steps and returns only the
-last step's loss and accuracy (under ps it is one scheduled function: the coordinator
-costs about 10 ms per function, a step of the MLP about 1 ms).
+written here: one `tf.function` runs `steps_per_execution` steps and returns only the
+last step's loss and metrics (under ps it is one scheduled function: the coordinator
+costs about 10 ms per function, a step of the bundled MLP about 1 ms).
+
+The user's data comes from `train_dataset_fn(context)`, one input pipeline per worker
+under ps (built on the worker, `context.input_pipeline_id` its index as a tensor) and per
+replica otherwise (`distribute_datasets_from_function`). `context.seed` changes with the
+step a run resumes from, so a resumed run reshuffles rather than replaying the same order.
 
 Only the chief writes (checkpoints, summaries, the export); the other multiworker replicas
 take part in every save (TensorFlow's pattern) but write to temp dirs they delete.
@@ -25,88 +30,78 @@ job dir, and exits by itself.)
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from trainer import data as data_lib
-from trainer import model as model_lib
 from mljob import storage
-from trainer.checkpoints import CheckpointStore
 from mljob.cluster import ClusterInfo
-from trainer.errors import EXIT_OK, EXIT_PREEMPTED, PeerUnavailableError, TrainerError, \
-    UsageError
-from trainer.evaluator import evaluate
-from trainer.servers import StopSignal
-from trainer.strategies import make_strategy, peer_named_in, wait_for_peers, weight_parts, \
-    weights_numpy, worker_shard_dataset
-from trainer.summaries import Progress, SummaryWriters
-
-# Steps run by one tf.function call (one scheduled function under ps). 20 keeps the
-# coordinator's ~10 ms per function under a third of a CPU step of the MLP at batch 100,
-# while a log line still comes every few chunks. bench/ tunes it.
-STEPS_PER_EXECUTION = 20
+from mljob.errors import EXIT_OK
+from mljob.training.checkpoints import CheckpointStore
+from mljob.training.config import Program, RunConfig
+from mljob.training.errors import PeerUnavailableError, Preempted, UsageError
+from mljob.training.evaluator import evaluate
+from mljob.training.losses import metric_functions, per_example_loss
+from mljob.training.signals import StopSignal
+from mljob.training.strategies import make_strategy, peer_named_in, wait_for_peers, \
+    weight_parts, weights_numpy
+from mljob.training.summaries import Progress, SummaryWriters
 
 
-class Preempted(TrainerError):
-    """Stopped by SIGTERM/SIGINT or the launcher's death, after saving a checkpoint."""
+class InputContext(tf.distribute.InputContext):
+    """What `train_dataset_fn` is given: TensorFlow's input context (which pipeline this
+    is, of how many), plus the per-replica `batch_size` and the shuffle `seed`."""
 
-    exit_status = EXIT_PREEMPTED
+    def __init__(self, num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1,
+                 *, global_batch_size: int, seed: int):
+        super().__init__(num_input_pipelines, input_pipeline_id, num_replicas_in_sync)
+        self.batch_size = self.get_per_replica_batch_size(global_batch_size)
+        self.seed = seed
+
+    @classmethod
+    def from_tf(cls, context: tf.distribute.InputContext, global_batch_size: int,
+                seed: int) -> "InputContext":
+        return cls(context.num_input_pipelines, context.input_pipeline_id,
+                   context.num_replicas_in_sync, global_batch_size=global_batch_size,
+                   seed=seed)
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """The trainer's flags, validated (see docs/trainer.md for each), and where the
-    outputs go: trainer.task resolves the three URLs once (Vertex AI's AIP_* variables
-    may move them out of the job dir); left empty they are the job dir's own folders."""
-
-    job_dir: str
-    export_url: str = ""            # the SavedModel; default <job-dir>/model
-    checkpoint_url: str = ""        # default <job-dir>/checkpoints
-    summary_url: str = ""           # default <job-dir>/summaries (train/ and eval/ in it)
-    model: str = "cnn"
-    train_steps: int = 2000
-    batch_size: int = 100
-    learning_rate: float = 1e-3
-    eval_every: int = 1000          # 0: evaluate only at the end
-    checkpoint_every: int = 500     # 0: checkpoint only at the end (and when stopped)
-    keep_checkpoints: int = 5
-    steps_per_execution: int = STEPS_PER_EXECUTION
-    ps_shards: int = 0              # 0: automatic, 1: no sharding, N: N shards
-    strategy: str = "auto"
-    data_dir: str | None = None
-    train_files: str | None = None
-    eval_files: str | None = None
-    log_every: int = 100
-    seed: int | None = None
-    dropout: float = 0.4
-    mixed_precision: str = "off"    # or "mixed_bfloat16"; variables stay float32
-    ps_cache_reads: bool = False    # under ps: read the weights once per scheduled function
-    ps_local_steps: bool = False    # under ps: a scheduled function's steps train a local copy
-
-    def __post_init__(self):
-        for field, folder in (("export_url", "model"), ("checkpoint_url", "checkpoints"),
-                              ("summary_url", "summaries")):
-            if not getattr(self, field):
-                object.__setattr__(self, field, storage.join(self.job_dir, folder))
+def make_optimizer(spec) -> keras.optimizers.Optimizer:
+    """A new optimizer from a name or a function (inside the strategy's scope: a Keras 3
+    optimizer makes its iteration counter when it is created)."""
+    if isinstance(spec, keras.optimizers.Optimizer):
+        raise UsageError("give the optimizer as a function that returns a new one (e.g. "
+                         "optimizer=lambda: keras.optimizers.Adam(1e-3)), or its name: it "
+                         "must be created inside the strategy's scope")
+    optimizer = keras.optimizers.get(spec) if isinstance(spec, str) else spec()
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise UsageError(f"optimizer gave {type(optimizer).__name__}, not a Keras "
+                         "optimizer; return e.g. keras.optimizers.Adam(1e-3)")
+    return optimizer
 
 
 class Replica:
     """The model, its optimizer and step, and the compiled chunk of training steps."""
 
-    def __init__(self, strategy, coordinator, config: TrainConfig, num_workers: int = 1,
-                 *, agree_on_stop: bool = False):
+    def __init__(self, strategy, coordinator, program: Program, config: RunConfig,
+                 num_workers: int = 1, *, agree_on_stop: bool = False):
         self.strategy, self.coordinator, self.config = strategy, coordinator, config
         self.num_workers = num_workers
         # Under multiworker every chunk all-reduces the replicas' stop flags (see above).
         self.agree_on_stop = agree_on_stop
+        self.loss_fn = per_example_loss(program.loss)
+        self.metric_fns = metric_functions(program.metrics)
         with strategy.scope():
-            self.model = model_lib.build(config.model, dropout=config.dropout,
-                                         seed=config.seed,
-                                         precision=config.mixed_precision)
-            self.optimizer = keras.optimizers.Adam(config.learning_rate)
+            self.model = program.model_fn()
+            if not isinstance(self.model, keras.Model):
+                raise UsageError(f"model_fn gave {type(self.model).__name__}, not a Keras "
+                                 "model; return a keras.Model with its weights built")
+            if not self.model.built or not self.model.weights:
+                raise UsageError("model_fn's model has no weights yet; build it (give "
+                                 "its Input shapes, or call model.build) before returning")
+            self.optimizer = make_optimizer(program.optimizer)
             self.parts = [p for w in self.model.trainable_weights for p in weight_parts(w)]
             self.optimizer.build(self.parts)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -120,90 +115,96 @@ class Replica:
         self._iterator = None
         self.cache_reads = bool(config.ps_cache_reads and coordinator is not None)
         if config.ps_local_steps and coordinator is not None:
+            if type(self.optimizer) is not keras.optimizers.Adam or self.optimizer.amsgrad:
+                raise UsageError("ps_local_steps runs Adam's update on the workers: give "
+                                 "keras.optimizers.Adam (without amsgrad), or turn it off")
             self._chunk = tf.function(self._local_chunk)
 
     def shards(self) -> dict[str, int]:
         return {w.path: len(weight_parts(w)) for w in self.model.weights}
 
-    def start_input(self, dataset: data_lib.Dataset, seed: int) -> None:
+    def learning_rate(self) -> float:
+        try:
+            return float(np.asarray(self.optimizer.learning_rate))
+        except (TypeError, ValueError):
+            return float("nan")
+
+    def start_input(self, train_dataset_fn, seed: int) -> None:
         """Build the input pipelines: per worker under ps, per replica otherwise."""
-        images, labels = dataset.train_images, dataset.train_labels
         batch = self.config.batch_size
         if self.coordinator is not None:
             num_workers = self.num_workers
 
             def dataset_fn():
-                index = tf.distribute.coordinator.experimental_get_current_worker_index()
-                return worker_shard_dataset(images, labels, batch, index, num_workers, seed)
+                index = tf.cast(
+                    tf.distribute.coordinator.experimental_get_current_worker_index(),
+                    tf.int64)  # what Dataset.shard takes
+                return train_dataset_fn(InputContext(num_workers, index, 1,
+                                                     global_batch_size=batch, seed=seed))
 
             per_worker = self.coordinator.create_per_worker_dataset(dataset_fn)
             self._iterator = iter(per_worker)
             return
 
         def replica_fn(context: tf.distribute.InputContext):
-            return data_lib.train_dataset(
-                images, labels, context.get_per_replica_batch_size(batch),
-                shard_index=context.input_pipeline_id,
-                num_shards=context.num_input_pipelines, seed=seed)
+            return train_dataset_fn(InputContext.from_tf(context, batch, seed))
 
         self._iterator = iter(self.strategy.distribute_datasets_from_function(replica_fn))
 
-    def _train_step(self, images, labels, cached=None):
+    def _train_step(self, features, labels, cached=None):
         with tf.GradientTape() as tape:
             if cached is None:
-                logits = self.model(images, training=True)
+                outputs = self.model(features, training=True)
             else:
-                logits = self._cached_forward(images, cached, tape)
-            per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
-            # --batch-size examples a step: split over the replicas under multiworker
+                outputs = self._cached_forward(features, cached, tape)
+            per_example = tf.cast(self.loss_fn(labels, outputs), tf.float32)
+            # config.batch_size examples a step: split over the replicas under multiworker
             # and mirrored (whose SUM of these is the mean), one worker's batch under ps.
             loss = tf.nn.compute_average_loss(per_example,
                                               global_batch_size=self.config.batch_size)
+            if self.model.losses:  # the layers' regularizers
+                loss += tf.nn.scale_regularization_loss(
+                    tf.add_n([tf.cast(x, tf.float32) for x in self.model.losses]))
         grads = tape.gradient(loss, self.parts if cached is None else cached)
-        self.optimizer.apply_gradients(zip(grads, self.parts))
-        correct = tf.cast(tf.equal(tf.argmax(logits, axis=1), labels), tf.float32)
-        return loss, tf.reduce_mean(correct)
+        self.optimizer.apply_gradients(zip(grads, self.parts, strict=True))
+        metrics = {name: tf.reduce_mean(tf.cast(fn(labels, outputs), tf.float32))
+                   for name, fn in self.metric_fns.items()}
+        return loss, metrics
 
     def _read_parts(self):
         """The trainable weights' parts, read once onto this worker (--ps-cache-reads)."""
         return [tf.identity(p) for p in self.parts]
 
-    def _cached_forward(self, images, cached, tape):
+    def _cached_forward(self, features, cached, tape):
         """The model on the worker's copy of its weights (read at the start of the
         scheduled function, as TF1's caching_device did): the gradient is taken with
         respect to the copy and applied to the ps's variables. Non-trainable state the
         call updates (dropout's seed) is written back."""
         tape.watch(cached)
-        mapping, at = [], 0
-        for w in self.model.trainable_weights:
-            n = len(weight_parts(w))
-            parts = cached[at:at + n]
-            at += n
-            mapping.append((w, parts[0] if n == 1 else tf.concat(parts, axis=0)))
-        with keras.StatelessScope(state_mapping=mapping) as scope:
-            logits = self.model(images, training=True)
-        for v in self.model.non_trainable_variables:
-            new = scope.get_current_value(v)
-            if new is not None:
-                v.assign(new)
-        return logits
+        state = self.model.non_trainable_variables
+        outputs, after, _ = self._stateless_forward(features, cached,
+                                                    [v.value for v in state])
+        for var, new in zip(state, after, strict=True):
+            var.assign(new)
+        return outputs
 
     def _train_chunk(self, iterator, num_steps, stop_flag):
         cached = (self.strategy.run(self._read_parts),) if self.cache_reads else ()
         # Steps before the last return nothing: fetching values costs a round trip.
         for _ in tf.range(num_steps - 1):
             self.strategy.run(self._train_step, args=(*next(iterator), *cached))
-        loss, accuracy = self.strategy.run(self._train_step, args=(*next(iterator), *cached))
+        loss, metrics = self.strategy.run(self._train_step, args=(*next(iterator), *cached))
         sum_, mean = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
         stops = stop_flag
         if self.agree_on_stop:  # how many replicas were asked to stop, the same on all
             stops = self.strategy.run(_all_replicas_sum, args=(stop_flag,))
             stops = self.strategy.experimental_local_results(stops)[0]
         return (self.strategy.reduce(sum_, loss, axis=None),
-                self.strategy.reduce(mean, accuracy, axis=None), stops)
+                {name: self.strategy.reduce(mean, value, axis=None)
+                 for name, value in metrics.items()}, stops)
 
     def _local_chunk(self, iterator, num_steps, stop_flag):
-        """--ps-local-steps: the scheduled function reads the weights and Adam's state
+        """ps_local_steps: the scheduled function reads the weights and Adam's state
         from the ps once, runs its num_steps steps on this worker's copy (Adam exactly as
         Keras computes it), then adds the change of each to the ps. With one worker this
         is the same training as one step at a time; with several, a worker's change was
@@ -218,22 +219,17 @@ class Replica:
         lr = tf.cast(opt.learning_rate, tf.float32)
         b1, b2, eps = opt.beta_1, opt.beta_2, opt.epsilon
 
-        def step(i, weights, ms, vs, ns, _loss, _accuracy):
-            images, labels = next(iterator)
+        def step(i, weights, ms, vs, ns, _loss, _metrics):
+            features, labels = next(iterator)
             with tf.GradientTape() as tape:
                 tape.watch(weights)
-                mapping = list(zip(state, ns))
-                at = 0
-                for w in self.model.trainable_weights:
-                    n = len(weight_parts(w))
-                    parts = weights[at:at + n]
-                    at += n
-                    mapping.append((w, parts[0] if n == 1 else tf.concat(parts, axis=0)))
-                with keras.StatelessScope(state_mapping=mapping) as scope:
-                    logits = self.model(images, training=True)
-                per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+                outputs, ns, extra = self._stateless_forward(features, weights, ns)
+                per_example = tf.cast(self.loss_fn(labels, outputs), tf.float32)
                 loss = tf.nn.compute_average_loss(per_example,
                                                   global_batch_size=self.config.batch_size)
+                if extra:  # the layers' regularizers
+                    loss += tf.nn.scale_regularization_loss(
+                        tf.add_n([tf.cast(x, tf.float32) for x in extra]))
             grads = tape.gradient(loss, weights)
             t = tf.cast(t0 + tf.cast(i, t0.dtype) + 1, tf.float32)
             alpha = lr * tf.sqrt(1 - tf.pow(b2, t)) / (1 - tf.pow(b1, t))
@@ -241,21 +237,38 @@ class Replica:
             vs = [v + (tf.square(g) - v) * (1 - b2) for v, g in zip(vs, grads, strict=True)]
             weights = [w - m * alpha / (tf.sqrt(v) + eps)
                        for w, m, v in zip(weights, ms, vs, strict=True)]
-            ns = [scope.get_current_value(v) if scope.get_current_value(v) is not None
-                  else n for v, n in zip(state, ns, strict=True)]
-            correct = tf.cast(tf.equal(tf.argmax(logits, axis=1), labels), tf.float32)
-            return i + 1, weights, ms, vs, ns, loss, tf.reduce_mean(correct)
+            metrics = {name: tf.reduce_mean(tf.cast(fn(labels, outputs), tf.float32))
+                       for name, fn in self.metric_fns.items()}
+            return i + 1, weights, ms, vs, ns, loss, metrics
 
-        _, *end, loss, accuracy = tf.while_loop(
-            lambda i, *_: i < num_steps, step,
-            (tf.constant(0), *start, tf.constant(0.0), tf.constant(0.0)))
-        for group, before, after in zip((self.parts, moments, velocities), start, end):
+        zero = {name: tf.constant(0.0) for name in self.metric_fns}
+        _, *end, loss, metrics = tf.while_loop(
+            lambda i, *_: i < num_steps, step, (tf.constant(0), *start, tf.constant(0.0), zero))
+        for group, before, after in zip((self.parts, moments, velocities), start, end,
+                                        strict=False):
             for var, old, new in zip(group, before, after, strict=True):
                 var.assign_add(new - old)
         for var, new in zip(state, end[3], strict=True):
             var.assign(new)
         opt.iterations.assign_add(tf.cast(num_steps, opt.iterations.dtype))
-        return loss, accuracy, stop_flag
+        return loss, metrics, stop_flag
+
+    def _stateless_forward(self, features, weights, state_values):
+        """The model on the given weight parts and non-trainable values: (outputs, the
+        non-trainable values after the call (dropout's seed), the layers' losses)."""
+        state = self.model.non_trainable_variables
+        mapping, at = list(zip(state, state_values, strict=True)), 0
+        for w in self.model.trainable_weights:
+            n = len(weight_parts(w))
+            parts = weights[at:at + n]
+            at += n
+            mapping.append((w, parts[0] if n == 1 else tf.concat(parts, axis=0)))
+        with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
+            outputs = self.model(features, training=True)
+        after = [scope.get_current_value(v) for v in state]
+        return (outputs, [a if a is not None else b
+                          for a, b in zip(after, state_values, strict=True)],
+                list(scope.losses))
 
     def run_chunk(self, num_steps: int, stop: bool = False):
         """Run (or, under ps, schedule) num_steps steps; a handle for `result`. `stop`
@@ -266,12 +279,9 @@ class Replica:
             return self.coordinator.schedule(self._chunk, args=(self._iterator, n, flag))
         return self._chunk(self._iterator, n, flag)
 
-    def result(self, handle) -> tuple[float, float]:
-        if self.coordinator is not None:
-            loss, accuracy, _ = handle.fetch()
-        else:
-            loss, accuracy, _ = handle
-        return float(loss), float(accuracy)
+    def result(self, handle) -> tuple[float, dict[str, float]]:
+        loss, metrics, _ = handle.fetch() if self.coordinator is not None else handle
+        return float(loss), {name: float(value) for name, value in metrics.items()}
 
     def stopping(self, handle) -> bool:
         """Under multiworker: whether any replica asked to stop before this chunk ran
@@ -284,9 +294,10 @@ class Replica:
             self.coordinator.join()
 
 
-def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> int:
+def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
+        stop: StopSignal) -> int:
     """Train to config.train_steps (resuming from the latest checkpoint), then export.
-    Returns the exit status; raises TrainerError subclasses for the rest."""
+    Returns the exit status; raises TrainingError subclasses for the rest."""
     chief = info.is_chief
     progress = Progress(config.train_steps, enabled=chief)
     if kind == "ps" and not wait_for_peers(info, stop):
@@ -301,8 +312,8 @@ def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> 
     if kind in ("multiworker", "mirrored") and config.batch_size % replicas:
         raise UsageError(f"--batch-size {config.batch_size} cannot be split evenly over "
                          f"{replicas} replicas; use a multiple of {replicas}")
-    dataset = data_lib.load(config.data_dir, config.train_files, config.eval_files)
-    replica = Replica(strategy, coordinator, config, num_workers=info.num_workers,
+    described = program.description()
+    replica = Replica(strategy, coordinator, program, config, num_workers=info.num_workers,
                       agree_on_stop=kind == "multiworker")
     store = CheckpointStore(config.checkpoint_url, keep=config.keep_checkpoints,
                             writer=chief)
@@ -311,18 +322,18 @@ def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> 
         start = store.restore(replica.checkpoint) or 0
         progress.line(
             f"training started: strategy={kind} step={start} train_steps="
-            f"{config.train_steps} model={config.model} replicas={replicas} "
-            f"batch_size={config.batch_size} steps_per_execution="
-            f"{config.steps_per_execution} mixed_precision={config.mixed_precision} "
-            f"data={dataset.source!r} job_dir={config.job_dir}")
+            f"{config.train_steps} " + (f"{described} " if described else "")
+            + f"replicas={replicas} batch_size={config.batch_size} steps_per_execution="
+            f"{config.steps_per_execution} job_dir={config.job_dir}")
         if kind == "ps":
             progress.line("variables: " + " ".join(
                 f"{path}={n}" for path, n in replica.shards().items()) + " (shards)")
         if start >= config.train_steps:
-            return _already_done(replica, config, start, progress)
+            return _already_done(replica, program, config, start, progress)
         # A resumed run reshuffles with a new seed rather than replaying the same order.
-        replica.start_input(dataset, seed=((config.seed or 0) + start) % (2**31 - 1))
-        loop = _Loop(replica, config, store, writers, progress, dataset, chief)
+        replica.start_input(program.train_dataset_fn,
+                            seed=((config.seed or 0) + start) % (2**31 - 1))
+        loop = _Loop(replica, program, config, store, writers, progress, chief)
         try:
             step = loop.run(start, stop)
         except (tf.errors.UnavailableError, tf.errors.AbortedError,
@@ -336,8 +347,8 @@ def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> 
             why = stop.reason() if stop.requested() else "another replica was stopped"
             raise Preempted(f"stopped at step {step} ({why}); checkpoint saved, "
                             "run again to resume")
-        if chief:
-            url = replica_export(replica, config)
+        if chief and program.serving is not None:
+            url = replica_export(replica, program, config)
             progress.line(f"exported model to {url}")
         return EXIT_OK
     finally:
@@ -352,36 +363,38 @@ def _all_replicas_sum(value):
                                                           tf.identity(value))
 
 
-def replica_export(replica: Replica, config: TrainConfig) -> str:
-    from trainer import export as export_lib
-    return export_lib.export(config.model, weights_numpy(replica.model), config.export_url)
+def replica_export(replica: Replica, program: Program, config: RunConfig) -> str:
+    from mljob.training import export as export_lib
+    serving = program.serving
+    return export_lib.export(serving.model_fn or program.model_fn,
+                             weights_numpy(replica.model), config.export_url, serving)
 
 
-def _already_done(replica: Replica, config: TrainConfig, step: int,
+def _already_done(replica: Replica, program: Program, config: RunConfig, step: int,
                   progress: Progress) -> int:
     progress.line(f"training finished: step={step} already_done=true")
-    if progress.enabled:
+    if progress.enabled and program.serving is not None:
         if storage.exists(storage.join(config.export_url, "saved_model.pb")):
             progress.line(f"model already exported at {config.export_url}")
         else:
-            progress.line(f"exported model to {replica_export(replica, config)}")
+            progress.line(f"exported model to {replica_export(replica, program, config)}")
     return EXIT_OK
 
 
 class _Loop:
     """The step loop with its side effects at step boundaries (log, checkpoint, eval)."""
 
-    def __init__(self, replica: Replica, config: TrainConfig, store: CheckpointStore,
-                 writers: SummaryWriters, progress: Progress, dataset, chief: bool):
-        self.replica, self.config, self.store = replica, config, store
-        self.writers, self.progress, self.dataset, self.chief = (
-            writers, progress, dataset, chief)
+    def __init__(self, replica: Replica, program: Program, config: RunConfig,
+                 store: CheckpointStore, writers: SummaryWriters, progress: Progress,
+                 chief: bool):
+        self.replica, self.program, self.config, self.store = replica, program, config, store
+        self.writers, self.progress, self.chief = writers, progress, chief
 
     def run(self, start: int, stop: StopSignal) -> int:
         cfg = self.config
         step, mark_step, mark_time = start, start, time.monotonic()
         started = time.monotonic()
-        loss = accuracy = float("nan")
+        loss, metrics = float("nan"), {}
         agree = self.replica.agree_on_stop
         while step < cfg.train_steps:
             # Alone, a replica stops before a chunk; under multiworker all stop together
@@ -394,14 +407,14 @@ class _Loop:
             step += num
             self.progress.bar(step)
             if step == start + 1 or step % cfg.log_every == 0 or step == cfg.train_steps:
-                loss, accuracy = self.replica.result(handle)
+                loss, metrics = self.replica.result(handle)
                 now = time.monotonic()
                 steps_per_sec = (step - mark_step) / max(now - mark_time, 1e-9)
                 mark_step, mark_time = step, now
                 examples = steps_per_sec * cfg.batch_size
-                self.progress.step(step, loss, accuracy, examples, cfg.learning_rate)
-                self.writers.train(step, loss=loss, accuracy=accuracy,
-                                   learning_rate=cfg.learning_rate,
+                lr = self.replica.learning_rate() if self.chief else float("nan")
+                self.progress.step(step, loss, metrics, examples, lr)
+                self.writers.train(step, loss=loss, **metrics, learning_rate=lr,
                                    steps_per_sec=steps_per_sec, examples_per_sec=examples)
             if step == cfg.train_steps or (agree and self.replica.stopping(handle)):
                 break
@@ -412,8 +425,9 @@ class _Loop:
         self.save(step)
         if step >= cfg.train_steps:
             self.evaluate(step)
+            shown = "".join(f" {name}={value:.4f}" for name, value in metrics.items())
             self.progress.line(
-                f"training finished: step={step} loss={loss:.4f} accuracy={accuracy:.4f} "
+                f"training finished: step={step} loss={loss:.4f}{shown} "
                 f"seconds={time.monotonic() - started:.1f}")
         return step
 
@@ -431,17 +445,19 @@ class _Loop:
         self.store.save(self.replica.checkpoint, step)
         if self.chief:
             names = [w.path for w in self.replica.model.weights]
-            self.writers.histograms(step, dict(zip(names, weights_numpy(self.replica.model))))
+            self.writers.histograms(step, dict(zip(names, weights_numpy(self.replica.model),
+                                                       strict=True)))
             self.writers.sync()
 
     def evaluate(self, step: int) -> None:
-        if not self.chief:
+        if not self.chief or self.program.eval_dataset_fn is None:
             return
         self.replica.sync()
-        loss, accuracy = evaluate(self.replica.model, self.dataset)
-        self.progress.eval(step, loss, accuracy)
-        self.writers.eval(step, loss=loss, accuracy=accuracy)
+        loss, metrics = evaluate(self.replica.model, self.program.eval_dataset_fn(),
+                                 self.replica.loss_fn, self.replica.metric_fns)
+        self.progress.eval(step, loss, metrics)
+        self.writers.eval(step, loss=loss, **metrics)
         self.writers.sync()
 
 
-__all__ = ["TrainConfig", "STEPS_PER_EXECUTION", "Preempted", "Replica", "run"]
+__all__ = ["InputContext", "Replica", "run", "make_optimizer"]

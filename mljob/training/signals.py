@@ -1,24 +1,21 @@
-"""The ps and worker replicas of a ParameterServerStrategy job, and how every replica stops.
+"""How every replica stops: SIGTERM, SIGINT and the launcher's death, seen as one flag.
 
-Under ParameterServerStrategy only the chief runs Python training code; parameter servers
-and workers run a `tf.distribute.Server` that the chief's coordinator drives over gRPC.
-TensorFlow gives such servers no way to stop (`server.join()` blocks forever, and that is
-why Cloud ML's and Kubeflow's parameter servers famously outlived their jobs), so here the
-main thread waits on an Event instead, and the process ends with `os._exit` when:
+A replica that trains polls `StopSignal.requested()` between chunks of steps and saves a
+checkpoint before it exits 143; a ps or worker server (`mljob.training.servers`) waits
+on it and exits 0; the evaluator waits on it between checkpoints and exits 0.
 
-- it gets SIGTERM or SIGINT (the launcher stopping the job), or
-- the process named by env `MLJOB_PARENT_PID` is gone (the launcher died without
-  stopping it), checked every `PARENT_POLL_SECONDS`.
+The launcher's death is the process named by env `MLJOB_PARENT_PID` being gone, checked
+every `PARENT_POLL_SECONDS`.
 
-A server stopped this way exits 0: for a ps or worker, being stopped is how a job ends.
+A chief stopped this way saves a checkpoint first, which needs its peers: under ps a step
+in flight on a worker that is gone never finishes, and the main thread waits inside
+TensorFlow, where neither the stop flag nor the launcher's death is looked at. So
+`install()` also starts a watchdog thread that notices the launcher's death by itself and
+ends the process (exit 143, without the new checkpoint) once a stop request has gone
+unanswered for `MLJOB_STOP_DEADLINE` seconds (default 60): a process asked to stop never
+lives on, orphaned, waiting for peers that are gone.
 
-A chief (or evaluator) stopped this way saves a checkpoint first, which needs its peers:
-under ps a step in flight on a worker that is gone never finishes, and the main thread
-waits inside TensorFlow, where neither the stop flag nor the launcher's death is looked
-at. So `install()` also starts a watchdog thread that notices the launcher's death by
-itself and ends the process (exit 143, without the new checkpoint) once a stop request
-has gone unanswered for `MLJOB_STOP_DEADLINE` seconds (default 60): a process asked to
-stop never lives on, orphaned, waiting for peers that are gone.
+No TensorFlow here.
 """
 from __future__ import annotations
 
@@ -29,7 +26,6 @@ import threading
 import time
 
 from mljob import contracts
-from mljob.cluster import ClusterInfo
 from mljob.errors import EXIT_PREEMPTED
 from mljob.procs import pid_alive
 
@@ -71,11 +67,11 @@ class StopSignal:
         while not self.requested():
             self._event.wait(PARENT_POLL_SECONDS)
         time.sleep(self._deadline)
-        _say(f"error: still running {self._deadline:g} s after the stop request "
+        say(f"error: still running {self._deadline:g} s after the stop request "
              f"({self.reason()}): a step in flight never finished (its peers are gone?); "
              "exiting without a new checkpoint, run again to resume from the latest one",
              sys.stderr)
-        _exit(EXIT_PREEMPTED)
+        exit_now(EXIT_PREEMPTED)
 
     def _handle(self, signum, _frame) -> None:
         self.signum = signum
@@ -113,24 +109,7 @@ class StopSignal:
         return "stop requested"
 
 
-def serve(info: ClusterInfo, stop: StopSignal) -> int:
-    """Run this replica's gRPC server until stopped; never returns normally (os._exit),
-    since TensorFlow's server threads would keep the interpreter from exiting."""
-    import tensorflow as tf
-
-    cluster = tf.train.ClusterSpec(info.tf_config()["cluster"])
-    tf.distribute.Server(cluster, job_name=info.task_type, task_index=info.task_index,
-                         protocol="grpc", start=True)
-    stop.install()  # after the server: TensorFlow's runtime may set its own handlers
-    print(f"{info.task_name} serving {info.task_type} {info.task_index} at {info.address}",
-          flush=True)
-    while not stop.wait(3600):
-        pass
-    _say(f"{info.task_name} stopping: {stop.reason()}", sys.stdout)
-    _exit(0)
-
-
-def _say(text: str, stream) -> None:
+def say(text: str, stream) -> None:
     """Print a line; a launcher that died took the pipe with it, which must not keep
     this process from exiting (SIGPIPE is ignored in Python: writes raise)."""
     try:
@@ -139,7 +118,7 @@ def _say(text: str, stream) -> None:
         pass
 
 
-def _exit(status: int) -> None:
+def exit_now(status: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -164,4 +143,4 @@ def _parse_pid(text: str | None) -> int | None:
     return pid if pid > 0 else None
 
 
-__all__ = ["StopSignal", "serve", "PARENT_PID_ENV"]
+__all__ = ["StopSignal", "say", "exit_now", "PARENT_PID_ENV", "STOP_DEADLINE_ENV"]

@@ -1,0 +1,142 @@
+"""mljob's distributed training loop as a library: any Keras 3 model, under every role
+TF_CONFIG can give.
+
+Keras 3's `model.fit` does not run under ParameterServerStrategy or
+MultiWorkerMirroredStrategy; `fit` here does, in the shape of `model.fit`:
+
+    from mljob import training          # before TensorFlow: it sets GRPC_FAIL_FAST
+
+    training.main(model_fn, train_dataset_fn, loss=..., optimizer=..., metrics=[...],
+                  eval_dataset_fn=..., serving=training.Serving(inputs={...}),
+                  config=training.RunConfig(job_dir=args.job_dir, train_steps=1000))
+
+What each replica does (the cluster is read from TF_CONFIG or Vertex AI's CLUSTER_SPEC):
+
+| role | does |
+|---|---|
+| single node | trains (MirroredStrategy when it sees several GPUs) |
+| chief, with ps | coordinates ParameterServerStrategy: schedules chunks of steps on the workers |
+| ps, worker (with ps) | serve (`servers`) until stopped, then exit 0 |
+| chief and workers, no ps | train together under MultiWorkerMirroredStrategy |
+| evaluator | follows the chief's checkpoints and evaluates each (`evaluator`) |
+
+Only the chief writes: checkpoints (atomic, resumed from), TensorBoard summaries, the
+progress lines the launcher reads, and the single-node SavedModel export (published
+whole, the instance key passed through). SIGTERM, SIGINT and the launcher's death stop
+every replica after a checkpoint (`signals`).
+
+This module and `config`, `outputs`, `signals` and `errors` import no TensorFlow; the
+loop, the strategies, the evaluator and the export do, when a run starts.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from mljob import cluster as cluster_lib
+from mljob import storage
+from mljob.errors import EXIT_FAILED, EXIT_USAGE
+from mljob.training.config import STEPS_PER_EXECUTION, Program, RunConfig, Serving
+from mljob.training.errors import PeerUnavailableError, Preempted, TrainingError, UsageError
+from mljob.training.signals import StopSignal, exit_now
+
+# A dead worker goes unnoticed unless gRPC fails fast; read when TensorFlow loads gRPC,
+# so it is set on import: import mljob.training before tensorflow.
+os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+
+
+def fit(model_fn: Callable[[], Any], train_dataset_fn: Callable[[Any], Any], *,
+        loss: Any, optimizer: Any, config: RunConfig,
+        metrics: Mapping[str, Any] | Sequence[Any] = (),
+        eval_dataset_fn: Callable[[], Any] | None = None, serving: Serving | None = None,
+        describe: str | Callable[[], str] = "",
+        info: cluster_lib.ClusterInfo | None = None, stop: StopSignal | None = None) -> int:
+    """Play this replica's role in the run; returns 0, raises TrainingError subclasses.
+
+    model_fn() -> a Keras 3 model (called inside the strategy's scope, again for the
+    evaluator and the export). train_dataset_fn(context) -> an endless tf.data.Dataset
+    of (features, labels) batches of `context.batch_size` for one input pipeline;
+    `context` is a `tf.distribute.InputContext` (`input_pipeline_id` is a scalar tensor
+    under ps) with `batch_size` and `seed` added. Under ps it runs on the workers: build
+    everything inside it. loss: (labels, outputs) -> per-example losses, a
+    `keras.losses.Loss` or its name. optimizer: a Keras optimizer's name or a function
+    returning a new one (it must be built inside the scope). metrics: names ("accuracy")
+    or {name: (labels, outputs) -> per-example values}. eval_dataset_fn() -> a finite
+    dataset of (features, labels) batches. serving: the export's signature; None: no
+    export. describe: extra `key=value` text for the "training started" line.
+    info and stop default to the environment's cluster and a new StopSignal.
+    """
+    program = Program(model_fn=model_fn, train_dataset_fn=train_dataset_fn, loss=loss,
+                      optimizer=optimizer, metrics=metrics, eval_dataset_fn=eval_dataset_fn,
+                      serving=serving, describe=describe)
+    return run(program, config, info=info, stop=stop)
+
+
+def run(program: Program, config: RunConfig, *, info: cluster_lib.ClusterInfo | None = None,
+        stop: StopSignal | None = None) -> int:
+    """`fit` with the user's side as one `Program`."""
+    if info is None:
+        info = cluster_lib.from_environment(os.environ)
+    config = config.resolved(os.environ)
+    # Known before TensorFlow loads, but for a single node (mirrored needs the GPU count).
+    kind = None if info.is_single_node else info.strategy_kind(config.strategy, num_gpus=0)
+    require_tensorflow()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    stop = stop or StopSignal()
+    if info.is_evaluator:
+        stop.install()
+        from mljob.training import evaluator
+        return evaluator.run(program, config, stop)
+    if kind == "ps" and info.task_type in (cluster_lib.PS, cluster_lib.WORKER):
+        from mljob.training import servers
+        return servers.serve(info, stop)
+    import tensorflow as tf
+    if kind is None:
+        kind = info.strategy_kind(config.strategy,
+                                  num_gpus=len(tf.config.list_physical_devices("GPU")))
+    # Until the strategy starts (the loop takes the signals over then), SIGTERM ends a
+    # replica at once: there is nothing to save yet.
+    from mljob.training import loop
+    return loop.run(info, program, config, kind, stop)
+
+
+def main(model_fn: Callable[[], Any], train_dataset_fn: Callable[[Any], Any], **kwargs) -> None:
+    """`fit`, then end the process with its exit status: a one-line `error: ...` for
+    typed errors (status 2 for usage, 143 stopped after saving, 200 a peer is gone), a
+    traceback only for a bug. What a user's `task.py` calls last."""
+    exit_now(_status(lambda: fit(model_fn, train_dataset_fn, **kwargs)))
+
+
+def _status(call: Callable[[], int]) -> int:
+    try:
+        return call()
+    except (TrainingError, cluster_lib.ClusterConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return getattr(exc, "exit_status", EXIT_USAGE)
+    except storage.StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr, flush=True)
+        return 130
+    except Exception:  # a bug: keep the traceback, it is what a report needs
+        traceback.print_exc()
+        print("error: training failed with an unexpected error (traceback above)",
+              file=sys.stderr, flush=True)
+        return EXIT_FAILED
+
+
+def require_tensorflow() -> None:
+    import importlib.util
+    if importlib.util.find_spec("tensorflow") is None:  # an extra, not a requirement
+        raise TrainingError("TensorFlow is not installed for this Python; install mljob "
+                            "with its cpu or gpu extra (pip install 'mljob[cpu]'), or run "
+                            "in an image that has TensorFlow")
+
+
+__all__ = ["fit", "run", "main", "RunConfig", "Serving", "Program", "StopSignal",
+           "STEPS_PER_EXECUTION", "require_tensorflow", "TrainingError", "UsageError",
+           "PeerUnavailableError", "Preempted"]

@@ -1,0 +1,131 @@
+"""What a training run is given, as plain frozen values (no TensorFlow here).
+
+- `RunConfig`: the loop's settings and where the outputs go (the bundled trainer's flags
+  map onto it one to one, docs/trainer.md);
+- `Serving`: the export's signature (the inputs a client sends, the outputs it gets, the
+  instance key passed through);
+- `Program`: the user's model, data, loss, optimizer and metrics, as functions the
+  library calls in the right place (inside the strategy's scope, on the worker that
+  reads the data).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from mljob import cluster as cluster_lib
+from mljob.training.errors import UsageError
+from mljob.training.outputs import resolve_outputs
+
+# Steps run by one tf.function call (one scheduled function under ps). 20 keeps the
+# coordinator's ~10 ms per function under a third of a CPU step of the MLP at batch 100,
+# while a log line still comes every few chunks. bench/ tunes it.
+STEPS_PER_EXECUTION = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """The loop's settings. The three output URLs, left empty, are resolved by
+    `resolved()`: Vertex AI's AIP_* variables when set, else `<job-dir>/model`,
+    `<job-dir>/checkpoints` and `<job-dir>/summaries`."""
+
+    job_dir: str | None = None      # None: the parent of AIP_MODEL_DIR, or jobs/trainer-<time>
+    export_url: str = ""            # the SavedModel
+    checkpoint_url: str = ""
+    summary_url: str = ""           # train/ and eval/ event files go in it
+    train_steps: int = 2000
+    batch_size: int = 100           # examples per step, split over synchronous replicas
+    eval_every: int = 1000          # 0: evaluate only at the end
+    checkpoint_every: int = 500     # 0: checkpoint only at the end (and when stopped)
+    keep_checkpoints: int = 5
+    steps_per_execution: int = STEPS_PER_EXECUTION
+    ps_shards: int = 0              # 0: automatic, 1: no sharding, N: N shards
+    # Under ps: a scheduled function's steps train the worker's copy of the weights and
+    # Adam's state, then add the change to the ps (one read, one write per function).
+    ps_local_steps: bool = False
+    # Under ps: read the weights once per scheduled function (gradients still go every
+    # step); faster, but staler: bench/ps_speed.py measured it costing accuracy.
+    ps_cache_reads: bool = False
+    strategy: str = "auto"          # mljob.cluster.STRATEGIES
+    log_every: int = 100
+    seed: int | None = None         # the input pipeline's shuffle seed (InputContext.seed)
+
+    def check(self) -> None:
+        """UsageError naming the first bad setting; run() calls it, so that
+        `training.main` reports it in one line."""
+        for name in ("train_steps", "batch_size", "keep_checkpoints",
+                     "steps_per_execution", "log_every"):
+            _at_least(name, getattr(self, name), 1)
+        for name in ("eval_every", "checkpoint_every", "ps_shards"):
+            _at_least(name, getattr(self, name), 0)
+        if self.strategy not in cluster_lib.STRATEGIES:
+            raise UsageError(f"strategy {self.strategy!r} is not one of "
+                             f"{', '.join(cluster_lib.STRATEGIES)}")
+
+    def resolved(self, environ: Mapping[str, str] = os.environ) -> "RunConfig":
+        """This config, checked, with the job dir and every output URL filled in."""
+        self.check()
+        if self.job_dir and self.export_url and self.checkpoint_url and self.summary_url:
+            return self
+        out = resolve_outputs(self.job_dir, environ)
+        return dataclasses.replace(
+            self, job_dir=out.job_dir, export_url=self.export_url or out.export_url,
+            checkpoint_url=self.checkpoint_url or out.checkpoint_url,
+            summary_url=self.summary_url or out.summary_url)
+
+
+def _at_least(name: str, value, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise UsageError(f"{name} must be an integer of at least {low}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Serving:
+    """The export's `serving_default` signature.
+
+    inputs: the model's inputs by name, each a `tf.TensorSpec` with a batch dimension
+    (`tf.TensorSpec([None, 784], tf.float32)`); with one input the model is called with
+    the tensor, with several with the dict. outputs: model outputs -> a dict of named
+    tensors (default `{"outputs": outputs}`). key: the name of an input passed through
+    unchanged to an output of that name, so a client can match answers to instances
+    (None: no key); key_dtype its dtype. keyless_signature: also export a signature of
+    that name without the key. model_fn: the model the export is built from when it
+    differs from the training one (e.g. float32 where training ran in bfloat16).
+    """
+
+    inputs: Mapping[str, Any]
+    outputs: Callable[[Any], Mapping[str, Any]] | None = None
+    key: str | None = "key"
+    key_dtype: str = "int64"
+    keyless_signature: str | None = None
+    model_fn: Callable[[], Any] | None = None
+
+    def __post_init__(self):
+        if not self.inputs:
+            raise UsageError("Serving needs at least one input, e.g. "
+                             "inputs={'x': tf.TensorSpec([None, 4], tf.float32)}")
+        if self.key is not None and self.key in self.inputs:
+            raise UsageError(f"the instance key {self.key!r} is also a model input; name "
+                             "the key differently (Serving(key=...)) or pass key=None")
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """The user's side of a run (see `mljob.training.fit` for each)."""
+
+    model_fn: Callable[[], Any]
+    train_dataset_fn: Callable[[Any], Any]
+    loss: Any
+    optimizer: Any
+    metrics: Mapping[str, Any] | Sequence[Any] = ()
+    eval_dataset_fn: Callable[[], Any] | None = None
+    serving: Serving | None = None
+    describe: str | Callable[[], str] = ""
+
+    def description(self) -> str:
+        return self.describe() if callable(self.describe) else self.describe
+
+
+__all__ = ["RunConfig", "Serving", "Program", "STEPS_PER_EXECUTION"]

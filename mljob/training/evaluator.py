@@ -1,0 +1,101 @@
+"""Evaluation on the eval dataset: inline on the chief, and the evaluator replica.
+
+The evaluator is not part of the training cluster (TensorFlow's strategies hang when it
+is); it follows the chief's checkpoints (`<job-dir>/checkpoints/`, or AIP_CHECKPOINT_DIR:
+RunConfig.checkpoint_url) through the `checkpoint` state file (published last, so the
+checkpoint it names is complete), evaluates each new checkpoint on `eval_dataset_fn()`,
+writes `eval/` events under RunConfig.summary_url, and exits 0 once it has evaluated the
+final checkpoint (step >= --train-steps). SIGTERM, SIGINT or the launcher's death
+(MLJOB_PARENT_PID) end it early, also with status 0: being stopped is how it ends when
+the chief fails.
+"""
+from __future__ import annotations
+
+import weakref
+
+import tensorflow as tf
+
+from mljob.errors import EXIT_OK, first_line
+from mljob.training.checkpoints import CheckpointStore
+from mljob.training.config import Program, RunConfig
+from mljob.training.losses import metric_functions, per_example_loss
+from mljob.training.signals import StopSignal
+from mljob.training.summaries import Progress, SummaryWriters
+
+POLL_SECONDS = 1.0
+
+_eval_steps: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def evaluate(model, dataset, loss_fn, metric_fns) -> tuple[float, dict[str, float]]:
+    """Mean per-example loss and metrics of `model` over every example of `dataset`
+    (finite, of (features, labels) batches)."""
+    step = _eval_steps.get(model)
+    if step is None:
+        @tf.function
+        def step(features, labels):
+            outputs = model(features, training=False)
+            losses = tf.cast(loss_fn(labels, outputs), tf.float32)
+            sums = {name: tf.reduce_sum(tf.cast(fn(labels, outputs), tf.float32))
+                    for name, fn in metric_fns.items()}
+            return tf.reduce_sum(losses), sums, tf.shape(losses)[0]
+        _eval_steps[model] = step
+    total_loss, totals, count = 0.0, dict.fromkeys(metric_fns, 0.0), 0
+    for features, labels in dataset:
+        loss, sums, n = step(features, labels)
+        total_loss += float(loss)
+        count += int(n)
+        for name, value in sums.items():
+            totals[name] += float(value)
+    count = max(1, count)
+    return total_loss / count, {name: value / count for name, value in totals.items()}
+
+
+def run(program: Program, config: RunConfig, stop: StopSignal,
+        poll_seconds: float = POLL_SECONDS) -> int:
+    """Follow the job's checkpoints until the final one is evaluated (see module doc)."""
+    progress = Progress(config.train_steps, enabled=True)
+    if program.eval_dataset_fn is None:
+        progress.line("evaluator finished: no eval dataset was given, nothing to evaluate")
+        return EXIT_OK
+    loss_fn, metric_fns = per_example_loss(program.loss), metric_functions(program.metrics)
+    program.description()  # the user's own set-up (the trainer reads its data here)
+    model = program.model_fn()
+    step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
+    checkpoint = tf.train.Checkpoint(model={w.path: w.value for w in model.weights},
+                                     step=step_var)
+    store = CheckpointStore(config.checkpoint_url, keep=config.keep_checkpoints,
+                            writer=False)
+    writers = SummaryWriters(config.summary_url, enabled=True, jobs=("eval",))
+    progress.line(f"evaluator started: following {store.url} until step "
+                  f"{config.train_steps}")
+    last = None
+    try:
+        while True:
+            step = store.latest_published_step()
+            if step is not None and step != last:
+                try:
+                    checkpoint.read(store.local_prefix(step)).expect_partial()
+                except (tf.errors.OpError, OSError, ValueError) as exc:
+                    # Pruned or replaced under us: the next poll sees a newer one.
+                    progress.line(f"warning: checkpoint step {step} cannot be read "
+                                  f"({first_line(exc, 200)}); waiting")
+                else:
+                    loss, metrics = evaluate(model, program.eval_dataset_fn(), loss_fn,
+                                             metric_fns)
+                    progress.eval(step, loss, metrics)
+                    writers.eval(step, loss=loss, **metrics)
+                    writers.sync()
+                    last = step
+                    if step >= config.train_steps:
+                        progress.line(f"evaluator finished: step={step}")
+                        return EXIT_OK
+            if stop.wait(poll_seconds):
+                progress.line(f"evaluator stopping: {stop.reason()}")
+                return EXIT_OK
+    finally:
+        writers.close()
+        store.close()
+
+
+__all__ = ["evaluate", "run"]

@@ -1,0 +1,153 @@
+"""The chief's export: a single-node SavedModel under `<job-dir>/model/`, published whole.
+
+The export is rebuilt from a fresh model (`model_fn()`) and the trained weights as numpy
+arrays rather than saved from the training model: under ParameterServerStrategy the
+training variables live on parameter servers (possibly sharded), and a SavedModel of
+those carries device placements and sharded variables that `tf.saved_model.load` and
+TensorFlow Serving cannot use. The fresh model is built on a helper thread, because
+TensorFlow keeps the strategy scope and device scope per thread: the export is then
+free of both, whatever scope the caller is in.
+
+Signatures (from `Serving`, which the predictor and `saved_model_cli` read):
+- `serving_default`: the model's inputs by name and the instance key (int64 [None],
+  named `key` unless told otherwise) -> `Serving.outputs(model outputs)` and the key,
+  unchanged, so a client can match answers to instances;
+- optionally `Serving.keyless_signature`: the inputs -> the outputs, without the key.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from mljob import contracts, storage
+from mljob.training.config import Serving
+from mljob.training.errors import TrainingError, UsageError
+
+MARKER = contracts.SAVED_MODEL_MARKER  # what a reader looks for; published last
+
+
+def export(model_fn, weights: Sequence[np.ndarray], url: str, serving: Serving) -> str:
+    """Write the SavedModel of `model_fn()` with `weights` (in `get_weights()` order) to
+    URL, replacing any previous export there whole. Returns URL."""
+    tmp = tempfile.mkdtemp(prefix="mljob-export-")
+    try:
+        saved = os.path.join(tmp, "model")
+        _on_clean_thread(lambda: _save(model_fn, [np.asarray(w) for w in weights],
+                                       serving, saved))
+        storage.publish_dir(saved, url, marker=MARKER)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return url
+
+
+def _save(model_fn, weights: list[np.ndarray], serving: Serving, path: str) -> None:
+    keras_model = model_fn()
+    expected = [tuple(w.shape) for w in keras_model.weights]
+    got = [tuple(w.shape) for w in weights]
+    if expected != got:
+        raise TrainingError(f"the weights do not fit model {keras_model.name!r} (shapes "
+                            f"{got}, expected {expected}); export the weights of the same "
+                            "model")
+    keras_model.set_weights(weights)
+    module = ServingModule(keras_model, serving)
+    # experimental_io_device=None and no device scope: the graph names no devices, so it
+    # loads on any machine and in TensorFlow Serving.
+    tf.saved_model.save(module, path, signatures=module.signatures(),
+                        options=tf.saved_model.SaveOptions(experimental_io_device=None))
+
+
+class ServingModule(tf.Module):
+    """A built Keras model's variables and the serving functions; the export's root.
+
+    Only the tf.Variables under the Keras variables are tracked, not the Keras model or
+    its variables: a Keras 3 variable saves as a copy of its tf.Variable, so the saver
+    would restore into handles the serving functions never read. TensorFlow 2's loader
+    maps them, but the TF1 loader (`saved_model_cli run`, TensorFlow Serving) then
+    fails with "Could not find variable".
+    """
+
+    def __init__(self, keras_model, serving: Serving):
+        super().__init__(name="serving")
+        self.model_variables = [v.value for v in keras_model.variables]
+        self._serving = serving
+        names = list(serving.inputs)
+        specs = [tf.TensorSpec.from_spec(serving.inputs[n], name=n) for n in names]
+        convert = serving.outputs or (lambda outputs: {"outputs": outputs})
+
+        def outputs(*tensors):
+            features = tensors[0] if len(tensors) == 1 else dict(zip(names, tensors, strict=True))
+            result = convert(keras_model(features, training=False))
+            if not isinstance(result, dict):
+                raise UsageError("Serving.outputs must return a dict of named tensors, "
+                                 f"not {type(result).__name__}")
+            return dict(result)
+
+        def keyed(*tensors):
+            result = outputs(*tensors[:-1])
+            result[serving.key] = tf.identity(tensors[-1], name=serving.key)
+            return result
+
+        if serving.key is None:
+            self.serve = tf.function(outputs, input_signature=specs)
+            self.keyless = None
+        else:
+            key = tf.TensorSpec([None], tf.as_dtype(serving.key_dtype), name=serving.key)
+            self.serve = tf.function(keyed, input_signature=[*specs, key])
+            self.keyless = (tf.function(outputs, input_signature=specs)
+                            if serving.keyless_signature else None)
+
+    def signatures(self) -> dict:
+        out = {"serving_default": self.serve.get_concrete_function()}
+        if self.keyless is not None:
+            out[self._serving.keyless_signature] = self.keyless.get_concrete_function()
+        return out
+
+
+def load(url: str):
+    """The export at URL, loaded with `tf.saved_model.load` (signatures in
+    `.signatures`). Remote exports are downloaded to a temporary folder first."""
+    if not _exists(storage.join(url, MARKER)):
+        raise UsageError(f"no SavedModel at {url} ({MARKER} is missing); point at a "
+                         "job's model/ folder, written when training finishes")
+    if storage.is_local(url):
+        return tf.saved_model.load(storage.local_path(url))
+    tmp = tempfile.mkdtemp(prefix="mljob-model-")
+    try:
+        storage.download_tree(url, tmp)
+        # Loading restores every variable into memory, so the copy can go right after.
+        return tf.saved_model.load(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _exists(url: str) -> bool:
+    try:
+        return storage.exists(url)
+    except storage.StorageError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _on_clean_thread(fn) -> None:
+    """Run fn on a new thread (no strategy or device scope there) and re-raise its error."""
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="mljob-export")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+
+
+__all__ = ["export", "load", "ServingModule", "MARKER"]

@@ -1,0 +1,55 @@
+"""The bundled trainer's run: the CNN or MLP on Fashion-MNIST, given to
+`mljob.training.fit` (which does the rest under every role: strategies, checkpoints,
+summaries, SIGTERM, the evaluator and the export).
+"""
+from __future__ import annotations
+
+import functools
+
+import keras
+import tensorflow as tf
+
+from mljob import training
+from trainer import data as data_lib
+from trainer import export as export_lib
+from trainer import model as model_lib
+
+EVAL_BATCH_SIZE = 1000
+
+
+def cross_entropy(labels, logits):
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+
+
+def run(args, config: training.RunConfig, info, stop=None) -> int:
+    """Play this replica's role with the flags' model and data; the exit status."""
+    load = functools.lru_cache(maxsize=1)(
+        lambda: data_lib.load(args.data_dir, args.train_files, args.eval_files))
+
+    def train_dataset_fn(context):
+        dataset = load()
+        return data_lib.train_dataset(dataset.train_images, dataset.train_labels,
+                                      context.batch_size,
+                                      shard_index=context.input_pipeline_id,
+                                      num_shards=context.num_input_pipelines,
+                                      seed=context.seed)
+
+    def eval_dataset_fn():
+        dataset = load()
+        return data_lib.eval_dataset(dataset.test_images, dataset.test_labels,
+                                     EVAL_BATCH_SIZE)
+
+    def describe() -> str:
+        return (f"model={args.model} mixed_precision={args.mixed_precision} "
+                f"data={load().source!r}")
+
+    return training.fit(
+        functools.partial(model_lib.build, args.model, dropout=args.dropout,
+                          seed=args.seed, precision=args.mixed_precision),
+        train_dataset_fn, eval_dataset_fn=eval_dataset_fn, loss=cross_entropy,
+        optimizer=lambda: keras.optimizers.Adam(args.learning_rate),
+        metrics=["accuracy"], serving=export_lib.serving(args.model), describe=describe,
+        config=config, info=info, stop=stop)
+
+
+__all__ = ["run", "cross_entropy", "EVAL_BATCH_SIZE"]
