@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     try:
         for model in args.model or ["mlp", "cnn"]:
             steps = (3000 if model == "mlp" else 300) // (5 if args.quick else 1)
-            every = max(20, steps // 10 - (steps // 10) % 20)
+            every = max(100, steps // 10 - (steps // 10) % 20)  # see bench/ps_speed.py
             tf1 = ["--model", model, "--train-steps", str(steps), "--batch-size",
                    str(args.batch_size), "--log-every", str(every), "--optimizer", "adam"]
             for label, module, extra in (

@@ -64,7 +64,9 @@ def main(argv=None) -> int:
             steps = args.train_steps or (3000 if model == "mlp" else 300)
             if args.quick:
                 steps //= 5
-            every = max(20, steps // 10 - (steps // 10) % 20)
+            # Log (and so fetch a result, which waits for that function) rarely enough
+            # that several scheduled functions are in flight on the workers at once.
+            every = max(100, steps // 10 - (steps // 10) % 20)
             for label, module, targs, workers, ps in setups(model, steps, every,
                                                             args.batch_size, "JOB_DIR", extra):
                 with common.TempJobDir() as job_dir:
