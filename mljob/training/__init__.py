@@ -66,7 +66,8 @@ def fit(model_fn: Callable[[], Any], train_dataset_fn: Callable[[Any], Any], *,
     returning a new one (it must be built inside the scope). metrics: names ("accuracy")
     or {name: (labels, outputs) -> per-example values}. eval_dataset_fn() -> a finite
     dataset of (features, labels) batches. serving: the export's signature; None: no
-    export. describe: extra `key=value` text for the "training started" line.
+    export. describe: extra `key=value` text for the "training started" line (its first
+    pair, the model's name, comes before `replicas=`, the rest before `job_dir=`).
     info and stop default to the environment's cluster and a new StopSignal.
     """
     program = Program(model_fn=model_fn, train_dataset_fn=train_dataset_fn, loss=loss,

@@ -320,11 +320,15 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
     writers = SummaryWriters(config.summary_url, enabled=chief)
     try:
         start = store.restore(replica.checkpoint) or 0
+        # describe's first pair (the model) before replicas=, the rest before job_dir=,
+        # where the bundled trainer has always printed them.
+        head, _, rest = described.partition(" ")
         progress.line(
             f"training started: strategy={kind} step={start} train_steps="
-            f"{config.train_steps} " + (f"{described} " if described else "")
+            f"{config.train_steps} " + (f"{head} " if head else "")
             + f"replicas={replicas} batch_size={config.batch_size} steps_per_execution="
-            f"{config.steps_per_execution} job_dir={config.job_dir}")
+            f"{config.steps_per_execution} " + (f"{rest} " if rest else "")
+            + f"job_dir={config.job_dir}")
         if kind == "ps":
             progress.line("variables: " + " ".join(
                 f"{path}={n}" for path, n in replica.shards().items()) + " (shards)")
