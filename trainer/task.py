@@ -35,10 +35,31 @@ PRECISIONS = ("off", "mixed_bfloat16")  # trainer.model.PRECISIONS, likewise
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises UsageError instead of printing usage and exiting."""
+    """argparse that raises UsageError instead of printing usage and exiting, and takes
+    `--learning_rate` for `--learning-rate`: tuning services pass each parameter as
+    `--<parameterName>=<value>` and the samples' own flags were underscored. Only the
+    dashed form is declared, so --help shows it alone and an unknown name stays an
+    error in the user's spelling."""
 
     def error(self, message):
         raise UsageError(f"{message}; see --help")
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(self._dashed(args), namespace)
+
+    def _dashed(self, args: list[str]) -> list[str]:
+        out = []
+        for i, arg in enumerate(args):
+            if arg == "--":
+                return out + args[i:]
+            name, eq, value = arg.partition("=")
+            dashed = "--" + name[2:].replace("_", "-")
+            if name.startswith("--") and dashed != name \
+                    and dashed in self._option_string_actions:
+                arg = dashed + eq + value
+            out.append(arg)
+        return out
 
 
 def _positive(text: str) -> int:

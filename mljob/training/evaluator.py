@@ -8,6 +8,13 @@ writes `eval/` events under RunConfig.summary_url, and exits 0 once it has evalu
 final checkpoint (step >= --train-steps). SIGTERM, SIGINT or the launcher's death
 (MLJOB_PARENT_PID) end it early, also with status 0: being stopped is how it ends when
 the chief fails.
+
+Stopped, it first evaluates the newest published checkpoint once more if it has not yet
+done so, then exits. Kubeflow's Training Operator deletes a running evaluator's pod (SIGTERM,
+then SIGKILL after the pod's terminationGracePeriodSeconds) the moment the chief succeeds,
+which can be before the evaluator has polled the chief's final checkpoint; this last look
+is what lets it evaluate that checkpoint anyway (docs/engine-kubeflow.md). The look is one
+evaluation, bounded by the stop watchdog (MLJOB_STOP_DEADLINE, mljob.training.signals).
 """
 from __future__ import annotations
 
@@ -70,28 +77,36 @@ def run(program: Program, config: RunConfig, stop: StopSignal,
     progress.line(f"evaluator started: following {store.url} until step "
                   f"{config.train_steps}")
     last = None
+
+    def look(step: int) -> bool:
+        """Evaluate checkpoint `step`; False when it cannot be read."""
+        try:
+            checkpoint.read(store.local_prefix(step)).expect_partial()
+        except (tf.errors.OpError, OSError, ValueError) as exc:
+            # Pruned or replaced under us: the next poll sees a newer one.
+            progress.line(f"warning: checkpoint step {step} cannot be read "
+                          f"({first_line(exc, 200)}); waiting")
+            return False
+        loss, metrics = evaluate(model, program.eval_dataset_fn(), loss_fn, metric_fns)
+        progress.eval(step, loss, metrics)
+        writers.eval(step, loss=loss, **metrics)
+        writers.sync()
+        return True
+
     try:
         while True:
             step = store.latest_published_step()
-            if step is not None and step != last:
-                try:
-                    checkpoint.read(store.local_prefix(step)).expect_partial()
-                except (tf.errors.OpError, OSError, ValueError) as exc:
-                    # Pruned or replaced under us: the next poll sees a newer one.
-                    progress.line(f"warning: checkpoint step {step} cannot be read "
-                                  f"({first_line(exc, 200)}); waiting")
-                else:
-                    loss, metrics = evaluate(model, program.eval_dataset_fn(), loss_fn,
-                                             metric_fns)
-                    progress.eval(step, loss, metrics)
-                    writers.eval(step, loss=loss, **metrics)
-                    writers.sync()
-                    last = step
-                    if step >= config.train_steps:
-                        progress.line(f"evaluator finished: step={step}")
-                        return EXIT_OK
+            if step is not None and step != last and look(step):
+                last = step
+                if step >= config.train_steps:
+                    progress.line(f"evaluator finished: step={step}")
+                    return EXIT_OK
             if stop.wait(poll_seconds):
-                progress.line(f"evaluator stopping: {stop.reason()}")
+                step = store.latest_published_step()  # the last look (module doc)
+                if step is not None and step != last and look(step):
+                    last = step
+                progress.line(f"evaluator stopping: {stop.reason()}; last evaluated "
+                              f"step={'none' if last is None else last}")
                 return EXIT_OK
     finally:
         writers.close()

@@ -16,6 +16,10 @@ Decisions:
   running (parameter servers, evaluators), so none outlives the job, and keeps finished
   pods so that their logs can still be read.
 - `successPolicy: ""` is the operator's default: the job succeeds when the chief does.
+  The operator then deletes the running evaluator, which may not yet have seen the
+  chief's final checkpoint: its pod gets `terminationGracePeriodSeconds`
+  (EVALUATOR_GRACE_SECONDS) and mljob's evaluator, on SIGTERM, evaluates the newest
+  checkpoint once more before it exits (mljob/training/evaluator.py).
 - The job's labels (config.yaml's and --labels) label the TFJob and its pods, beside
   mljob's own. `scheduling.maxRunningTime` is `runPolicy.activeDeadlineSeconds`;
   `maxWaitTime` is `runPolicy.schedulingPolicy.scheduleTimeoutSeconds`, which the
@@ -41,6 +45,7 @@ from typing import Any
 import yaml
 
 from mljob import contracts, machines
+from mljob.training.signals import STOP_DEADLINE_SECONDS
 from submit import spec as specs
 from submit.errors import UsageError
 from submit.package import Package, mljob_home
@@ -48,6 +53,10 @@ from submit.package import Package, mljob_home
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "tfjobs"
 CONTAINER, PORT_NAME, PORT = "tensorflow", "tfjob-port", 2222  # what the operator expects
 BASE_IMAGE, BASE_IMAGE_GPU = "tensorflow/tensorflow:2.21.0", "tensorflow/tensorflow:2.21.0-gpu"
+# Long enough for the evaluator's last look at the checkpoints after SIGTERM: the stop
+# watchdog ends it after STOP_DEADLINE_SECONDS, so the kubelet's SIGKILL never cuts an
+# evaluation short (Kubernetes' default is 30 s).
+EVALUATOR_GRACE_SECONDS = math.ceil(STOP_DEADLINE_SECONDS) + 30
 MAX_NAME = 50   # pods are <name>-<type>-<index>; their services must stay DNS labels (63)
 REPLICA_TYPES = {specs.CHIEF: "Chief", specs.WORKER: "Worker", specs.PS: "PS",
                  specs.EVALUATOR: "Evaluator"}
@@ -190,6 +199,8 @@ def replica_spec(spec: specs.JobSpec, group: specs.ReplicaGroup, image: str,
     accelerator_config = config.get("acceleratorConfig") or {}
     container["resources"] = resources(group, accelerator_config.get("count", 0))
     pod: dict[str, Any] = {"containers": [container]}
+    if group.task_type == specs.EVALUATOR:
+        pod["terminationGracePeriodSeconds"] = EVALUATOR_GRACE_SECONDS
     if service_account:
         pod["serviceAccountName"] = service_account
     accelerator = accelerator_config.get("type")

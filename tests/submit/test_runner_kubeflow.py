@@ -90,6 +90,18 @@ def test_rendered_tfjob_matches_golden_and_the_sdk_models(case):
     assert sdk_round_trip(rendered.body) == rendered.body
 
 
+def test_the_evaluator_pod_has_time_for_its_last_look():
+    """The operator deletes the running evaluator when the chief succeeds; its pod's grace
+    period outlasts the evaluator's stop watchdog (docs/engine-kubeflow.md)."""
+    from mljob.training.signals import STOP_DEADLINE_SECONDS
+    replicas = engine(namespace="ml").render(resolve("custom_evaluator"), PACKAGE).body[
+        "spec"]["tfReplicaSpecs"]
+    grace = {kind: r["template"]["spec"].get("terminationGracePeriodSeconds")
+             for kind, r in replicas.items()}
+    assert grace == {"Master": None, "Worker": None, "PS": None, "Evaluator": 90}
+    assert grace["Evaluator"] > STOP_DEADLINE_SECONDS
+
+
 def test_the_sdk_check_catches_a_misspelt_field():
     body = engine(namespace="ml").render(resolve("standard_1"), PACKAGE).body
     spec = body["spec"]["tfReplicaSpecs"]["Chief"]
@@ -105,7 +117,7 @@ def test_standard_1_replicas_command_and_resources():
     assert {k: v["replicas"] for k, v in replicas.items()} == \
         {"Chief": 1, "Worker": 4, "PS": 3}
     assert body["spec"]["runPolicy"] == {"cleanPodPolicy": "Running"}
-    for kind, replica in replicas.items():
+    for replica in replicas.values():
         assert replica["restartPolicy"] == "Never"
         (container,) = replica["template"]["spec"]["containers"]
         assert container["name"] == "tensorflow" and container["image"] == IMAGE
