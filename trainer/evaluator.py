@@ -54,7 +54,8 @@ def evaluate(model, dataset: data_lib.Dataset,
 def run(config, stop: StopSignal, poll_seconds: float = POLL_SECONDS) -> int:
     """Follow the job's checkpoints until the final one is evaluated (see module doc)."""
     dataset = data_lib.load(config.data_dir, config.train_files, config.eval_files)
-    model = model_lib.build(config.model, dropout=config.dropout)
+    model = model_lib.build(config.model, dropout=config.dropout,
+                            hidden_units=config.hidden_units)
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
     checkpoint = tf.train.Checkpoint(model={w.path: w.value for w in model.weights},
                                      step=step_var)

@@ -31,22 +31,25 @@ from trainer.errors import TrainerError, UsageError
 MARKER = contracts.SAVED_MODEL_MARKER  # what a reader looks for; published last
 
 
-def export(model_name: str, weights: Sequence[np.ndarray], url: str) -> str:
-    """Write the SavedModel of `model_name` with `weights` (in `get_weights()` order) to
-    URL, replacing any previous export there whole. Returns URL."""
+def export(model_name: str, weights: Sequence[np.ndarray], url: str, *,
+           hidden_units: int | None = None) -> str:
+    """Write the SavedModel of `model_name` (of `hidden_units`, None the default) with
+    `weights` (in `get_weights()` order) to URL, replacing any previous export there
+    whole. Returns URL."""
     tmp = tempfile.mkdtemp(prefix="mljob-export-")
     try:
         saved = os.path.join(tmp, "model")
         _on_clean_thread(lambda: _save(model_name, [np.asarray(w) for w in weights],
-                                       saved))
+                                       saved, hidden_units))
         storage.publish_dir(saved, url, marker=MARKER)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return url
 
 
-def _save(model_name: str, weights: list[np.ndarray], path: str) -> None:
-    keras_model = models.build(model_name)
+def _save(model_name: str, weights: list[np.ndarray], path: str,
+          hidden_units: int | None = None) -> None:
+    keras_model = models.build(model_name, hidden_units=hidden_units)
     expected = [tuple(w.shape) for w in keras_model.weights]
     got = [tuple(w.shape) for w in weights]
     if expected != got:

@@ -82,8 +82,19 @@ _fraction = _float_where(lambda v: 0.0 <= v < 1.0, "in [0, 1)")
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m trainer.task", allow_abbrev=False,
-                description="Train a Fashion-MNIST model as one replica of an mljob job.")
-    add = p.add_argument
+                description="Train a Fashion-MNIST model as one replica of an mljob job. "
+                "Every --flag-name is also accepted as --flag_name (a tuning job passes "
+                "each parameter as --<parameterName>=<value>).")
+
+    def add(*names, **options):
+        # --learning_rate as well as --learning-rate, not shown twice in --help
+        p.add_argument(*names, **options)
+        aliases = ["--" + n[2:].replace("-", "_") for n in names if "-" in n[2:]]
+        if aliases:
+            same = {k: v for k, v in options.items() if k not in ("help", "default")}
+            same.setdefault("dest", names[0][2:].replace("-", "_"))
+            p.add_argument(*aliases, help=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                           **same)
     add("--job-dir", help="where checkpoints, summaries and the export go (any fsspec "
         "URL); default jobs/trainer-<UTC time> in the working directory")
     add("--model", choices=MODELS, default="cnn", help="cnn (default) or mlp")
@@ -108,7 +119,11 @@ def parser() -> argparse.ArgumentParser:
     add("--log-every", type=_positive, default=100)
     add("--seed", type=_non_negative, default=None,
         help="seed for the initial weights and the shuffling")
-    add("--dropout", type=_fraction, default=0.4, help="dropout rate of the CNN")
+    add("--dropout", type=_fraction, default=None,
+        help="dropout rate before the logits (default 0.4 for the CNN, 0 for the MLP)")
+    add("--hidden-units", type=_positive, default=None,
+        help="width of the fully connected hidden layer (default 1024 for the CNN, "
+        "100 for the MLP)")
     add("--mixed-precision", choices=PRECISIONS, default="off",
         help="off (default) or mixed_bfloat16: compute in bfloat16, keep float32 "
         "variables, checkpoints and export (faster CNN on CPUs with AMX/AVX512-BF16)")
@@ -197,7 +212,14 @@ def config_from(args: argparse.Namespace, outputs: Outputs):
         ps_shards=args.ps_shards,
         strategy=args.strategy, data_dir=args.data_dir, train_files=args.train_files,
         eval_files=args.eval_files, log_every=args.log_every, seed=args.seed,
-        dropout=args.dropout, mixed_precision=args.mixed_precision)
+        dropout=_dropout(args), hidden_units=args.hidden_units,
+        mixed_precision=args.mixed_precision)
+
+
+def _dropout(args: argparse.Namespace) -> float:
+    if args.dropout is not None:
+        return args.dropout
+    return 0.4 if args.model == "cnn" else 0.0  # the original samples' models
 
 
 def _check(args: argparse.Namespace, info: cluster_lib.ClusterInfo) -> str | None:

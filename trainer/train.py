@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from trainer import data as data_lib
 from trainer import model as model_lib
-from mljob import storage
+from mljob import hypertune, storage
 from trainer.checkpoints import CheckpointStore
 from mljob.cluster import ClusterInfo
 from trainer.errors import EXIT_OK, EXIT_PREEMPTED, PeerUnavailableError, TrainerError, \
@@ -82,6 +82,7 @@ class TrainConfig:
     log_every: int = 100
     seed: int | None = None
     dropout: float = 0.4
+    hidden_units: int | None = None  # None: the model's own (1024 cnn, 100 mlp)
     mixed_precision: str = "off"    # or "mixed_bfloat16"; variables stay float32
 
     def __post_init__(self):
@@ -103,7 +104,8 @@ class Replica:
         with strategy.scope():
             self.model = model_lib.build(config.model, dropout=config.dropout,
                                          seed=config.seed,
-                                         precision=config.mixed_precision)
+                                         precision=config.mixed_precision,
+                                         hidden_units=config.hidden_units)
             self.optimizer = keras.optimizers.Adam(config.learning_rate)
             self.parts = [p for w in self.model.trainable_weights for p in weight_parts(w)]
             self.optimizer.build(self.parts)
@@ -266,7 +268,8 @@ def _all_replicas_sum(value):
 
 def replica_export(replica: Replica, config: TrainConfig) -> str:
     from trainer import export as export_lib
-    return export_lib.export(config.model, weights_numpy(replica.model), config.export_url)
+    return export_lib.export(config.model, weights_numpy(replica.model), config.export_url,
+                             hidden_units=config.hidden_units)
 
 
 def _already_done(replica: Replica, config: TrainConfig, step: int,
@@ -354,6 +357,7 @@ class _Loop:
         self.progress.eval(step, loss, accuracy)
         self.writers.eval(step, loss=loss, accuracy=accuracy)
         self.writers.sync()
+        hypertune.report_evaluation(step, loss=loss, accuracy=accuracy)  # tuning trials
 
 
 __all__ = ["TrainConfig", "STEPS_PER_EXECUTION", "Preempted", "Replica", "run"]
