@@ -57,7 +57,13 @@ def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        try:  # Vertex AI passes a tuned DISCRETE value as a double: --batch_size=64.0
+            number = float(text)
+        except ValueError:
+            number = None
+        if number is None or not number.is_integer():
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        value = int(number)
     if value < low:
         raise argparse.ArgumentTypeError(f"{value} is less than {low}")
     return value

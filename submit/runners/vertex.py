@@ -22,7 +22,8 @@ import json
 import os
 import re
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any
+from collections.abc import Iterator, Mapping
 
 import google.auth
 import requests
@@ -34,7 +35,7 @@ from google.cloud import aiplatform_v1
 from google.protobuf import json_format
 
 from mljob import contracts, machines
-from submit import jobs, logs, spec as specs
+from submit import jobs, logs, spec as specs, tuning_spec
 from submit.errors import SubmitError, UsageError
 from submit.package import Package
 from submit.runners.engine import ClusterEngine, EngineOptions, EngineStatus, Rendered
@@ -50,6 +51,7 @@ LOG_LAG_S = 5.0
 # The job id as submitted. Not CLOUD_ML_JOB_ID: Vertex sets that one itself, to the
 # CustomJob's numeric id, and its own tools (the TensorBoard profiler) read it.
 JOB_ID_ENV = contracts.MLJOB_JOB_ID_ENV
+TUNING_KIND = "hyperparameterTuningJob"  # the handle's kind when it is one, else CustomJob
 # The newest TensorFlow prebuilt training images Vertex lists (TF 2.17, Python 3.10).
 IMAGE = "{registry}-docker.pkg.dev/vertex-ai/training/tf-{kind}.2-17.py310:latest"
 REGISTRIES = {"europe": "europe", "asia": "asia", "australia": "asia"}  # else "us"
@@ -109,6 +111,11 @@ class VertexEngine(ClusterEngine):
                              "email; write it like NAME@PROJECT.iam.gserviceaccount.com")
         for group in spec.groups:
             _machine_spec(spec, group)
+        tuning = _tuning(spec)
+        if tuning is not None and tuning.resume_from:
+            raise UsageError("trainingInput.hyperparameters.resumePreviousJobId: a Vertex "
+                             "AI HyperparameterTuningJob cannot continue an earlier study; "
+                             "drop it (or tune with the local runner)")
 
     def render(self, spec: JobSpec, package: Package) -> Rendered:
         project, region = self._location(spec)
@@ -129,13 +136,24 @@ class VertexEngine(ClusterEngine):
             # resumes together from the latest checkpoint, as the trainer expects.
             job_spec.scheduling = aiplatform_v1.Scheduling(
                 restart_job_on_worker_restart=True)
-        request = aiplatform_v1.CreateCustomJobRequest(
-            parent=parent, custom_job=aiplatform_v1.CustomJob(
-                display_name=spec.job_id, job_spec=job_spec,
-                labels=_labels(spec, package)))
-        text = _to_json(request)
         handle = {"project": project, "region": region, "parent": parent,
                   "display_name": spec.job_id}
+        tuning = _tuning(spec)
+        if tuning is not None:  # each trial is today's CustomJob, its parameters as flags
+            request = aiplatform_v1.CreateHyperparameterTuningJobRequest(
+                parent=parent, hyperparameter_tuning_job=aiplatform_v1.HyperparameterTuningJob(
+                    display_name=spec.job_id, study_spec=study_spec(tuning),
+                    max_trial_count=tuning.max_trials,
+                    parallel_trial_count=tuning.max_parallel_trials,
+                    max_failed_trial_count=tuning.max_failed_trials or 0,
+                    trial_job_spec=job_spec, labels=_labels(spec, package)))
+            handle["kind"] = TUNING_KIND
+        else:
+            request = aiplatform_v1.CreateCustomJobRequest(
+                parent=parent, custom_job=aiplatform_v1.CustomJob(
+                    display_name=spec.job_id, job_spec=job_spec,
+                    labels=_labels(spec, package)))
+        text = _to_json(request)
         return Rendered(body=json.loads(text), text=text, handle=handle)
 
     def _location(self, spec: JobSpec) -> tuple[str, str]:
@@ -157,18 +175,26 @@ class VertexEngine(ClusterEngine):
 
     def create(self, rendered: Rendered) -> Mapping[str, Any]:
         handle = dict(rendered.handle)
-        request = aiplatform_v1.CreateCustomJobRequest.from_json(rendered.text)
         with _api_errors(f"create job {handle['display_name']}", handle):
-            job = _job_client(handle["region"]).create_custom_job(
-                request=request, timeout=CALL_TIMEOUT_S)
+            client = _job_client(handle["region"])
+            if handle.get("kind") == TUNING_KIND:
+                job = client.create_hyperparameter_tuning_job(
+                    request=aiplatform_v1.CreateHyperparameterTuningJobRequest.from_json(
+                        rendered.text), timeout=CALL_TIMEOUT_S)
+            else:
+                job = client.create_custom_job(
+                    request=aiplatform_v1.CreateCustomJobRequest.from_json(rendered.text),
+                    timeout=CALL_TIMEOUT_S)
         handle["name"] = job.name
         handle["id"] = job.name.rsplit("/", 1)[-1]
         return handle
 
     def status(self, handle: Mapping[str, Any]) -> EngineStatus:
         with _api_errors(f"describe job {handle.get('display_name')}", handle):
-            job = _job_client(handle["region"]).get_custom_job(
-                name=handle["name"], timeout=CALL_TIMEOUT_S)
+            client = _job_client(handle["region"])
+            get = (client.get_hyperparameter_tuning_job if handle.get("kind") == TUNING_KIND
+                   else client.get_custom_job)
+            job = get(name=handle["name"], timeout=CALL_TIMEOUT_S)
         state_name = getattr(job.state, "name", str(job.state))  # an int if unknown
         state, message = STATES.get(state_name, (jobs.RUNNING, None))
         if state == jobs.FAILED and job.error.message:
@@ -177,8 +203,10 @@ class VertexEngine(ClusterEngine):
 
     def cancel(self, handle: Mapping[str, Any]) -> str:
         with _api_errors(f"cancel job {handle.get('display_name')}", handle):
-            _job_client(handle["region"]).cancel_custom_job(
-                name=handle["name"], timeout=CALL_TIMEOUT_S)
+            client = _job_client(handle["region"])
+            cancel = (client.cancel_hyperparameter_tuning_job
+                      if handle.get("kind") == TUNING_KIND else client.cancel_custom_job)
+            cancel(name=handle["name"], timeout=CALL_TIMEOUT_S)
         return jobs.CANCELLING
 
     def logs(self, handle: Mapping[str, Any], *, task_name: str | None = None,
@@ -221,6 +249,43 @@ def _pool(spec: JobSpec, group: specs.ReplicaGroup, package: Package, image: str
             package_uris=[package.url], python_module=spec.module_name,
             args=list(spec.trainer_args),
             env=[aiplatform_v1.EnvVar(name=JOB_ID_ENV, value=spec.job_id)]))
+
+
+def _tuning(spec: JobSpec) -> tuning_spec.TuningSpec | None:
+    hp = spec.training_input.get("hyperparameters")
+    return None if hp is None else tuning_spec.parse(hp, job_dir=spec.job_dir)
+
+
+def study_spec(tuning: tuning_spec.TuningSpec) -> aiplatform_v1.StudySpec:
+    """Cloud ML's HyperparameterSpec as Vertex AI's StudySpec: the same metric, goal,
+    parameters, scale types and algorithm; early stopping is Vertex's median rule (the
+    local runner's too)."""
+    study = aiplatform_v1.StudySpec
+    params = []
+    for p in tuning.params:
+        param = study.ParameterSpec(parameter_id=p.name)
+        if p.type == "DOUBLE":
+            param.double_value_spec = study.ParameterSpec.DoubleValueSpec(
+                min_value=float(p.low), max_value=float(p.high))
+        elif p.type == "INTEGER":
+            param.integer_value_spec = study.ParameterSpec.IntegerValueSpec(
+                min_value=int(p.low), max_value=int(p.high))
+        elif p.type == "CATEGORICAL":
+            param.categorical_value_spec = study.ParameterSpec.CategoricalValueSpec(
+                values=list(p.values))
+        else:
+            param.discrete_value_spec = study.ParameterSpec.DiscreteValueSpec(
+                values=[float(v) for v in p.values])
+        if p.type in ("DOUBLE", "INTEGER"):
+            param.scale_type = study.ParameterSpec.ScaleType[p.scale]
+        params.append(param)
+    out = study(metrics=[study.MetricSpec(metric_id=tuning.metric_tag,
+                                          goal=study.MetricSpec.GoalType[tuning.goal])],
+                parameters=params, algorithm=study.Algorithm[tuning.algorithm])
+    if tuning.early_stopping:
+        out.median_automated_stopping_spec = study.MedianAutomatedStoppingSpec(
+            use_elapsed_duration=False)
+    return out
 
 
 def _machine_spec(spec: JobSpec, group: specs.ReplicaGroup) -> aiplatform_v1.MachineSpec:

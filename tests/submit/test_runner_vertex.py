@@ -39,6 +39,17 @@ CUSTOM = {"scaleTier": "CUSTOM", "masterType": "standard", "workerType": "comple
           "workerCount": 2, "parameterServerCount": 1, "evaluatorCount": 1,
           "workerConfig": {"acceleratorConfig": {"count": 2, "type": "NVIDIA_TESLA_T4"}},
           "masterConfig": {"restartPolicy": "OnFailure", "maxRestarts": 3}}
+HP = {"goal": "MAXIMIZE", "hyperparameterMetricTag": "accuracy", "maxTrials": 8,
+      "maxParallelTrials": 2, "maxFailedTrials": 3, "enableTrialEarlyStopping": True,
+      "params": [{"parameterName": "learning_rate", "type": "DOUBLE", "minValue": 1e-4,
+                  "maxValue": 0.1, "scaleType": "UNIT_LOG_SCALE"},
+                 {"parameterName": "hidden_units", "type": "INTEGER", "minValue": 16,
+                  "maxValue": 256, "scaleType": "UNIT_REVERSE_LOG_SCALE"},
+                 {"parameterName": "model", "type": "CATEGORICAL",
+                  "categoricalValues": ["cnn", "mlp"]},
+                 {"parameterName": "batch_size", "type": "DISCRETE",
+                  "discreteValues": [32, 64, 128]}]}
+TUNING = {**CUSTOM, "hyperparameters": HP}
 PARENT = "projects/mljob-test/locations/us-central1"
 NAME = "projects/123456789/locations/us-central1/customJobs/7200000000000000001"
 JOB_PATH = "/v1/" + NAME
@@ -80,6 +91,7 @@ def pools(rendered) -> list[dict]:
 @pytest.mark.parametrize("golden, training_input, flags", [
     ("vertex_standard_1", {}, {"scale_tier": "STANDARD_1"}),
     ("vertex_custom_evaluator", CUSTOM, {}),
+    ("vertex_tuning", TUNING, {}),
 ])
 def test_rendered_job_matches_golden_file(golden, training_input, flags):
     text = render(training_input, **flags).text + "\n"
@@ -90,6 +102,42 @@ def test_rendered_job_matches_golden_file(golden, training_input, flags):
             f.write(text)
     with open(path) as f:
         assert text == f.read(), f"rendered job differs from {path}; see the docstring"
+
+
+def test_tuning_job_is_a_hyperparameter_tuning_job_around_the_custom_job():
+    rendered = render(TUNING)
+    request = aiplatform_v1.CreateHyperparameterTuningJobRequest.from_json(rendered.text)
+    job = request.hyperparameter_tuning_job
+    assert (job.max_trial_count, job.parallel_trial_count, job.max_failed_trial_count) == \
+        (8, 2, 3)
+    study = job.study_spec
+    assert [(m.metric_id, m.goal.name) for m in study.metrics] == [("accuracy", "MAXIMIZE")]
+    assert study.algorithm.name == "ALGORITHM_UNSPECIFIED"
+    lr, units, model, batch = study.parameters
+    assert (lr.parameter_id, lr.double_value_spec.min_value, lr.scale_type.name) == \
+        ("learning_rate", 1e-4, "UNIT_LOG_SCALE")
+    assert (units.integer_value_spec.max_value, units.scale_type.name) == \
+        (256, "UNIT_REVERSE_LOG_SCALE")
+    assert list(model.categorical_value_spec.values) == ["cnn", "mlp"]
+    assert list(batch.discrete_value_spec.values) == [32.0, 64.0, 128.0]
+    assert rendered.body["hyperparameterTuningJob"]["studySpec"][
+        "medianAutomatedStoppingSpec"] == {}  # set: Vertex's median stopping rule
+    # the trial job is exactly the CustomJob the same config renders without tuning
+    plain = aiplatform_v1.CreateCustomJobRequest.from_json(render(CUSTOM).text)
+    assert job.trial_job_spec == plain.custom_job.job_spec
+    assert rendered.handle["kind"] == "hyperparameterTuningJob"
+    without = render({**CUSTOM, "hyperparameters": {**HP, "maxFailedTrials": None,
+                                                    "enableTrialEarlyStopping": False,
+                                                    "algorithm": "RANDOM_SEARCH"}})
+    study = without.body["hyperparameterTuningJob"]["studySpec"]
+    assert "medianAutomatedStoppingSpec" not in study and study["algorithm"] == \
+        "RANDOM_SEARCH"
+    assert "maxFailedTrialCount" not in without.body["hyperparameterTuningJob"]
+
+
+def test_tuning_resume_is_refused_on_vertex():
+    with pytest.raises(UsageError, match="cannot continue an earlier study; drop it"):
+        render({"hyperparameters": {**HP, "resumePreviousJobId": "tune01"}})
 
 
 def test_registry_loads_the_vertex_engine():
@@ -378,6 +426,28 @@ def test_status_of_a_missing_job(api):
                                           r"project mljob-test region us-central1: 404 "
                                           r"CustomJob not found\.; check --project"):
         engine().status(HANDLE)
+
+
+TUNING_NAME = "projects/123456789/locations/us-central1/hyperparameterTuningJobs/42"
+
+
+def test_tuning_job_is_created_described_and_cancelled_as_one(api):
+    rendered = render(TUNING)
+    api.route("POST", f"/v1/{PARENT}/hyperparameterTuningJobs", 200,
+              {"name": TUNING_NAME, "displayName": "job01", "state": "JOB_STATE_QUEUED"})
+    handle = engine().create(rendered)
+    assert handle["name"] == TUNING_NAME and handle["kind"] == "hyperparameterTuningJob"
+    sent = aiplatform_v1.HyperparameterTuningJob.from_json(api.requests[0].body)
+    assert sent == aiplatform_v1.CreateHyperparameterTuningJobRequest.from_json(
+        rendered.text).hyperparameter_tuning_job
+    api.route("GET", "/v1/" + TUNING_NAME, 200, {"name": TUNING_NAME,
+                                                 "state": "JOB_STATE_RUNNING"})
+    assert engine(project=None).status(handle).state == jobs.RUNNING
+    api.route("POST", "/v1/" + TUNING_NAME + ":cancel", 200, {})
+    assert engine(project=None).cancel(handle) == jobs.CANCELLING
+    assert [r.path for r in api.requests] == [
+        f"/v1/{PARENT}/hyperparameterTuningJobs", "/v1/" + TUNING_NAME,
+        "/v1/" + TUNING_NAME + ":cancel"]
 
 
 def test_cancel(api):

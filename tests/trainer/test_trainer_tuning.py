@@ -53,6 +53,7 @@ def test_outside_a_trial_no_metrics_file_is_written(reaper, tmp_path):
     (["--learning-rate", "0.05"], ("learning_rate", 0.05)),
     (["--hidden-units=7"], ("hidden_units", 7)),
     (["--batch_size", "8"], ("batch_size", 8)),
+    (["--batch_size=64.0"], ("batch_size", 64)),  # a DISCRETE value from Vertex AI
 ])
 def test_both_spellings_of_a_flag(argv, value):
     args = task.parser().parse_args(argv)
@@ -69,5 +70,6 @@ def test_dropout_defaults_follow_the_model():
 def test_bad_tuning_flag_values_are_usage_errors(capsys):
     assert task.main(["--hidden_units=0"]) == 2
     assert task.main(["--dropout=1.5"]) == 2
+    assert task.main(["--batch_size=64.5"]) == 2
     err = capsys.readouterr().err
     assert "--hidden_units: 0 is less than 1" in err or "hidden" in err
