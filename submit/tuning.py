@@ -240,7 +240,7 @@ class Tuner:
         study = optuna.create_study(
             storage=storage_, study_name=STUDY_NAME, load_if_exists=True,
             direction="maximize" if self.spec.maximize else "minimize",
-            sampler=self._sampler(), pruner=self._pruner())
+            sampler=sampler(self.spec, self.seed), pruner=self._pruner())
         if self.spec.resume_from and not study.trials:
             earlier = jobs.load(self.spec.resume_from)
             old = optuna.load_study(study_name=STUDY_NAME, storage=JournalStorage(
@@ -252,16 +252,6 @@ class Tuner:
             self.terminal.note(f"resuming the study of job {earlier.job_id}: "
                                f"{len(kept)} finished trial(s) are not run again")
         return study
-
-    def _sampler(self):
-        import optuna
-        if self.spec.algorithm == "RANDOM_SEARCH":
-            return optuna.samplers.RandomSampler(seed=self.seed)
-        if self.spec.algorithm == "GRID_SEARCH":
-            return optuna.samplers.GridSampler(self.spec.grid(), seed=self.seed)
-        return optuna.samplers.TPESampler(
-            seed=self.seed, constant_liar=True, multivariate=True,
-            n_startup_trials=startup_trials(self.spec))
 
     def _pruner(self):
         import optuna
@@ -490,6 +480,17 @@ class Tuner:
 
 
 # --- parameters as Optuna sees them ----------------------------------------------------
+
+def sampler(spec: TuningSpec, seed: int | None = None):
+    """Optuna's sampler for the spec's algorithm (see the module docstring)."""
+    import optuna
+    if spec.algorithm == "RANDOM_SEARCH":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if spec.algorithm == "GRID_SEARCH":
+        return optuna.samplers.GridSampler(spec.grid(), seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True,
+                                      n_startup_trials=startup_trials(spec))
+
 
 def startup_trials(spec: TuningSpec) -> int:
     """Random trials before TPE models the objective: a quarter of the budget, 2 to 10."""
