@@ -3,10 +3,11 @@
 A trial reports its metric as Cloud ML's `cloudml-hypertune` library does: JSON lines
 `{"global_step": "1000", "<tag>": "0.987", "timestamp": 1525851440.12, "trial": "3"}` in
 `$CLOUD_ML_HP_METRIC_FILE` (default `/tmp/hypertune/output.metrics`), the last 100
-reports kept. `HyperTune` writes that file with the library's API (so a trainer written
-for the library runs unchanged without it), atomically (rename) where the library
-rewrites it in place; `read_reports` is the tuner's side and tolerates both, including
-a half-written last line of the library's.
+reports kept (or, as Cloud ML also read them, as TensorBoard summaries under its job
+dir whose tag is the metric tag: `read_summaries`). `HyperTune` writes that file with the
+library's API (so a trainer written for the library runs unchanged without it),
+atomically (rename) where the library rewrites it in place; `read_reports` is the
+tuner's side and tolerates both, including a half-written last line of the library's.
 
 `report_evaluation` is what the bundled trainer calls after each evaluation: it reports
 only inside a tuning trial (when the launcher set the variables), under the job's metric
@@ -101,6 +102,40 @@ def report_evaluation(step: int, *, loss: float, accuracy: float,
                ACCURACY_TAG: accuracy, LOSS_TAG: loss}
     _trial_writer.report(metrics, step)
     return True
+
+
+def read_summaries(folder: str, tag: str) -> list[Report]:
+    """Scalars of `tag` in the TensorBoard event files under a local folder, oldest first:
+    the other way Cloud ML read a trial's metric. Where several folders hold the tag (a
+    trainer's train/ and eval/ summaries), those of a folder named eval win. [] when
+    there are none, or TensorBoard (which reads event files without TensorFlow) is not
+    installed."""
+    try:
+        from tensorboard.backend.event_processing.event_file_loader import \
+            EventFileLoader
+        from tensorboard.util import tensor_util
+    except ImportError:
+        return []
+    found: dict[str, list[Report]] = {}
+    for root, _, names in sorted(os.walk(folder)):
+        for name in sorted(n for n in names if n.startswith("events.out.tfevents.")):
+            try:
+                events = list(EventFileLoader(os.path.join(root, name)).Load())
+            except Exception:  # a half-written or foreign file is skipped
+                continue
+            for event in events:
+                for value in event.summary.value:
+                    if value.tag != tag:
+                        continue
+                    number = (float(tensor_util.make_ndarray(value.tensor))
+                              if value.HasField("tensor") else float(value.simple_value))
+                    if math.isfinite(number):
+                        found.setdefault(root, []).append(
+                            Report(int(event.step), number, float(event.wall_time)))
+    evals = [r for root, reports in found.items()
+             if os.path.basename(root) == "eval" for r in reports]
+    chosen = evals or [r for reports in found.values() for r in reports]
+    return sorted(chosen, key=lambda r: (r.timestamp, r.step))
 
 
 def read_reports(path: str, tag: str) -> list[Report]:

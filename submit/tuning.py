@@ -13,7 +13,9 @@ is that job again, run by a `LocalRunner` of its own, with:
   not share the library's default `/tmp/hypertune/output.metrics`).
 
 The tuner starts up to `maxParallelTrials` trials at once and reads each trial's metrics
-file as it is written (`mljob.hypertune`). The last report is the trial's objective.
+file as it is written (`mljob.hypertune`). The last report is the trial's objective. A
+trial that wrote no such file but TensorBoard summaries of the metric's tag under its job
+dir is judged by those when it ends, as Cloud ML read them.
 With `enableTrialEarlyStopping`, every report is given to Optuna's median pruner; a
 trial it calls hopeless is stopped as any job is (SIGTERM to each replica, the grace
 period, SIGKILL) and marked `isTrialStoppedEarly`.
@@ -358,6 +360,15 @@ class Tuner:
         states = optuna.trial.TrialState
         self.running.remove(trial)
         reports = hypertune.read_reports(trial.metric_file, self.spec.metric_tag)
+        if not reports and trial.plan.replica_job_dir and \
+                storage.is_local(trial.plan.replica_job_dir):
+            # no cloudml-hypertune reports: TensorBoard summaries of the metric's tag
+            reports = hypertune.read_summaries(
+                storage.local_path(trial.plan.replica_job_dir), self.spec.metric_tag)
+            if reports:
+                trial.optuna_trial.set_user_attr("allMetrics", [
+                    {"trainingStep": str(r.step), "objectiveValue": r.value}
+                    for r in reports])
         t = trial.optuna_trial
         t.set_user_attr("endTime", _iso(time.time()))
         if trial.stopped_early and reports:

@@ -234,3 +234,36 @@ def _kill_group(pid):
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+SUMMARY_TASK = r'''
+import os, sys
+import tensorflow as tf
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+job_dir = sys.argv[sys.argv.index("--job-dir") + 1]
+x = float(args["x"])
+for folder, offset in (("train", 0.5), ("eval", 0.0)):
+    writer = tf.summary.create_file_writer(os.path.join(job_dir, "summaries", folder))
+    with writer.as_default():
+        for step in (10, 20):
+            tf.summary.scalar("score", 1.0 - (x - 0.3) ** 2 + offset - 1.0 / step, step=step)
+    writer.close()
+'''
+
+
+def test_a_trainer_reporting_only_tensorboard_summaries_is_tuned_by_them(capsys, tmp_path):
+    """Cloud ML also read the metric from TensorBoard summaries under the trial's job dir
+    whose tag is the metric tag; of train/ and eval/ the eval ones count."""
+    pkg = write_package(tmp_path / "pkg", SUMMARY_TASK)
+    status, _, err = submit_in_process(
+        capsys, "tune06", "--config", tuning_config(tmp_path, maxTrials=2),
+        "--job-dir", str(tmp_path / "tune06"), "--package-path", pkg, "--module-name",
+        "fakejob.task")
+    assert status == 0, err
+    trials = records.load("tune06").training_output["trials"]
+    assert len(trials) == 2
+    for t in trials:
+        x = float(t["hyperparameters"]["x"])
+        assert t["finalMetric"]["trainingStep"] == "20"
+        assert abs(t["finalMetric"]["objectiveValue"] - (1.0 - (x - 0.3) ** 2 - 0.05)) < 1e-6
+        assert [m["trainingStep"] for m in t["allMetrics"]] == ["10", "20"]
