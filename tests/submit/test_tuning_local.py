@@ -267,3 +267,22 @@ def test_a_trainer_reporting_only_tensorboard_summaries_is_tuned_by_them(capsys,
         assert t["finalMetric"]["trainingStep"] == "20"
         assert abs(t["finalMetric"]["objectiveValue"] - (1.0 - (x - 0.3) ** 2 - 0.05)) < 1e-6
         assert [m["trainingStep"] for m in t["allMetrics"]] == ["10", "20"]
+
+
+def test_a_memory_job_dir_gets_every_trial_and_the_study(capsys, tmp_path, memfs):
+    status, _, err = submit_in_process(
+        capsys, "tune07", "--config", tuning_config(tmp_path, maxTrials=2), "--job-dir",
+        "memory://jobs/tune07", "--package-path", pkg_of(tmp_path), "--module-name",
+        "fakejob.task")
+    assert status == 0, err
+    record = records.load("tune07")
+    assert record.state == records.SUCCEEDED
+    files = set(memfs.find("/jobs/tune07"))
+    for trial in ("1", "2"):
+        assert f"/jobs/tune07/{trial}/trial.json" in files
+        assert f"/jobs/tune07/logs/{trial}/master-replica-0.log" in files
+    assert {"/jobs/tune07/hptuning/optuna-journal.log",
+            "/jobs/tune07/hptuning/objective.png"} <= files
+    seen = json.loads(memfs.cat("/jobs/tune07/1/trial.json"))
+    assert seen["argv"][-2] == "--job-dir" and seen["argv"][-1].endswith("/job-dir/1")
+    assert_all_dead(record)
