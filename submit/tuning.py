@@ -539,16 +539,21 @@ def from_optuna(p: Parameter, value):
 def training_output(study, spec: TuningSpec, running=frozenset()) -> dict:
     """Cloud ML's trainingOutput of a tuning job: trials best first (those that ran to
     their end by objective, then those stopped early, then failed and running ones)."""
-    trials = [_trial_output(t, running) for t in study.trials]
+    return output_of([_trial_output(t, running) for t in study.trials], spec)
+
+
+def output_of(trials: list[dict], spec: TuningSpec) -> dict:
+    """trainingOutput around trials in Cloud ML's shape, ranked best first."""
     sign = -1.0 if spec.maximize else 1.0
 
     def rank(t):
         metric = t.get("finalMetric")
-        group = (0 if metric and not t["isTrialStoppedEarly"] else 1 if metric else 2)
+        group = (0 if metric and not t.get("isTrialStoppedEarly") else 1 if metric else 2)
+        trial_id = t["trialId"]
         return (group, sign * metric["objectiveValue"] if metric else 0.0,
-                int(t["trialId"]))
+                int(trial_id) if trial_id.isdigit() else 0, trial_id)
 
-    trials.sort(key=rank)
+    trials = sorted(trials, key=rank)
     completed = sum(1 for t in trials if t["state"] == SUCCEEDED)
     return {"isHyperparameterTuningJob": True, "hyperparameterMetricTag": spec.metric_tag,
             "completedTrialCount": str(completed), "trials": trials}

@@ -199,7 +199,10 @@ class VertexEngine(ClusterEngine):
         state, message = STATES.get(state_name, (jobs.RUNNING, None))
         if state == jobs.FAILED and job.error.message:
             message = _one_line(job.error.message)
-        return EngineStatus(state=state, message=message)
+        output = None
+        if handle.get("kind") == TUNING_KIND:
+            output = training_output(job)
+        return EngineStatus(state=state, message=message, training_output=output)
 
     def cancel(self, handle: Mapping[str, Any]) -> str:
         with _api_errors(f"cancel job {handle.get('display_name')}", handle):
@@ -249,6 +252,56 @@ def _pool(spec: JobSpec, group: specs.ReplicaGroup, package: Package, image: str
             package_uris=[package.url], python_module=spec.module_name,
             args=list(spec.trainer_args),
             env=[aiplatform_v1.EnvVar(name=JOB_ID_ENV, value=spec.job_id)]))
+
+
+TRIAL_STATES = {"SUCCEEDED": jobs.SUCCEEDED, "INFEASIBLE": jobs.FAILED,
+                "ACTIVE": jobs.RUNNING, "REQUESTED": jobs.QUEUED,
+                "STOPPING": jobs.CANCELLING}
+
+
+def training_output(job: aiplatform_v1.HyperparameterTuningJob) -> dict:
+    """Vertex AI's trials as Cloud ML's trainingOutput, best first."""
+    from submit import tuning
+    metric = job.study_spec.metrics[0] if job.study_spec.metrics else None
+    spec = tuning_spec.TuningSpec(
+        goal="MINIMIZE" if metric and metric.goal.name == "MINIMIZE" else "MAXIMIZE",
+        metric_tag=metric.metric_id if metric else "", max_trials=job.max_trial_count,
+        max_parallel_trials=job.parallel_trial_count, max_failed_trials=None,
+        early_stopping=False, resume_from=None, algorithm="ALGORITHM_UNSPECIFIED",
+        params=())
+    trials = []
+    for t in job.trials:
+        out = {"trialId": t.id, "state": TRIAL_STATES.get(t.state.name, jobs.RUNNING),
+               "hyperparameters": {p.parameter_id: _value_text(p.value)
+                                   for p in t.parameters},
+               "allMetrics": [m for m in (_metric(x, spec.metric_tag)
+                                          for x in t.measurements) if m],
+               "isTrialStoppedEarly": False}
+        final = _metric(t.final_measurement, spec.metric_tag) if "final_measurement" in t \
+            else None
+        if final:
+            out["finalMetric"] = final
+        for key, stamp in (("startTime", t.start_time), ("endTime", t.end_time)):
+            if stamp:
+                out[key] = stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+        if t.infeasible_reason:
+            out["errorMessage"] = _one_line(t.infeasible_reason)
+        trials.append(out)
+    return tuning.output_of(trials, spec)
+
+
+def _metric(measurement, tag: str) -> dict | None:
+    for m in measurement.metrics:
+        if m.metric_id == tag:
+            return {"trainingStep": str(measurement.step_count), "objectiveValue": m.value}
+    return None
+
+
+def _value_text(value) -> str:
+    """A trial parameter's protobuf Value as Cloud ML's string."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def _tuning(spec: JobSpec) -> tuning_spec.TuningSpec | None:

@@ -450,6 +450,35 @@ def test_tuning_job_is_created_described_and_cancelled_as_one(api):
         "/v1/" + TUNING_NAME + ":cancel"]
 
 
+def test_tuning_trials_become_cloud_ml_training_output_best_first(api):
+    def trial(n, state, lr, accuracy=None, step="200"):
+        out = {"id": str(n), "state": state, "startTime": "2026-11-23T10:00:00Z",
+               "parameters": [{"parameterId": "learning_rate", "value": lr},
+                              {"parameterId": "batch_size", "value": 64.0}]}
+        if accuracy is not None:
+            out["finalMeasurement"] = {"stepCount": step, "metrics": [
+                {"metricId": "accuracy", "value": accuracy}]}
+            out["measurements"] = [{"stepCount": "100", "metrics": [
+                {"metricId": "accuracy", "value": accuracy / 2}]}]
+        return out
+    job = {"name": TUNING_NAME, "state": "JOB_STATE_RUNNING",
+           "studySpec": {"metrics": [{"metricId": "accuracy", "goal": "MAXIMIZE"}]},
+           "trials": [trial(1, "SUCCEEDED", 0.01, 0.71), trial(2, "SUCCEEDED", 0.1, 0.83),
+                      trial(3, "INFEASIBLE", 0.5), trial(4, "ACTIVE", 0.2)]}
+    api.route("GET", "/v1/" + TUNING_NAME, 200, job)
+    handle = {**HANDLE, "name": TUNING_NAME, "kind": "hyperparameterTuningJob"}
+    output = engine(project=None).status(handle).training_output
+    assert output["isHyperparameterTuningJob"] and output["completedTrialCount"] == "2"
+    assert output["hyperparameterMetricTag"] == "accuracy"
+    assert [(t["trialId"], t["state"]) for t in output["trials"]] == [
+        ("2", "SUCCEEDED"), ("1", "SUCCEEDED"), ("3", "FAILED"), ("4", "RUNNING")]
+    best = output["trials"][0]
+    assert best["finalMetric"] == {"trainingStep": "200", "objectiveValue": 0.83}
+    assert best["hyperparameters"] == {"learning_rate": "0.1", "batch_size": "64"}
+    assert best["allMetrics"] == [{"trainingStep": "100", "objectiveValue": 0.415}]
+    assert best["startTime"] == "2026-11-23T10:00:00Z"
+
+
 def test_cancel(api):
     api.route("POST", JOB_PATH + ":cancel", 200, {})
     assert engine(project=None).cancel(HANDLE) == jobs.CANCELLING
