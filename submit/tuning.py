@@ -373,26 +373,36 @@ class Tuner:
         t.set_user_attr("endTime", _iso(time.time()))
         if trial.stopped_early and reports:
             t.set_user_attr("isTrialStoppedEarly", True)
-            self.study.tell(t, state=states.PRUNED)
+            self._tell(t, state=states.PRUNED)
             outcome = "stopped early"
         elif trial.state == jobs.SUCCEEDED and reports:
             final = reports[-1]
             t.set_user_attr("trainingStep", str(final.step))
-            self.study.tell(t, final.value)
+            self._tell(t, final.value)
             outcome = f"SUCCEEDED {self.spec.metric_tag}={final.value:g} at step {final.step}"
         elif trial.state == jobs.CANCELLED or self._cancel.is_set():
             t.set_user_attr("state", CANCELLED)
-            self.study.tell(t, state=states.FAIL)
+            self._tell(t, state=states.FAIL)
             outcome = "CANCELLED"
         else:
             why = trial.error or (f"it reported no {self.spec.metric_tag!r} metric (report "
                                   "it with cloudml-hypertune, see docs/submit.md)")
             t.set_user_attr("error", why)
-            self.study.tell(t, state=states.FAIL)
+            self._tell(t, state=states.FAIL)
             self.failures += 1
             outcome = f"FAILED: {why}"
         self.terminal.note(f"trial {trial.trial_id} {outcome}")
         self._publish_output()
+
+    def _tell(self, trial, *args, **kwargs) -> None:
+        try:
+            self.study.tell(trial, *args, **kwargs)
+        except RuntimeError as exc:
+            # The grid sampler calls study.stop() after the last grid point, which only
+            # works inside study.optimize; the trial is stored before that (Optuna's
+            # `finally`), and `_more` ends the job when the grid is exhausted.
+            if "Study.stop" not in str(exc):
+                raise
 
     def _trial_changed(self, trial_record: jobs.JobRecord) -> None:
         """A trial's runner changed its record: copy its replicas into the job's."""

@@ -33,7 +33,8 @@ with open(os.path.join(job_dir, "trial.json"), "w") as f:
 with open(os.path.join(os.path.dirname(job_dir), "runs.log"), "a") as f:
     f.write(f"{trial} {args['x']}\n")
 h = hypertune.HyperTune()
-hopeless = trial in os.environ.get("TUNE_HOPELESS_TRIALS", "").split(",")
+hopeless = (trial in os.environ.get("TUNE_HOPELESS_TRIALS", "").split(",")
+            or x < float(os.environ.get("TUNE_HOPELESS_BELOW", "-inf")))
 steps = int(os.environ.get("TUNE_STEPS", "3"))
 for step in range(1, steps + 1):
     value = 0.0 if hopeless else 1.0 - (x - 0.3) ** 2 - 0.1 / step
@@ -285,4 +286,40 @@ def test_a_memory_job_dir_gets_every_trial_and_the_study(capsys, tmp_path, memfs
             "/jobs/tune07/hptuning/objective.png"} <= files
     seen = json.loads(memfs.cat("/jobs/tune07/1/trial.json"))
     assert seen["argv"][-2] == "--job-dir" and seen["argv"][-1].endswith("/job-dir/1")
+    assert_all_dead(record)
+
+
+def test_grid_search_stops_hopeless_parameter_values_early(tmp_path, monkeypatch):
+    """Parameter values below 0 make training hopeless. The grid's order is Optuna's,
+    fixed here by the tuner's seed so that two good values finish first (the median
+    pruner compares with finished trials); every hopeless value is then stopped early,
+    and the job ends when the grid is done."""
+    from submit import plan as plans, spec as specs, tuning
+    from submit.runners.engine import EngineOptions
+    from submit.runners.local import LocalEngine
+    monkeypatch.setenv("TUNE_HOPELESS_BELOW", "0")
+    monkeypatch.setenv("TUNE_STEPS", "40")
+    monkeypatch.setenv("TUNE_SLEEP", "0.05")
+    hp = {"goal": "MAXIMIZE", "hyperparameterMetricTag": "score", "maxTrials": 10,
+          "maxParallelTrials": 1, "enableTrialEarlyStopping": True,
+          "algorithm": "GRID_SEARCH",
+          "params": [{"parameterName": "x", "type": "DISCRETE",
+                      "discreteValues": [-0.6, -0.5, 0.1, 0.2, 0.3, 0.4]}]}
+    spec = specs.resolve("tune08", {"hyperparameters": hp}, job_dir=str(tmp_path / "j"),
+                         module_name="fakejob.task", args=[], staged=False)
+    engine = LocalEngine(EngineOptions(), source_dir=pkg_of(tmp_path))
+    rendered = engine.render(spec, None)
+    record = engine.new_record(spec, None, rendered)
+    state = tuning.Tuner(plans.JobPlan.from_dict(rendered.body), record, seed=4).run()
+    assert state == records.SUCCEEDED
+    trials = record.training_output["trials"]
+    assert len(trials) == 6  # the grid, not maxTrials
+    stopped = {t["hyperparameters"]["x"] for t in trials if t["isTrialStoppedEarly"]}
+    # the median rule: below the median of finished trials at the same step is stopped
+    assert {"-0.6", "-0.5"} <= stopped
+    ran = [t["hyperparameters"]["x"] for t in trials if not t["isTrialStoppedEarly"]]
+    assert ran[0] == "0.3" and not [x for x in ran if x.startswith("-")]
+    for t in trials:
+        if t["isTrialStoppedEarly"]:
+            assert int(t["finalMetric"]["trainingStep"]) < 40
     assert_all_dead(record)
