@@ -323,3 +323,40 @@ def test_grid_search_stops_hopeless_parameter_values_early(tmp_path, monkeypatch
         if t["isTrialStoppedEarly"]:
             assert int(t["finalMetric"]["trainingStep"]) < 40
     assert_all_dead(record)
+
+
+def test_a_killed_launcher_loses_no_finished_trial(tmp_path):
+    """SIGKILL to the supervisor of a tuning job: its trials' replicas die with it, and
+    every trial that had finished is in the study that resumePreviousJobId continues."""
+    env = {**os.environ, "TUNE_STEPS": "4", "TUNE_SLEEP": "0.4"}
+    common = ["--package-path", pkg_of(tmp_path), "--module-name", "fakejob.task"]
+    first = tuning_config(tmp_path, "first.yaml", maxTrials=4, maxParallelTrials=1)
+    out = _cli("tune09", "--config", first, "--job-dir", str(tmp_path / "tune09"),
+               *common, "--async", env=env)
+    assert out.returncode == 0, out.stderr
+    supervisor = records.load("tune09").supervisor_pid
+    try:
+        deadline = time.monotonic() + 120
+        while int(records.load("tune09").training_output.get("completedTrialCount", "0")) \
+                < 1:
+            assert time.monotonic() < deadline, "no trial finished in 120 s"
+            time.sleep(0.2)
+    finally:
+        _kill_group(supervisor)
+    record = records.load("tune09")
+    deadline = time.monotonic() + 30
+    while [r for r in record.replicas if r.pid and pid_alive(r.pid)]:
+        assert time.monotonic() < deadline, "a replica outlived its launcher"
+        time.sleep(0.2)
+    finished = {t["trialId"]: t["hyperparameters"]["x"]
+                for t in record.training_output["trials"] if t["state"] == "SUCCEEDED"}
+    second = tuning_config(tmp_path, "second.yaml", maxTrials=4, maxParallelTrials=2,
+                           resumePreviousJobId="tune09")
+    out = _cli("tune10", "--config", second, "--job-dir", str(tmp_path / "tune10"),
+               *common, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    trials = records.load("tune10").training_output["trials"]
+    assert {t["trialId"]: t["hyperparameters"]["x"] for t in trials
+            if t["trialId"] in finished} == finished
+    ran = (tmp_path / "tune10" / "runs.log").read_text().split()[0::2]
+    assert len(ran) == 4 - len(finished) and not set(ran) & set(finished)
