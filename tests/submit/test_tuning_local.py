@@ -24,14 +24,15 @@ args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and 
 job_dir = sys.argv[sys.argv.index("--job-dir") + 1]
 x = float(args["x"])
 trial = os.environ["CLOUD_ML_TRIAL_ID"]
-os.makedirs(job_dir, exist_ok=True)
-with open(os.path.join(job_dir, "trial.json"), "w") as f:
-    json.dump({"argv": sys.argv[1:], "tf_config": json.loads(os.environ["TF_CONFIG"]),
-               "env": {k: os.environ.get(k) for k in (
-                   "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_TAG", "CLOUD_ML_HP_METRIC_FILE",
-                   "CLOUD_ML_JOB_ID")}}, f)
-with open(os.path.join(os.path.dirname(job_dir), "runs.log"), "a") as f:
-    f.write(f"{trial} {args['x']}\n")
+if "://" not in job_dir:  # a gs:// job dir's trial only reports
+    os.makedirs(job_dir, exist_ok=True)
+    with open(os.path.join(job_dir, "trial.json"), "w") as f:
+        json.dump({"argv": sys.argv[1:], "tf_config": json.loads(os.environ["TF_CONFIG"]),
+                   "env": {k: os.environ.get(k) for k in (
+                       "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_TAG",
+                       "CLOUD_ML_HP_METRIC_FILE", "CLOUD_ML_JOB_ID")}}, f)
+    with open(os.path.join(os.path.dirname(job_dir), "runs.log"), "a") as f:
+        f.write(f"{trial} {args['x']}\n")
 h = hypertune.HyperTune()
 hopeless = (trial in os.environ.get("TUNE_HOPELESS_TRIALS", "").split(",")
             or x < float(os.environ.get("TUNE_HOPELESS_BELOW", "-inf")))
@@ -360,3 +361,19 @@ def test_a_killed_launcher_loses_no_finished_trial(tmp_path):
             if t["trialId"] in finished} == finished
     ran = (tmp_path / "tune10" / "runs.log").read_text().split()[0::2]
     assert len(ran) == 4 - len(finished) and not set(ran) & set(finished)
+
+
+def test_a_gs_job_dir_gets_the_logs_and_the_study(capsys, tmp_path, gcs_emulator):
+    from mljob import storage
+    job_dir = "gs://mljob-test/tuning/tune11"
+    status, _, err = submit_in_process(
+        capsys, "tune11", "--config", tuning_config(tmp_path, maxTrials=2), "--job-dir",
+        job_dir, "--package-path", pkg_of(tmp_path), "--module-name", "fakejob.task")
+    assert status == 0, err
+    assert records.load("tune11").state == records.SUCCEEDED
+    fs, root = storage.filesystem(job_dir)
+    fs.invalidate_cache()
+    files = {os.path.relpath(f, root) for f in fs.find(root)}
+    assert {"hptuning/optuna-journal.log", "hptuning/objective.png",
+            "logs/1/master-replica-0.log", "logs/2/master-replica-0.log",
+            "jobs/tune11.json"} <= files
