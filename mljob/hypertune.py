@@ -16,6 +16,7 @@ tag and under the tags users guess, `accuracy` and `loss`.
 from __future__ import annotations
 
 import collections
+import importlib
 import json
 import math
 import os
@@ -111,16 +112,17 @@ def read_summaries(folder: str, tag: str) -> list[Report]:
     there are none, or TensorBoard (which reads event files without TensorFlow) is not
     installed."""
     try:
-        from tensorboard.backend.event_processing.event_file_loader import \
-            EventFileLoader
-        from tensorboard.util import tensor_util
+        event_file_loader = importlib.import_module(
+            "tensorboard.backend.event_processing.event_file_loader")
+        tensor_util = importlib.import_module("tensorboard.util.tensor_util")
     except ImportError:
         return []
     found: dict[str, list[Report]] = {}
     for root, _, names in sorted(os.walk(folder)):
         for name in sorted(n for n in names if n.startswith("events.out.tfevents.")):
             try:
-                events = list(EventFileLoader(os.path.join(root, name)).Load())
+                events = list(event_file_loader.EventFileLoader(
+                    os.path.join(root, name)).Load())
             except Exception:  # a half-written or foreign file is skipped
                 continue
             for event in events:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import math
 import os
 import shutil
 import signal
@@ -144,7 +145,8 @@ def trial_plan(base: JobPlan, trial_id: str, params: Mapping[str, Any], spec: Tu
         tf_config = {**r.tf_config, "cluster": {k: list(v) for k, v in cluster.items()},
                      "task": {**r.tf_config["task"], "trial": trial_id}}
         replicas.append(dataclasses.replace(
-            r, label=f"{trial_id}/{r.label}", address=remap.get(r.address),
+            r, label=f"{trial_id}/{r.label}",
+            address=remap.get(r.address) if r.address else None,
             command=(*r.command[:3], *args),
             env={**r.env, **env, "TF_CONFIG": _json(tf_config)}, tf_config=tf_config,
             log_file=os.path.join(log_dir, os.path.basename(r.log_file))))
@@ -348,7 +350,8 @@ class Tuner:
             trial.optuna_trial.set_user_attr("allMetrics", [
                 {"trainingStep": str(r.step), "objectiveValue": r.value} for r in reports])
         if (new and self.spec.early_stopping and not trial.stopped_early
-                and trial.thread.is_alive() and trial.optuna_trial.should_prune()):
+                and trial.thread is not None and trial.thread.is_alive()
+                and trial.optuna_trial.should_prune()):
             trial.stopped_early = True
             self.terminal.note(f"trial {trial.trial_id} stopped early at step "
                                f"{new[-1].step}: {self.spec.metric_tag}={new[-1].value:g} "
@@ -521,13 +524,14 @@ def startup_trials(spec: TuningSpec) -> int:
 def distributions(spec: TuningSpec) -> dict:
     from optuna.distributions import (CategoricalDistribution, FloatDistribution,
                                       IntDistribution)
-    out = {}
+    out: dict[str, Any] = {}
     for p in spec.params:
         log_scale = p.scale != "UNIT_LINEAR_SCALE"
-        if p.type == "DOUBLE":
-            out[p.name] = FloatDistribution(float(p.low), float(p.high), log=log_scale)
-        elif p.type == "INTEGER":
-            out[p.name] = IntDistribution(int(p.low), int(p.high), log=log_scale)
+        if p.type in ("DOUBLE", "INTEGER"):
+            low, high = p.bounds
+            out[p.name] = (FloatDistribution(float(low), float(high), log=log_scale)
+                           if p.type == "DOUBLE" else
+                           IntDistribution(int(low), int(high), log=log_scale))
         else:
             out[p.name] = CategoricalDistribution(list(p.values))
     return out
@@ -536,7 +540,7 @@ def distributions(spec: TuningSpec) -> dict:
 def from_optuna(p: Parameter, value):
     """Optuna's value as the trial's: a reverse log scale is the log scale mirrored."""
     if p.scale == "UNIT_REVERSE_LOG_SCALE":
-        value = p.low + p.high - value
+        value = sum(p.bounds) - value
     if p.type == "INTEGER":
         return int(value)
     if p.type == "DOUBLE":
@@ -630,11 +634,11 @@ def write_plot(output: Mapping[str, Any], path: str, spec: TuningSpec) -> str | 
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
-    best, so_far = None, []
+    best, so_far = math.nan, []
     for _, value, stopped in points:
         if not stopped:
             better = max if spec.maximize else min
-            best = value if best is None else better(best, value)
+            best = value if math.isnan(best) else better(best, value)
         so_far.append(best)
     fig, ax = plt.subplots(figsize=(7, 4))
     ran = [(i, v) for i, v, s in points if not s]

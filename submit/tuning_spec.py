@@ -48,6 +48,13 @@ class Parameter:
     values: tuple = ()
     scale: str = "UNIT_LINEAR_SCALE"
 
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """(minValue, maxValue) of a DOUBLE or INTEGER parameter."""
+        if self.low is None or self.high is None:
+            raise ValueError(f"parameter {self.name} is {self.type}, it has no bounds")
+        return self.low, self.high
+
     def flag(self, value) -> str:
         """`--name=value` as a trial's trainer gets it."""
         return f"--{self.name}={format_value(value)}"
@@ -74,7 +81,8 @@ class TuningSpec:
 
     def grid(self) -> dict[str, list]:
         """Every parameter's grid points (GRID_SEARCH has no DOUBLE parameters)."""
-        return {p.name: (list(range(int(p.low), int(p.high) + 1)) if p.type == "INTEGER"
+        return {p.name: (list(range(int(p.bounds[0]), int(p.bounds[1]) + 1))
+                         if p.type == "INTEGER"
                          else list(p.values)) for p in self.params}
 
     def grid_size(self) -> int:
@@ -211,6 +219,7 @@ def _param(raw: Any, i: int) -> Parameter:
         if not _finite(value) or kind == "INTEGER" and not isinstance(value, int):
             wanted = "an integer" if kind == "INTEGER" else "a finite number"
             raise ConfigError(f"{where}.{key} must be {wanted}, not {value!r:.60}")
+    assert low is not None and high is not None  # both checked finite above
     if not low < high:
         raise ConfigError(f"{where}: minValue {low} must be less than maxValue {high}")
     scale = raw.get("scaleType", "UNIT_LINEAR_SCALE")
