@@ -67,9 +67,13 @@ def test_dropout_defaults_follow_the_model():
     assert task._dropout(parse(["--model", "mlp", "--dropout=0.3"])) == 0.3
 
 
-def test_bad_tuning_flag_values_are_usage_errors(capsys):
-    assert task.main(["--hidden_units=0"]) == 2
-    assert task.main(["--dropout=1.5"]) == 2
-    assert task.main(["--batch_size=64.5"]) == 2
-    err = capsys.readouterr().err
-    assert "--hidden_units: 0 is less than 1" in err or "hidden" in err
+@pytest.mark.parametrize("argv,flag", [
+    (["--hidden_units=0"], "--hidden_units"),
+    (["--hidden-units", "many"], "--hidden-units"),
+    (["--dropout=1.5"], "--dropout"),
+    (["--batch_size=64.5"], "--batch_size"),
+])
+def test_bad_tuning_flag_values_are_one_line_usage_errors(capsys, argv, flag):
+    assert task.main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and flag in lines[0], lines
