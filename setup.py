@@ -33,6 +33,8 @@ setup(
         # the cluster engines' SDKs (`--runner kubeflow`, `--runner vertex`)
         "kubeflow": ["kubernetes>=29", "kubeflow-training>=1.8,<2"],
         "vertex": ["google-cloud-aiplatform>=1.60"],
+        # hyperparameter tuning on the local runner: the study and its plot
+        "tuning": ["optuna>=4.0", "matplotlib>=3.8"],
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
@@ -43,6 +45,9 @@ setup(
             "kubernetes>=29",
             "kubeflow-training>=1.8,<2",
             "google-cloud-aiplatform>=1.60",
+            "optuna>=4.0",
+            "cloudml-hypertune>=0.1.0.dev6",  # a trainer that reports with Google's library
+            "kubeflow-katib-api>=0.17",       # Katib's Experiment models check our render
         ],
         "bench": ["matplotlib>=3.8"],
     },

@@ -62,6 +62,8 @@ class JobRecord:
     runner: str = "local"            # or a cluster engine: kubeflow, vertex
     engine: dict[str, Any] = dataclasses.field(default_factory=dict)  # the engine's handle
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Cloud ML's trainingOutput; for a tuning job its trials, best first (submit/tuning.py)
+    training_output: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def done(self) -> bool:

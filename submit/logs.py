@@ -12,7 +12,8 @@ import re
 import sys
 import threading
 import time
-from typing import Callable, Iterator, TextIO
+from typing import TextIO
+from collections.abc import Callable, Iterator
 
 from mljob import contracts
 
@@ -112,23 +113,35 @@ class Terminal:
         self._shown = True
 
 
+def _log_names(log_dir: str) -> list[str]:
+    """`<label>.log` files of log_dir, and `<trial>/<label>.log` of a tuning job's."""
+    names = []
+    for entry in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:
+        sub = os.path.join(log_dir, entry)
+        if os.path.isdir(sub):
+            names += [f"{entry}/{n}" for n in sorted(os.listdir(sub)) if n.endswith(".log")]
+        else:
+            names.append(entry)
+    return names
+
+
 def follow(log_dir: str, *, task_name: str | None = None,
            done: Callable[[], bool], poll: float = 0.3,
            timeout: float | None = None) -> Iterator[str]:
     """Yield lines of every `<label>.log` in log_dir (or just task_name's) as they are
-    written, until done() is true and the files are drained (or timeout passes)."""
+    written, until done() is true and the files are drained (or timeout passes).
+    A tuning job's trials log in subfolders: `3/master-replica-0` is trial 3's chief."""
     offsets: dict[str, int] = {}
     partial: dict[str, str] = {}
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         finished = done()  # read before draining, so lines written before the end show
-        names = sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []
-        for name in names:
+        for name in _log_names(log_dir):
             if not name.endswith(".log") or (task_name and name != f"{task_name}.log"):
                 continue
             path = os.path.join(log_dir, name)
             try:
-                with open(path, "r", encoding="utf-8", errors="replace") as f:
+                with open(path, encoding="utf-8", errors="replace") as f:
                     f.seek(offsets.get(name, 0))
                     chunk = f.read()
                     offsets[name] = f.tell()

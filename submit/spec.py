@@ -21,6 +21,7 @@ import yaml
 
 from mljob import machines, storage
 from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, WORKER  # noqa: F401
+from submit import tuning_spec
 from submit.errors import ConfigError, UsageError
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -344,9 +345,6 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
         check_text(package_path, "--package-path")
     ti = dict(training_input)
     check_training_input(ti)
-    if ti.get("hyperparameters"):
-        raise ConfigError("trainingInput.hyperparameters: hyperparameter tuning is not run "
-                          "by the local runner; remove the key and submit one job per trial")
     for _flag, key, value in (("--worker-count", "workerCount", worker_count),
                               ("--parameter-server-count", "parameterServerCount",
                                parameter_server_count),
@@ -369,6 +367,8 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
     job_dir = _normalise_url(ti.get("jobDir"), "--job-dir")
     if job_dir:
         ti["jobDir"] = job_dir
+    if "hyperparameters" in ti:  # Cloud ML's HyperparameterSpec: submit/tuning_spec.py
+        tuning_spec.parse(ti["hyperparameters"], job_dir=job_dir)
     staging_bucket = _normalise_url(staging_bucket, "--staging-bucket")
     if module_name is not None:
         ti["pythonModule"] = module_name

@@ -27,18 +27,22 @@ def _outputs(logits):
             "classes": tf.argmax(logits, axis=1, output_type=tf.int64, name="classes")}
 
 
-def serving(model_name: str) -> Serving:
-    """The export's signatures for a bundled model; it is built float32 whatever the
-    training precision, so the export does not change with --mixed-precision."""
+def serving(model_name: str, hidden_units: int | None = None) -> Serving:
+    """The export's signatures for a bundled model (of `hidden_units`, None the model's
+    own); it is built float32 whatever the training precision, so the export does not
+    change with --mixed-precision."""
     return Serving(inputs={"image": tf.TensorSpec([None, models.IMAGE_PIXELS], tf.float32)},
                    outputs=_outputs, keyless_signature="predict_images",
-                   model_fn=functools.partial(models.build, model_name))
+                   model_fn=functools.partial(models.build, model_name,
+                                              hidden_units=hidden_units))
 
 
-def export(model_name: str, weights: Sequence[np.ndarray], url: str) -> str:
-    """Write the SavedModel of `model_name` with `weights` (in `get_weights()` order) to
-    URL, replacing any previous export there whole. Returns URL."""
-    spec = serving(model_name)
+def export(model_name: str, weights: Sequence[np.ndarray], url: str, *,
+           hidden_units: int | None = None) -> str:
+    """Write the SavedModel of `model_name` (of `hidden_units`, None the default) with
+    `weights` (in `get_weights()` order) to URL, replacing any previous export there
+    whole. Returns URL."""
+    spec = serving(model_name, hidden_units)
     return export_lib.export(spec.model_fn, weights, url, spec)
 
 

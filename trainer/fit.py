@@ -43,12 +43,16 @@ def run(args, config: training.RunConfig, info, stop=None) -> int:
         return (f"model={args.model} mixed_precision={args.mixed_precision} "
                 f"data={load().source!r}")
 
+    # The original samples' models: dropout 0.4 in the CNN, none in the MLP.
+    dropout = args.dropout if args.dropout is not None else (
+        0.4 if args.model == "cnn" else 0.0)
     return training.fit(
-        functools.partial(model_lib.build, args.model, dropout=args.dropout,
-                          seed=args.seed, precision=args.mixed_precision),
+        functools.partial(model_lib.build, args.model, dropout=dropout, seed=args.seed,
+                          precision=args.mixed_precision, hidden_units=args.hidden_units),
         train_dataset_fn, eval_dataset_fn=eval_dataset_fn, loss=cross_entropy,
         optimizer=lambda: keras.optimizers.Adam(args.learning_rate),
-        metrics=["accuracy"], serving=export_lib.serving(args.model), describe=describe,
+        metrics=["accuracy"], serving=export_lib.serving(args.model, args.hidden_units),
+        describe=describe,
         config=config, info=info, stop=stop)
 
 

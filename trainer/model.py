@@ -23,11 +23,14 @@ NUM_CLASSES = 10
 
 
 def build(name: str, *, dropout: float = 0.4, seed: int | None = None,
-          precision: str = "off") -> keras.Model:
+          precision: str = "off", hidden_units: int | None = None) -> keras.Model:
     """A fresh, built model: float32 [B, 784] -> float32 logits [B, 10].
 
     seed makes the initial weights and the dropout masks reproducible; each layer gets
     its own derived seed so the two conv layers do not start from the same kernel.
+    hidden_units is the width of the fully connected hidden layer (None: the original
+    samples' 1024 for the CNN, 100 for the MLP); the MLP gets a dropout layer only when
+    dropout is above 0, so its default stays the original samples' model.
     precision (one of PRECISIONS) is given to the layers as their dtype policy rather
     than set globally, so it cannot leak into other models of the process (the export's
     fresh float32 model). The logits layer stays float32 either way: the softmax
@@ -46,13 +49,13 @@ def build(name: str, *, dropout: float = 0.4, seed: int | None = None,
     dtype = None if precision == "off" else precision  # None: Keras's float32 default
     image = keras.Input(shape=(IMAGE_PIXELS,), dtype="float32", name="image")
     if name == "cnn":
-        logits = _cnn(image, dropout, seeds, dtype)
+        logits = _cnn(image, dropout, seeds, dtype, hidden_units or 1024)
     else:
-        logits = _mlp(image, seeds, dtype)
+        logits = _mlp(image, seeds, dtype, hidden_units or 100, dropout)
     return keras.Model(inputs=image, outputs=logits, name=name)
 
 
-def _cnn(image, dropout: float, seeds: "_SeedSequence", dtype):
+def _cnn(image, dropout: float, seeds: "_SeedSequence", dtype, units: int):
     """The seeds' convolutional model (TensorFlow's 'Deep MNIST for experts')."""
     x = keras.layers.Reshape((28, 28, 1), name="to_grid", dtype=dtype)(image)
     x = keras.layers.Conv2D(32, 5, padding="same", activation="relu", name="conv1",
@@ -62,17 +65,20 @@ def _cnn(image, dropout: float, seeds: "_SeedSequence", dtype):
                             kernel_initializer=seeds.glorot(), dtype=dtype)(x)
     x = keras.layers.MaxPooling2D(2, name="pool2", dtype=dtype)(x)
     x = keras.layers.Flatten(name="flatten", dtype=dtype)(x)
-    x = keras.layers.Dense(1024, activation="relu", name="dense1",
+    x = keras.layers.Dense(units, activation="relu", name="dense1",
                            kernel_initializer=seeds.glorot(), dtype=dtype)(x)
     x = keras.layers.Dropout(dropout, seed=seeds.next(), name="dropout", dtype=dtype)(x)
     return keras.layers.Dense(NUM_CLASSES, name="logits", dtype="float32",
                               kernel_initializer=seeds.glorot())(x)
 
 
-def _mlp(image, seeds: "_SeedSequence", dtype):
-    """The seeds' MLP: 784 -> 100 sigmoid -> 10."""
-    x = keras.layers.Dense(100, activation="sigmoid", name="hidden",
+def _mlp(image, seeds: "_SeedSequence", dtype, units: int, dropout: float):
+    """The seeds' MLP: 784 -> 100 sigmoid -> 10 (units and dropout tunable)."""
+    x = keras.layers.Dense(units, activation="sigmoid", name="hidden",
                            kernel_initializer=seeds.glorot(), dtype=dtype)(image)
+    if dropout > 0:
+        x = keras.layers.Dropout(dropout, seed=seeds.next(), name="dropout",
+                                 dtype=dtype)(x)
     return keras.layers.Dense(NUM_CLASSES, name="logits", dtype="float32",
                               kernel_initializer=seeds.glorot())(x)
 

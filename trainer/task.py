@@ -74,7 +74,13 @@ def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        try:  # Vertex AI passes a tuned DISCRETE value as a double: --batch_size=64.0
+            number = float(text)
+        except ValueError:
+            number = None
+        if number is None or not number.is_integer():
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        value = int(number)
     if value < low:
         raise argparse.ArgumentTypeError(f"{value} is less than {low}")
     return value
@@ -99,7 +105,10 @@ _fraction = _float_where(lambda v: 0.0 <= v < 1.0, "in [0, 1)")
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m trainer.task", allow_abbrev=False,
-                description="Train a Fashion-MNIST model as one replica of an mljob job.")
+                description="Train a Fashion-MNIST model as one replica of an mljob job. "
+                "Every --flag-name is also accepted as --flag_name (a tuning job passes "
+                "each parameter as --<parameterName>=<value>).")
+
     add = p.add_argument
     add("--job-dir", help="where checkpoints, summaries and the export go (any fsspec "
         "URL); default jobs/trainer-<UTC time> in the working directory")
@@ -130,7 +139,11 @@ def parser() -> argparse.ArgumentParser:
     add("--log-every", type=_positive, default=100)
     add("--seed", type=_non_negative, default=None,
         help="seed for the initial weights and the shuffling")
-    add("--dropout", type=_fraction, default=0.4, help="dropout rate of the CNN")
+    add("--dropout", type=_fraction, default=None,
+        help="dropout rate before the logits (default 0.4 for the CNN, 0 for the MLP)")
+    add("--hidden-units", type=_positive, default=None,
+        help="width of the fully connected hidden layer (default 1024 for the CNN, "
+        "100 for the MLP)")
     add("--mixed-precision", choices=PRECISIONS, default="off",
         help="off (default) or mixed_bfloat16: compute in bfloat16, keep float32 "
         "variables, checkpoints and export (faster CNN on CPUs with AMX/AVX512-BF16)")

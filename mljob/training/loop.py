@@ -36,7 +36,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mljob import storage
+from mljob import hypertune, storage
 from mljob.cluster import ClusterInfo
 from mljob.errors import EXIT_OK
 from mljob.training.checkpoints import CheckpointStore
@@ -462,6 +462,7 @@ class _Loop:
         self.progress.eval(step, loss, metrics)
         self.writers.eval(step, loss=loss, **metrics)
         self.writers.sync()
+        hypertune.report_evaluation(step, loss=loss, metrics=metrics)  # tuning trials
 
 
 __all__ = ["InputContext", "Replica", "run", "make_optimizer"]

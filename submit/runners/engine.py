@@ -98,6 +98,7 @@ class EngineStatus:
     state: str
     message: str | None = None
     replicas: tuple[ReplicaStatus, ...] = ()
+    training_output: Mapping[str, Any] | None = None  # a tuning job's trials (Cloud ML's)
 
 
 class Runner(abc.ABC):
@@ -208,6 +209,8 @@ class Runner(abc.ABC):
             record.set_state(status.state, status.message)
         elif status.message:
             record.error_message = status.message
+        if status.training_output is not None:
+            record.training_output = dict(status.training_output)
         if status.replicas:
             record.replicas = [records.ReplicaRecord(r.label, state=r.state,
                                                      exit_code=r.exit_code,

@@ -5,6 +5,17 @@ What the TFJob holds, and why, is `submit.runners.kubeflow_render` (pure: no clu
 calls). This module is the engine: it checks what only a cluster needs (a gs:// job dir:
 pods cannot see this machine's files or memory://), and creates, follows, reads the logs
 of and deletes the TFJob through the kubernetes client.
+
+A tuning job (`trainingInput.hyperparameters`) is a Katib Experiment
+(kubeflow.org/v1beta1) whose trial template is that TFJob, each trial's parameters
+appended to the args as `--<name>=${trialParameters.<name>}` and its job dir
+`<job-dir>/<trial name>`. Its metrics collector is Katib's File collector in JSON
+format on the cloudml-hypertune file the trainer writes (CLOUD_ML_HP_METRIC_FILE, set
+in the template): Katib's default stdout collector would misread the progress lines
+(`examples/s=` becomes a metric `s`; training and eval `accuracy` share a name).
+ALGORITHM_UNSPECIFIED is Katib's `tpe` (the local runner's sampler), early stopping its
+`medianstop`; the reverse log scale and resumePreviousJobId have no Katib equivalent
+and are refused.
 """
 from __future__ import annotations
 
@@ -25,6 +36,7 @@ from mljob import contracts
 from submit import jobs as records
 from submit import logs as logfmt
 from submit import spec as specs
+from submit import tuning_spec
 from submit.errors import SubmitError, UsageError
 from submit.package import Package
 from submit.runners import kubeflow_render
@@ -40,6 +52,15 @@ POLL_S = 2.0
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 TYPE_LABEL, INDEX_LABEL = "training.kubeflow.org/replica-type", \
     "training.kubeflow.org/replica-index"
+
+KATIB_VERSION, EXPERIMENTS = "v1beta1", "experiments"
+EXPERIMENT = "Experiment"  # the handle's kind for a tuning job (else a TFJob)
+# Where a trial's container writes its cloudml-hypertune metrics for Katib's collector.
+KATIB_METRICS_FILE = "/var/log/katib/hypertune/output.metrics"
+KATIB_ALGORITHMS = {"ALGORITHM_UNSPECIFIED": "tpe", "RANDOM_SEARCH": "random",
+                    "GRID_SEARCH": "grid"}
+KATIB_TYPES = {"DOUBLE": "double", "INTEGER": "int", "CATEGORICAL": "categorical",
+               "DISCRETE": "discrete"}
 
 STATES = {"Created": records.QUEUED, "Suspended": records.QUEUED,
           "Running": records.RUNNING, "Restarting": records.RUNNING,
@@ -69,6 +90,17 @@ class KubeflowEngine(ClusterEngine):
                              f"{spec.job_dir or 'a job dir on this machine'}")
         tfjob_name(spec.job_id)
         kubeflow_render.check_labels(spec)
+        tuning = _tuning(spec)
+        if tuning is not None:
+            if tuning.resume_from:
+                raise UsageError("trainingInput.hyperparameters.resumePreviousJobId: a "
+                                 "Katib Experiment cannot continue an earlier job's study; "
+                                 "drop it (or tune with the local runner)")
+            reverse = [p.name for p in tuning.params if p.scale == "UNIT_REVERSE_LOG_SCALE"]
+            if reverse:
+                raise UsageError(f"parameter {reverse[0]!r}: Katib has no "
+                                 "UNIT_REVERSE_LOG_SCALE; use UNIT_LOG_SCALE or "
+                                 "UNIT_LINEAR_SCALE with --runner kubeflow")
         if self.options.namespace is not None and not DNS_LABEL.fullmatch(
                 self.options.namespace):
             raise UsageError(f"--namespace {self.options.namespace!r} is not a Kubernetes "
@@ -80,11 +112,15 @@ class KubeflowEngine(ClusterEngine):
         body = kubeflow_render.tfjob(spec, package, name=name, namespace=namespace,
                                      image=image,
                                      service_account=self.options.service_account)
-        return Rendered(body=body, text=kubeflow_render.dry_run_text(spec, package, body,
-                                                                     image),
-                        handle={"name": name, "namespace": namespace,
-                                "context": self.options.context,
-                                "image_given": self.options.image is not None})
+        handle = {"name": name, "namespace": namespace, "context": self.options.context,
+                  "image_given": self.options.image is not None}
+        kind = "TFJob"
+        tuning = _tuning(spec)
+        if tuning is not None:
+            body, kind = experiment(body, tuning, spec.job_dir), EXPERIMENT
+            handle["kind"] = EXPERIMENT
+        return Rendered(body=body, handle=handle, text=kubeflow_render.dry_run_text(
+            spec, package, body, image, kind=kind))
 
     def _namespace(self) -> str:
         if self.options.namespace:
@@ -132,9 +168,10 @@ class KubeflowEngine(ClusterEngine):
         handle = dict(rendered.handle)
         handle.pop("image_given", None)
         api = kubernetes.client.CustomObjectsApi(self._client(handle))
-        with _api_errors(handle, "create the TFJob"):
+        version, plural = _resource(handle)
+        with _api_errors(handle, f"create the {handle.get('kind', 'TFJob')}"):
             created = api.create_namespaced_custom_object(
-                GROUP, VERSION, handle["namespace"], PLURAL, dict(rendered.body),
+                GROUP, version, handle["namespace"], plural, dict(rendered.body),
                 _request_timeout=TIMEOUT_S)
         handle["uid"] = (created.get("metadata") or {}).get("uid")
         if not handle.get("context"):
@@ -149,12 +186,14 @@ class KubeflowEngine(ClusterEngine):
         client = self._client(handle)
         api = kubernetes.client.CustomObjectsApi(client)
         try:
-            with _api_errors(handle, "read the TFJob"):
+            version, plural = _resource(handle)
+            with _api_errors(handle, f"read the {handle.get('kind', 'TFJob')}"):
                 job = api.get_namespaced_custom_object(
-                    GROUP, VERSION, handle["namespace"], PLURAL, handle["name"],
+                    GROUP, version, handle["namespace"], plural, handle["name"],
                     _request_timeout=TIMEOUT_S)
         except _Gone:
-            return EngineStatus(records.CANCELLED, f"the TFJob {handle['name']} is gone "
+            return EngineStatus(records.CANCELLED, f"the {handle.get('kind', 'TFJob')} "
+                                f"{handle['name']} is gone "
                                 f"from namespace {handle['namespace']} (deleted)")
         state, message = records.QUEUED, None
         for condition in (job.get("status") or {}).get("conditions") or []:
@@ -213,14 +252,82 @@ class KubeflowEngine(ClusterEngine):
 
     def cancel(self, handle: Mapping[str, Any]) -> str:
         api = kubernetes.client.CustomObjectsApi(self._client(handle))
-        try:
-            with _api_errors(handle, "delete the TFJob"):
+        version, plural = _resource(handle)
+        try:  # an Experiment's trials and their TFJobs are its children: deleted with it
+            with _api_errors(handle, f"delete the {handle.get('kind', 'TFJob')}"):
                 api.delete_namespaced_custom_object(
-                    GROUP, VERSION, handle["namespace"], PLURAL, handle["name"],
+                    GROUP, version, handle["namespace"], plural, handle["name"],
                     propagation_policy="Foreground", _request_timeout=TIMEOUT_S)
         except _Gone:
             pass  # already deleted: cancelled all the same
         return records.CANCELLED
+
+
+def _resource(handle: Mapping[str, Any]) -> tuple[str, str]:
+    """(API version, plural) of the handle's object: a TFJob or a Katib Experiment."""
+    if handle.get("kind") == EXPERIMENT:
+        return KATIB_VERSION, EXPERIMENTS
+    return VERSION, PLURAL
+
+
+def _tuning(spec: specs.JobSpec) -> tuning_spec.TuningSpec | None:
+    hp = spec.training_input.get("hyperparameters")
+    return None if hp is None else tuning_spec.parse(hp, job_dir=spec.job_dir)
+
+
+def experiment(tfjob: Mapping[str, Any], tuning: tuning_spec.TuningSpec,
+               job_dir: str) -> dict:
+    """The Katib Experiment around a rendered TFJob (see the module docstring)."""
+    trial_job = json.loads(json.dumps(tfjob))
+    metadata = trial_job.pop("metadata")
+    trial_job["metadata"] = {"labels": metadata["labels"]}  # Katib names each trial
+    trial_env = [{"name": contracts.TRIAL_ID_ENV, "value": "${trialSpec.Name}"},
+                 {"name": contracts.HP_METRIC_TAG_ENV, "value": tuning.metric_tag},
+                 {"name": contracts.HP_METRIC_FILE_ENV, "value": KATIB_METRICS_FILE}]
+    flags = [f"--{p.name}=${{trialParameters.{p.name}}}" for p in tuning.params]
+    for replica in trial_job["spec"]["tfReplicaSpecs"].values():
+        container = replica["template"]["spec"]["containers"][0]
+        args = list(container["args"])
+        if len(args) >= 2 and args[-2] == "--job-dir":
+            args = args[:-2]
+        container["args"] = args + flags + ["--job-dir", f"{job_dir}/${{trialSpec.Name}}"]
+        container["env"] = container["env"] + trial_env
+    parameters = []
+    for p in tuning.params:
+        if p.type in ("DOUBLE", "INTEGER"):
+            space = {"min": str(p.low), "max": str(p.high), "distribution":
+                     "logUniform" if p.scale == "UNIT_LOG_SCALE" else "uniform"}
+        else:
+            space = {"list": [str(v) for v in p.values]}
+        parameters.append({"name": p.name, "parameterType": KATIB_TYPES[p.type],
+                           "feasibleSpace": space})
+    spec: dict[str, Any] = {
+        "objective": {"type": "maximize" if tuning.maximize else "minimize",
+                      "objectiveMetricName": tuning.metric_tag},
+        "algorithm": {"algorithmName": KATIB_ALGORITHMS[tuning.algorithm]},
+        "parallelTrialCount": tuning.max_parallel_trials,
+        "maxTrialCount": tuning.max_trials,
+        "parameters": parameters,
+        "metricsCollectorSpec": {
+            "collector": {"kind": "File"},
+            "source": {"fileSystemPath": {"path": KATIB_METRICS_FILE, "kind": "File",
+                                          "format": "JSON"}}},
+        "trialTemplate": {
+            "primaryContainerName": CONTAINER,
+            "primaryPodLabels": {"training.kubeflow.org/job-role": "master"},
+            "successCondition": 'status.conditions.#(type=="Succeeded")#|#(status=="True")#',
+            "failureCondition": 'status.conditions.#(type=="Failed")#|#(status=="True")#',
+            "trialParameters": [{"name": p.name, "reference": p.name,
+                                 "description": f"--{p.name}"} for p in tuning.params],
+            "trialSpec": trial_job}}
+    if tuning.max_failed_trials:
+        spec["maxFailedTrialCount"] = tuning.max_failed_trials
+    if tuning.early_stopping:
+        spec["earlyStopping"] = {"algorithmName": "medianstop", "algorithmSettings": [
+            {"name": "min_trials_required", "value": "2"}]}
+    body = {"apiVersion": f"{GROUP}/{KATIB_VERSION}", "kind": EXPERIMENT,
+            "metadata": metadata, "spec": spec}
+    return json.loads(json.dumps(body))  # no shared objects: YAML would alias them
 
 
 class _Gone(SubmitError):
@@ -246,12 +353,16 @@ class _api_errors:
                 if "namespace" in reason.lower():
                     raise UsageError(f"{where} does not exist; create it (kubectl create "
                                      "namespace ...) or pass another --namespace") from None
+                if self.handle.get("kind") == EXPERIMENT:
+                    raise SubmitError(f"the cluster has no Experiment resource ({GROUP}/"
+                                      f"{KATIB_VERSION}); install Katib") from None
                 raise SubmitError(f"the cluster has no TFJob resource ({GROUP}/{VERSION}); "
                                   "install the Kubeflow Training Operator") from None
             if exc.status == 404:
                 raise _Gone(reason) from None
             if exc.status == 409:
-                raise SubmitError(f"a TFJob named {self.handle['name']} already exists in "
+                raise SubmitError(f"a {self.handle.get('kind', 'TFJob')} named "
+                                  f"{self.handle['name']} already exists in "
                                   f"{where}; cancel it or pick another job id") from None
             if exc.status in (401, 403):
                 raise SubmitError(f"cannot {self.doing} in {where}: {reason}; check your "

@@ -174,10 +174,12 @@ def tfjob(spec: specs.JobSpec, package: Package, *, name: str, namespace: str, i
                  "tfReplicaSpecs": replica_specs}}
 
 
-def dry_run_text(spec: specs.JobSpec, package: Package, body: dict, image: str) -> str:
-    """The TFJob as YAML, under a header holding the image's Dockerfile."""
+def dry_run_text(spec: specs.JobSpec, package: Package, body: dict, image: str,
+                 kind: str = "TFJob") -> str:
+    """The TFJob (or a tuning job's Experiment) as YAML, under a header holding the
+    image's Dockerfile."""
     docker = dockerfile(package, gpu=spec.gpus_needed > 0)
-    header = ["# TFJob for mljob job " + spec.job_id + "; apply it with "
+    header = [f"# {kind} for mljob job " + spec.job_id + "; apply it with "
               "`kubectl apply -f -` or submit without --dry-run.",
               f"# Every replica runs --image {image}, built from the staged "
               f"package {package.file_name} with this Dockerfile:", "#"]

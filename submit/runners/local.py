@@ -395,6 +395,9 @@ class LocalEngine(Runner):
 
     def check(self, spec: JobSpec) -> None:
         super().check(spec)
+        if "hyperparameters" in spec.training_input:
+            from submit import tuning
+            tuning.check_installed()
         if spec.gpus_needed:
             check_gpus(spec, local_gpu_count())
 
@@ -519,7 +522,11 @@ def run(plan: JobPlan, record: jobs.JobRecord, echo, *, stream: bool) -> int:
         record.adopt_supervisor()
         jobs.save(record)
         terminal = logs.Terminal(sys.stdout, stream=stream)
-        state = LocalRunner(plan, record, publish=jobs.save, terminal=terminal).run()
+        if "hyperparameters" in plan.training_input:  # a tuning job: trials of this plan
+            from submit import tuning
+            state = tuning.Tuner(plan, record, terminal=terminal).run()
+        else:
+            state = LocalRunner(plan, record, publish=jobs.save, terminal=terminal).run()
     finally:
         lock.close()
     echo(f"Job [{plan.job_id}] {state}.")

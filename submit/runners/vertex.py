@@ -30,7 +30,7 @@ from google.cloud import aiplatform_v1
 from google.protobuf import json_format
 
 from mljob import contracts, machines
-from submit import jobs, spec as specs
+from submit import jobs, spec as specs, tuning_spec
 from submit.errors import UsageError
 from submit.package import Package
 from submit.runners import vertex_logs
@@ -46,6 +46,7 @@ DEFAULT_REGION = "us-central1"
 # The job id as submitted. Not CLOUD_ML_JOB_ID: Vertex sets that one itself, to the
 # CustomJob's numeric id, and its own tools (the TensorBoard profiler) read it.
 JOB_ID_ENV = contracts.MLJOB_JOB_ID_ENV
+TUNING_KIND = "hyperparameterTuningJob"  # the handle's kind when it is one, else CustomJob
 # The newest TensorFlow prebuilt training images Vertex lists (TF 2.17, Python 3.10).
 IMAGE = "{registry}-docker.pkg.dev/vertex-ai/training/tf-{kind}.2-17.py310:latest"
 REGISTRIES = {"europe": "europe", "asia": "asia", "australia": "asia"}  # else "us"
@@ -111,6 +112,11 @@ class VertexEngine(ClusterEngine):
             raise UsageError(f"{len(spec.labels)} labels are too many for Vertex AI, which "
                              f"takes {specs.MAX_LABELS} and mljob sets {len(OWN_LABELS)}; "
                              f"give at most {room}")
+        tuning = _tuning(spec)
+        if tuning is not None and tuning.resume_from:
+            raise UsageError("trainingInput.hyperparameters.resumePreviousJobId: a Vertex "
+                             "AI HyperparameterTuningJob cannot continue an earlier study; "
+                             "drop it (or tune with the local runner)")
 
     def render(self, spec: JobSpec, package: Package) -> Rendered:
         project, region = self._location(spec)
@@ -137,13 +143,24 @@ class VertexEngine(ClusterEngine):
             scheduling.max_wait_duration = _duration(spec.max_wait_time)
         if scheduling != aiplatform_v1.Scheduling():
             job_spec.scheduling = scheduling
-        request = aiplatform_v1.CreateCustomJobRequest(
-            parent=parent, custom_job=aiplatform_v1.CustomJob(
-                display_name=spec.job_id, job_spec=job_spec,
-                labels=_labels(spec, package)))
-        text = _to_json(request)
         handle = {"project": project, "region": region, "parent": parent,
                   "display_name": spec.job_id}
+        tuning = _tuning(spec)
+        if tuning is not None:  # each trial is today's CustomJob, its parameters as flags
+            request = aiplatform_v1.CreateHyperparameterTuningJobRequest(
+                parent=parent, hyperparameter_tuning_job=aiplatform_v1.HyperparameterTuningJob(
+                    display_name=spec.job_id, study_spec=study_spec(tuning),
+                    max_trial_count=tuning.max_trials,
+                    parallel_trial_count=tuning.max_parallel_trials,
+                    max_failed_trial_count=tuning.max_failed_trials or 0,
+                    trial_job_spec=job_spec, labels=_labels(spec, package)))
+            handle["kind"] = TUNING_KIND
+        else:
+            request = aiplatform_v1.CreateCustomJobRequest(
+                parent=parent, custom_job=aiplatform_v1.CustomJob(
+                    display_name=spec.job_id, job_spec=job_spec,
+                    labels=_labels(spec, package)))
+        text = _to_json(request)
         return Rendered(body=json.loads(text), text=text, handle=handle)
 
     def _location(self, spec: JobSpec) -> tuple[str, str]:
@@ -165,28 +182,41 @@ class VertexEngine(ClusterEngine):
 
     def create(self, rendered: Rendered) -> Mapping[str, Any]:
         handle = dict(rendered.handle)
-        request = aiplatform_v1.CreateCustomJobRequest.from_json(rendered.text)
         with api_errors(f"create job {handle['display_name']}", handle):
-            job = _job_client(handle["region"]).create_custom_job(
-                request=request, timeout=CALL_TIMEOUT_S)
+            client = _job_client(handle["region"])
+            if handle.get("kind") == TUNING_KIND:
+                job = client.create_hyperparameter_tuning_job(
+                    request=aiplatform_v1.CreateHyperparameterTuningJobRequest.from_json(
+                        rendered.text), timeout=CALL_TIMEOUT_S)
+            else:
+                job = client.create_custom_job(
+                    request=aiplatform_v1.CreateCustomJobRequest.from_json(rendered.text),
+                    timeout=CALL_TIMEOUT_S)
         handle["name"] = job.name
         handle["id"] = job.name.rsplit("/", 1)[-1]
         return handle
 
     def status(self, handle: Mapping[str, Any]) -> EngineStatus:
         with api_errors(f"describe job {handle.get('display_name')}", handle):
-            job = _job_client(handle["region"]).get_custom_job(
-                name=handle["name"], timeout=CALL_TIMEOUT_S)
+            client = _job_client(handle["region"])
+            get = (client.get_hyperparameter_tuning_job if handle.get("kind") == TUNING_KIND
+                   else client.get_custom_job)
+            job = get(name=handle["name"], timeout=CALL_TIMEOUT_S)
         state_name = getattr(job.state, "name", str(job.state))  # an int if unknown
         state, message = STATES.get(state_name, (jobs.RUNNING, None))
         if state == jobs.FAILED and job.error.message:
             message = one_line(job.error.message)
-        return EngineStatus(state=state, message=message)
+        output = None
+        if handle.get("kind") == TUNING_KIND:
+            output = training_output(job)
+        return EngineStatus(state=state, message=message, training_output=output)
 
     def cancel(self, handle: Mapping[str, Any]) -> str:
         with api_errors(f"cancel job {handle.get('display_name')}", handle):
-            _job_client(handle["region"]).cancel_custom_job(
-                name=handle["name"], timeout=CALL_TIMEOUT_S)
+            client = _job_client(handle["region"])
+            cancel = (client.cancel_hyperparameter_tuning_job
+                      if handle.get("kind") == TUNING_KIND else client.cancel_custom_job)
+            cancel(name=handle["name"], timeout=CALL_TIMEOUT_S)
         return jobs.CANCELLING
 
     def logs(self, handle: Mapping[str, Any], *, task_name: str | None = None,
@@ -208,6 +238,93 @@ def _pool(spec: JobSpec, group: specs.ReplicaGroup, package: Package, image: str
             python_module=spec.module_name,
             args=list(spec.trainer_args),
             env=[aiplatform_v1.EnvVar(name=JOB_ID_ENV, value=spec.job_id)]))
+
+
+TRIAL_STATES = {"SUCCEEDED": jobs.SUCCEEDED, "INFEASIBLE": jobs.FAILED,
+                "ACTIVE": jobs.RUNNING, "REQUESTED": jobs.QUEUED,
+                "STOPPING": jobs.CANCELLING}
+
+
+def training_output(job: aiplatform_v1.HyperparameterTuningJob) -> dict:
+    """Vertex AI's trials as Cloud ML's trainingOutput, best first."""
+    from submit import tuning
+    metric = job.study_spec.metrics[0] if job.study_spec.metrics else None
+    spec = tuning_spec.TuningSpec(
+        goal="MINIMIZE" if metric and metric.goal.name == "MINIMIZE" else "MAXIMIZE",
+        metric_tag=metric.metric_id if metric else "", max_trials=job.max_trial_count,
+        max_parallel_trials=job.parallel_trial_count, max_failed_trials=None,
+        early_stopping=False, resume_from=None, algorithm="ALGORITHM_UNSPECIFIED",
+        params=())
+    trials = []
+    for t in job.trials:
+        out = {"trialId": t.id, "state": TRIAL_STATES.get(t.state.name, jobs.RUNNING),
+               "hyperparameters": {p.parameter_id: _value_text(p.value)
+                                   for p in t.parameters},
+               "allMetrics": [m for m in (_metric(x, spec.metric_tag)
+                                          for x in t.measurements) if m],
+               "isTrialStoppedEarly": False}
+        final = _metric(t.final_measurement, spec.metric_tag) if "final_measurement" in t \
+            else None
+        if final:
+            out["finalMetric"] = final
+        for key, stamp in (("startTime", t.start_time), ("endTime", t.end_time)):
+            if stamp:
+                out[key] = stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+        if t.infeasible_reason:
+            out["errorMessage"] = one_line(t.infeasible_reason)
+        trials.append(out)
+    return tuning.output_of(trials, spec)
+
+
+def _metric(measurement, tag: str) -> dict | None:
+    for m in measurement.metrics:
+        if m.metric_id == tag:
+            return {"trainingStep": str(measurement.step_count), "objectiveValue": m.value}
+    return None
+
+
+def _value_text(value) -> str:
+    """A trial parameter's protobuf Value as Cloud ML's string."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _tuning(spec: JobSpec) -> tuning_spec.TuningSpec | None:
+    hp = spec.training_input.get("hyperparameters")
+    return None if hp is None else tuning_spec.parse(hp, job_dir=spec.job_dir)
+
+
+def study_spec(tuning: tuning_spec.TuningSpec) -> aiplatform_v1.StudySpec:
+    """Cloud ML's HyperparameterSpec as Vertex AI's StudySpec: the same metric, goal,
+    parameters, scale types and algorithm; early stopping is Vertex's median rule (the
+    local runner's too)."""
+    study = aiplatform_v1.StudySpec
+    params = []
+    for p in tuning.params:
+        param = study.ParameterSpec(parameter_id=p.name)
+        if p.type == "DOUBLE":
+            param.double_value_spec = study.ParameterSpec.DoubleValueSpec(
+                min_value=float(p.low), max_value=float(p.high))
+        elif p.type == "INTEGER":
+            param.integer_value_spec = study.ParameterSpec.IntegerValueSpec(
+                min_value=int(p.low), max_value=int(p.high))
+        elif p.type == "CATEGORICAL":
+            param.categorical_value_spec = study.ParameterSpec.CategoricalValueSpec(
+                values=list(p.values))
+        else:
+            param.discrete_value_spec = study.ParameterSpec.DiscreteValueSpec(
+                values=[float(v) for v in p.values])
+        if p.type in ("DOUBLE", "INTEGER"):
+            param.scale_type = study.ParameterSpec.ScaleType[p.scale]
+        params.append(param)
+    out = study(metrics=[study.MetricSpec(metric_id=tuning.metric_tag,
+                                          goal=study.MetricSpec.GoalType[tuning.goal])],
+                parameters=params, algorithm=study.Algorithm[tuning.algorithm])
+    if tuning.early_stopping:
+        out.median_automated_stopping_spec = study.MedianAutomatedStoppingSpec(
+            use_elapsed_duration=False)
+    return out
 
 
 def _machine_spec(spec: JobSpec, group: specs.ReplicaGroup) -> aiplatform_v1.MachineSpec:

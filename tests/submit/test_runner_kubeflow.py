@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -518,3 +519,117 @@ def test_the_image_installs_the_users_package_and_mljobs_core(capsys, tmp_path):
     assert ("RUN pip install --no-cache-dir --no-deps /tmp/mljob-packages/trainer-0.0.0"
             ".tar.gz /tmp/mljob-packages/mljob-0.1.0.tar.gz") in docker
     assert "COPY mljob-0.1.0.tar.gz /tmp/mljob-packages/mljob-0.1.0.tar.gz" in docker
+# --- tuning: a Katib Experiment around the TFJob ----------------------------------------
+
+HP = {"goal": "MAXIMIZE", "hyperparameterMetricTag": "accuracy", "maxTrials": 8,
+      "maxParallelTrials": 2, "maxFailedTrials": 3, "enableTrialEarlyStopping": True,
+      "params": [{"parameterName": "learning_rate", "type": "DOUBLE", "minValue": 1e-4,
+                  "maxValue": 0.1, "scaleType": "UNIT_LOG_SCALE"},
+                 {"parameterName": "hidden_units", "type": "INTEGER", "minValue": 16,
+                  "maxValue": 256},
+                 {"parameterName": "batch_size", "type": "DISCRETE",
+                  "discreteValues": [32, 64, 128]}]}
+EXPERIMENTS = r"/apis/kubeflow.org/v1beta1/namespaces/team-a/experiments"
+
+
+def tuning(hp=None, job_id="tune01"):
+    return specs.resolve(job_id, {**CUSTOM, "hyperparameters": hp or HP},
+                         job_dir="gs://mljob-test/jobs/tune01",
+                         staging_bucket="gs://mljob-staging")
+
+
+def test_tuning_renders_a_katib_experiment_matching_golden_and_the_sdk_models():
+    from kubeflow_katib_api.models import V1beta1Experiment
+    rendered = engine(namespace="ml-team").render(tuning(), PACKAGE)
+    path = os.path.join(GOLDEN, "katib_experiment.yaml")
+    if os.environ.get("MLJOB_UPDATE_GOLDEN"):
+        with open(path, "w") as f:
+            f.write(rendered.text)
+    with open(path) as f:
+        assert rendered.text == f.read(), f"rendered Experiment differs from {path}"
+    body = rendered.body
+    assert yaml.safe_load(rendered.text) == body
+    assert not re.search(r"[&*]id[0-9]", rendered.text)  # no YAML anchors or aliases
+    assert V1beta1Experiment.from_dict(body).to_dict() == body  # Katib's own models
+    assert (body["apiVersion"], body["kind"]) == ("kubeflow.org/v1beta1", "Experiment")
+    spec = body["spec"]
+    assert (spec["maxTrialCount"], spec["parallelTrialCount"],
+            spec["maxFailedTrialCount"]) == (8, 2, 3)
+    assert spec["objective"] == {"type": "maximize", "objectiveMetricName": "accuracy"}
+    assert spec["algorithm"] == {"algorithmName": "tpe"}
+    assert spec["earlyStopping"]["algorithmName"] == "medianstop"
+    lr, units, batch = spec["parameters"]
+    assert lr == {"name": "learning_rate", "parameterType": "double", "feasibleSpace": {
+        "min": "0.0001", "max": "0.1", "distribution": "logUniform"}}
+    assert units["parameterType"] == "int" and units["feasibleSpace"]["max"] == "256"
+    assert batch["feasibleSpace"] == {"list": ["32", "64", "128"]}
+    # the trial is today's TFJob (the SDK reads it), each parameter a flag after the
+    # user's args, the job dir per trial, and the hypertune file where Katib reads it
+    template = spec["trialTemplate"]
+    trial = template["trialSpec"]
+    assert sdk_round_trip({**trial, "metadata": {}})["spec"] == trial["spec"]
+    plain = engine(namespace="ml-team").render(resolve("custom_evaluator"), PACKAGE).body
+    assert set(trial["spec"]["tfReplicaSpecs"]) == set(plain["spec"]["tfReplicaSpecs"])
+    container = trial["spec"]["tfReplicaSpecs"]["Master"]["template"]["spec"][
+        "containers"][0]
+    assert container["args"] == CUSTOM["args"] + [
+        "--learning_rate=${trialParameters.learning_rate}",
+        "--hidden_units=${trialParameters.hidden_units}",
+        "--batch_size=${trialParameters.batch_size}",
+        "--job-dir", "gs://mljob-test/jobs/tune01/${trialSpec.Name}"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    collector = spec["metricsCollectorSpec"]
+    assert collector["collector"] == {"kind": "File"}
+    assert collector["source"]["fileSystemPath"] == {
+        "path": env["CLOUD_ML_HP_METRIC_FILE"], "kind": "File", "format": "JSON"}
+    assert env["CLOUD_ML_HP_METRIC_TAG"] == "accuracy"
+    assert env["CLOUD_ML_TRIAL_ID"] == "${trialSpec.Name}"
+    assert [p["reference"] for p in template["trialParameters"]] == [
+        "learning_rate", "hidden_units", "batch_size"]
+
+
+def test_the_trainer_metrics_file_is_what_katib_json_collector_reads(tmp_path):
+    """Katib's File collector in JSON format reads each line as an object whose metric
+    values are strings and whose `timestamp` is a number or RFC 3339 text."""
+    from mljob import hypertune
+    env = {"CLOUD_ML_HP_METRIC_FILE": str(tmp_path / "m"), "CLOUD_ML_TRIAL_ID": "t-1",
+           "CLOUD_ML_HP_METRIC_TAG": "accuracy"}
+    hypertune.report_evaluation(100, loss=0.5, metrics={"accuracy": 0.8}, environ=env)
+    (line,) = [json.loads(x) for x in open(tmp_path / "m")]
+    assert line["accuracy"] == "0.8" and line["loss"] == "0.5"
+    assert isinstance(line["timestamp"], float)
+    assert not [k for k in line if k.endswith("/s")]  # no progress-line fields
+
+
+@pytest.mark.parametrize("change,expected", [
+    ({"resumePreviousJobId": "tune00"}, "cannot continue an earlier job's study"),
+    ({"params": [{"parameterName": "momentum", "type": "DOUBLE", "minValue": 0.5,
+                  "maxValue": 0.99, "scaleType": "UNIT_REVERSE_LOG_SCALE"}]},
+     "Katib has no UNIT_REVERSE_LOG_SCALE"),
+])
+def test_tuning_katib_cannot_run_is_refused(change, expected):
+    with pytest.raises(UsageError, match=expected):
+        engine().check(tuning({**HP, **change}))
+
+
+def test_experiment_is_created_read_and_deleted(api):
+    eng = kubeflow.KubeflowEngine(EngineOptions(image=IMAGE))
+    rendered = eng.render(tuning(), PACKAGE)
+    api.route("POST", EXPERIMENTS, 201, lambda req: {**req.json(), "metadata": {
+        **req.json()["metadata"], "uid": "u-9"}})
+    handle = eng.create(rendered)
+    assert handle["kind"] == "Experiment" and handle["uid"] == "u-9"
+    assert api.requests[0].json() == rendered.body
+    api.route("GET", EXPERIMENTS + "/tune01", 200, {
+        "apiVersion": "kubeflow.org/v1beta1", "kind": "Experiment",
+        "metadata": {"name": "tune01"},
+        "status": {"conditions": [{"type": "Running", "status": "True"}]}})
+    api.route("GET", PODS, 200, {"kind": "PodList", "items": []})
+    assert eng.status(handle).state == records.RUNNING
+    api.route("DELETE", EXPERIMENTS + "/tune01", 200, {"kind": "Status"})
+    assert eng.cancel(handle) == records.CANCELLED
+    assert api.requests[-1].method == "DELETE"
+    api.route("POST", EXPERIMENTS, 404, {"message": "the server could not find the "
+                                                    "requested resource"})
+    with pytest.raises(SubmitError, match="no Experiment resource .* install Katib"):
+        eng.create(rendered)

@@ -40,6 +40,17 @@ CUSTOM = {"scaleTier": "CUSTOM", "masterType": "standard", "workerType": "comple
           "workerCount": 2, "parameterServerCount": 1, "evaluatorCount": 1,
           "workerConfig": {"acceleratorConfig": {"count": 2, "type": "NVIDIA_TESLA_T4"}},
           "masterConfig": {"restartPolicy": "OnFailure", "maxRestarts": 3}}
+HP = {"goal": "MAXIMIZE", "hyperparameterMetricTag": "accuracy", "maxTrials": 8,
+      "maxParallelTrials": 2, "maxFailedTrials": 3, "enableTrialEarlyStopping": True,
+      "params": [{"parameterName": "learning_rate", "type": "DOUBLE", "minValue": 1e-4,
+                  "maxValue": 0.1, "scaleType": "UNIT_LOG_SCALE"},
+                 {"parameterName": "hidden_units", "type": "INTEGER", "minValue": 16,
+                  "maxValue": 256, "scaleType": "UNIT_REVERSE_LOG_SCALE"},
+                 {"parameterName": "model", "type": "CATEGORICAL",
+                  "categoricalValues": ["cnn", "mlp"]},
+                 {"parameterName": "batch_size", "type": "DISCRETE",
+                  "discreteValues": [32, 64, 128]}]}
+TUNING = {**CUSTOM, "hyperparameters": HP}
 PARENT = "projects/mljob-test/locations/us-central1"
 NAME = "projects/123456789/locations/us-central1/customJobs/7200000000000000001"
 JOB_PATH = "/v1/" + NAME
@@ -81,6 +92,7 @@ def pools(rendered) -> list[dict]:
 @pytest.mark.parametrize("golden, training_input, flags", [
     ("vertex_standard_1", {}, {"scale_tier": "STANDARD_1"}),
     ("vertex_custom_evaluator", CUSTOM, {}),
+    ("vertex_tuning", TUNING, {}),
 ])
 def test_rendered_job_matches_golden_file(golden, training_input, flags):
     text = render(training_input, **flags).text + "\n"
@@ -91,6 +103,42 @@ def test_rendered_job_matches_golden_file(golden, training_input, flags):
             f.write(text)
     with open(path) as f:
         assert text == f.read(), f"rendered job differs from {path}; see the docstring"
+
+
+def test_tuning_job_is_a_hyperparameter_tuning_job_around_the_custom_job():
+    rendered = render(TUNING)
+    request = aiplatform_v1.CreateHyperparameterTuningJobRequest.from_json(rendered.text)
+    job = request.hyperparameter_tuning_job
+    assert (job.max_trial_count, job.parallel_trial_count, job.max_failed_trial_count) == \
+        (8, 2, 3)
+    study = job.study_spec
+    assert [(m.metric_id, m.goal.name) for m in study.metrics] == [("accuracy", "MAXIMIZE")]
+    assert study.algorithm.name == "ALGORITHM_UNSPECIFIED"
+    lr, units, model, batch = study.parameters
+    assert (lr.parameter_id, lr.double_value_spec.min_value, lr.scale_type.name) == \
+        ("learning_rate", 1e-4, "UNIT_LOG_SCALE")
+    assert (units.integer_value_spec.max_value, units.scale_type.name) == \
+        (256, "UNIT_REVERSE_LOG_SCALE")
+    assert list(model.categorical_value_spec.values) == ["cnn", "mlp"]
+    assert list(batch.discrete_value_spec.values) == [32.0, 64.0, 128.0]
+    assert rendered.body["hyperparameterTuningJob"]["studySpec"][
+        "medianAutomatedStoppingSpec"] == {}  # set: Vertex's median stopping rule
+    # the trial job is exactly the CustomJob the same config renders without tuning
+    plain = aiplatform_v1.CreateCustomJobRequest.from_json(render(CUSTOM).text)
+    assert job.trial_job_spec == plain.custom_job.job_spec
+    assert rendered.handle["kind"] == "hyperparameterTuningJob"
+    without = render({**CUSTOM, "hyperparameters": {**HP, "maxFailedTrials": None,
+                                                    "enableTrialEarlyStopping": False,
+                                                    "algorithm": "RANDOM_SEARCH"}})
+    study = without.body["hyperparameterTuningJob"]["studySpec"]
+    assert "medianAutomatedStoppingSpec" not in study and study["algorithm"] == \
+        "RANDOM_SEARCH"
+    assert "maxFailedTrialCount" not in without.body["hyperparameterTuningJob"]
+
+
+def test_tuning_resume_is_refused_on_vertex():
+    with pytest.raises(UsageError, match="cannot continue an earlier study; drop it"):
+        render({"hyperparameters": {**HP, "resumePreviousJobId": "tune01"}})
 
 
 def test_registry_loads_the_vertex_engine():
@@ -379,6 +427,57 @@ def test_status_of_a_missing_job(api):
                                           r"project mljob-test region us-central1: 404 "
                                           r"CustomJob not found\.; check --project"):
         engine().status(HANDLE)
+
+
+TUNING_NAME = "projects/123456789/locations/us-central1/hyperparameterTuningJobs/42"
+
+
+def test_tuning_job_is_created_described_and_cancelled_as_one(api):
+    rendered = render(TUNING)
+    api.route("POST", f"/v1/{PARENT}/hyperparameterTuningJobs", 200,
+              {"name": TUNING_NAME, "displayName": "job01", "state": "JOB_STATE_QUEUED"})
+    handle = engine().create(rendered)
+    assert handle["name"] == TUNING_NAME and handle["kind"] == "hyperparameterTuningJob"
+    sent = aiplatform_v1.HyperparameterTuningJob.from_json(api.requests[0].body)
+    assert sent == aiplatform_v1.CreateHyperparameterTuningJobRequest.from_json(
+        rendered.text).hyperparameter_tuning_job
+    api.route("GET", "/v1/" + TUNING_NAME, 200, {"name": TUNING_NAME,
+                                                 "state": "JOB_STATE_RUNNING"})
+    assert engine(project=None).status(handle).state == jobs.RUNNING
+    api.route("POST", "/v1/" + TUNING_NAME + ":cancel", 200, {})
+    assert engine(project=None).cancel(handle) == jobs.CANCELLING
+    assert [r.path for r in api.requests] == [
+        f"/v1/{PARENT}/hyperparameterTuningJobs", "/v1/" + TUNING_NAME,
+        "/v1/" + TUNING_NAME + ":cancel"]
+
+
+def test_tuning_trials_become_cloud_ml_training_output_best_first(api):
+    def trial(n, state, lr, accuracy=None, step="200"):
+        out = {"id": str(n), "state": state, "startTime": "2026-11-23T10:00:00Z",
+               "parameters": [{"parameterId": "learning_rate", "value": lr},
+                              {"parameterId": "batch_size", "value": 64.0}]}
+        if accuracy is not None:
+            out["finalMeasurement"] = {"stepCount": step, "metrics": [
+                {"metricId": "accuracy", "value": accuracy}]}
+            out["measurements"] = [{"stepCount": "100", "metrics": [
+                {"metricId": "accuracy", "value": accuracy / 2}]}]
+        return out
+    job = {"name": TUNING_NAME, "state": "JOB_STATE_RUNNING",
+           "studySpec": {"metrics": [{"metricId": "accuracy", "goal": "MAXIMIZE"}]},
+           "trials": [trial(1, "SUCCEEDED", 0.01, 0.71), trial(2, "SUCCEEDED", 0.1, 0.83),
+                      trial(3, "INFEASIBLE", 0.5), trial(4, "ACTIVE", 0.2)]}
+    api.route("GET", "/v1/" + TUNING_NAME, 200, job)
+    handle = {**HANDLE, "name": TUNING_NAME, "kind": "hyperparameterTuningJob"}
+    output = engine(project=None).status(handle).training_output
+    assert output["isHyperparameterTuningJob"] and output["completedTrialCount"] == "2"
+    assert output["hyperparameterMetricTag"] == "accuracy"
+    assert [(t["trialId"], t["state"]) for t in output["trials"]] == [
+        ("2", "SUCCEEDED"), ("1", "SUCCEEDED"), ("3", "FAILED"), ("4", "RUNNING")]
+    best = output["trials"][0]
+    assert best["finalMetric"] == {"trainingStep": "200", "objectiveValue": 0.83}
+    assert best["hyperparameters"] == {"learning_rate": "0.1", "batch_size": "64"}
+    assert best["allMetrics"] == [{"trainingStep": "100", "objectiveValue": 0.415}]
+    assert best["startTime"] == "2026-11-23T10:00:00Z"
 
 
 def test_cancel(api):

@@ -1,0 +1,660 @@
+"""Hyperparameter tuning on the local runner: trials as whole local jobs, suggested by
+Optuna, the study kept in the job dir.
+
+A tuning job's plan is the plan of one trial's job (what `--dry-run` prints). Each trial
+is that job again, run by a `LocalRunner` of its own, with:
+- its own free ports (a trial of a CUSTOM or STANDARD_1 job is a whole cluster);
+- its own output folder `<job-dir>/<trialId>/` as `--job-dir`, its logs in
+  `<log dir>/<trialId>/` (labels `3/master-replica-0`, which `jobs stream-logs
+  --task-name` takes);
+- each parameter as `--<parameterName>=<value>` after the user's arguments;
+- TF_CONFIG's `task.trial`, and CLOUD_ML_TRIAL_ID, CLOUD_ML_HP_METRIC_TAG and
+  CLOUD_ML_HP_METRIC_FILE (a file of its own under the run folder: parallel trials must
+  not share the library's default `/tmp/hypertune/output.metrics`).
+
+The tuner starts up to `maxParallelTrials` trials at once and reads each trial's metrics
+file as it is written (`mljob.hypertune`). The last report is the trial's objective. A
+trial that wrote no such file but TensorBoard summaries of the metric's tag under its job
+dir is judged by those when it ends, as Cloud ML read them.
+With `enableTrialEarlyStopping`, every report is given to Optuna's median pruner; a
+trial it calls hopeless is stopped as any job is (SIGTERM to each replica, the grace
+period, SIGKILL) and marked `isTrialStoppedEarly`.
+
+Samplers: ALGORITHM_UNSPECIFIED is Optuna's TPE (Bayesian optimisation over any mix of
+DOUBLE, INTEGER, CATEGORICAL and DISCRETE parameters; `constant_liar` keeps parallel
+trials from asking for the same point; Optuna's GP sampler would need PyTorch);
+RANDOM_SEARCH its random sampler; GRID_SEARCH its grid sampler, ending when the grid is
+exhausted. UNIT_REVERSE_LOG_SCALE, which Optuna lacks, is a log scale mirrored onto
+[min, max] (dense near maxValue).
+
+The study is an Optuna journal file, `<job dir>/hptuning/optuna-journal.log` (under the
+run folder for gs:// job dirs, copied to `<job-dir>/hptuning/` when the job ends): every
+finished trial is appended as it ends, so a launcher that dies loses nothing.
+`resumePreviousJobId` starts the study from the earlier job's finished trials (they are
+not run again) and `maxTrials` counts them. `maxFailedTrials` N ends the job FAILED once N
+trials failed; unset (or 0), the job fails only when no trial succeeded.
+
+The record's `trainingOutput` is Cloud ML's (`isHyperparameterTuningJob`, `trials` best
+first, ...), and `objective.png` beside the study plots objective against trial and the
+best so far.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import math
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from mljob import contracts, hypertune, storage
+from mljob.procs import free_ports
+from submit import jobs, logs
+from submit.errors import UsageError
+from submit.mirror import Mirror
+from submit.package import mljob_home
+from submit.plan import JobPlan
+from submit.runners.local import LocalRunner
+from submit.tuning_spec import Parameter, TuningSpec, format_value, parse
+
+log = logging.getLogger(__name__)
+POLL_S = 0.5
+STUDY_NAME = "study"
+JOURNAL = "optuna-journal.log"
+PLOT = "objective.png"
+HP_DIR = "hptuning"
+# Trial states as Cloud ML's trainingOutput shows them.
+SUCCEEDED, FAILED, CANCELLED, RUNNING = "SUCCEEDED", "FAILED", "CANCELLED", "RUNNING"
+
+
+def check_installed() -> None:
+    """Optuna is the `tuning` extra; say how to install it before anything is built."""
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        raise UsageError("hyperparameter tuning needs the Python package 'optuna'; install "
+                         "it with pip install -e '.[tuning]' in mljob's source folder") \
+            from None
+
+
+def hp_dir(plan: JobPlan) -> str:
+    """The local folder of the study and its plot: in the job dir when replicas write it
+    locally (a path, or memory://'s mirrored scratch folder), else the run folder."""
+    local = plan.replica_job_dir
+    if local and storage.is_local(local):
+        return os.path.join(storage.local_path(local), HP_DIR)
+    return os.path.join(plan.run_dir, HP_DIR)
+
+
+def journal_of(record: jobs.JobRecord) -> str:
+    """Where an earlier job's study is (for resumePreviousJobId), fetched when it lives
+    only in its gs:// job dir."""
+    candidates = []
+    if record.job_dir and storage.is_local(record.job_dir):
+        candidates.append(os.path.join(storage.local_path(record.job_dir), HP_DIR, JOURNAL))
+    run_dir = os.path.join(mljob_home(), "runs", record.job_id)
+    candidates += [os.path.join(run_dir, "job-dir", HP_DIR, JOURNAL),
+                   os.path.join(run_dir, HP_DIR, JOURNAL)]
+    for path in candidates:
+        if os.path.exists(path):
+            return path
+    if record.job_dir:
+        url = storage.join(record.job_dir, HP_DIR, JOURNAL)
+        try:
+            data = storage.read_bytes(url)
+        except (FileNotFoundError, storage.StorageError, OSError):
+            data = None
+        if data is not None:
+            path = os.path.join(mljob_home(), "runs", record.job_id, "fetched-" + JOURNAL)
+            storage.write_bytes(path, data)
+            return path
+    raise UsageError(f"resumePreviousJobId {record.job_id!r} has no study to continue "
+                     f"({JOURNAL} is not in its job dir); check the job id")
+
+
+# --- one trial's job ----------------------------------------------------------------------
+
+def trial_plan(base: JobPlan, trial_id: str, params: Mapping[str, Any], spec: TuningSpec,
+               metric_file: str) -> JobPlan:
+    """The base plan as trial `trial_id`: new ports, its own job dir, logs and metrics
+    file, the parameters as flags, and the trial in TF_CONFIG and the environment."""
+    addresses = [a for hosts in base.cluster.values() for a in hosts]
+    fresh = [f"127.0.0.1:{p}" for p in free_ports(len(addresses))] if addresses else []
+    remap = dict(zip(addresses, fresh, strict=True))
+    cluster = {k: tuple(remap[a] for a in v) for k, v in base.cluster.items()}
+    args = list(base.trainer_args)
+    if len(args) >= 2 and args[-2] == "--job-dir":
+        args = args[:-2]
+    args += [p.flag(params[p.name]) for p in spec.params]
+    replica_job_dir = None
+    if base.replica_job_dir:
+        replica_job_dir = (os.path.join(base.replica_job_dir, trial_id)
+                           if storage.is_local(base.replica_job_dir)
+                           else storage.join(base.replica_job_dir, trial_id))
+        args += ["--job-dir", replica_job_dir]
+    log_dir = os.path.join(base.log_dir, trial_id)
+    env = {contracts.TRIAL_ID_ENV: trial_id, contracts.HP_METRIC_TAG_ENV: spec.metric_tag,
+           contracts.HP_METRIC_FILE_ENV: metric_file}
+    replicas = []
+    for r in base.replicas:
+        tf_config = {**r.tf_config, "cluster": {k: list(v) for k, v in cluster.items()},
+                     "task": {**r.tf_config["task"], "trial": trial_id}}
+        replicas.append(dataclasses.replace(
+            r, label=f"{trial_id}/{r.label}",
+            address=remap.get(r.address) if r.address else None,
+            command=(*r.command[:3], *args),
+            env={**r.env, **env, "TF_CONFIG": _json(tf_config)}, tf_config=tf_config,
+            log_file=os.path.join(log_dir, os.path.basename(r.log_file))))
+    return dataclasses.replace(
+        base, job_dir=storage.join(base.job_dir, trial_id) if base.job_dir else None,
+        replica_job_dir=replica_job_dir, run_dir=os.path.dirname(metric_file),
+        log_dir=log_dir, mirrors=(), trainer_args=tuple(args), cluster=cluster,
+        replicas=tuple(replicas))
+
+
+def _json(value) -> str:
+    import json
+    return json.dumps(value, sort_keys=True)
+
+
+@dataclasses.dataclass
+class Trial:
+    """A trial while it runs: Optuna's trial, our id, its runner and thread."""
+
+    optuna_trial: Any
+    trial_id: str
+    params: dict
+    plan: JobPlan
+    runner: LocalRunner
+    metric_file: str
+    thread: threading.Thread | None = None
+    state: str | None = None          # the runner's final state
+    error: str | None = None
+    reported_steps: set = dataclasses.field(default_factory=set)
+    stopped_early: bool = False
+    start_time: float = dataclasses.field(default_factory=time.time)
+
+
+class Tuner:
+    """Runs a tuning job's trials to the end; `run()` returns the job's final state."""
+
+    def __init__(self, plan: JobPlan, record: jobs.JobRecord, *,
+                 terminal: logs.Terminal | None = None, seed: int | None = None,
+                 publish=jobs.save, grace: float | None = None):
+        self.plan = plan
+        self.record = record
+        self.spec = parse(plan.training_input["hyperparameters"], job_dir=plan.job_dir or "")
+        self.terminal = terminal or logs.Terminal(stream=False)
+        self.seed = seed
+        self.publish = publish
+        self.grace = grace
+        self.dir = hp_dir(plan)
+        self.mirrors = [Mirror(local, url) for local, url in plan.mirrors]
+        self.running: list[Trial] = []
+        self.failures = 0
+        self._cancel = threading.Event()
+        self._lock = threading.RLock()
+
+    def cancel(self, *_):
+        self._cancel.set()
+
+    # --- the job ---------------------------------------------------------------------
+
+    def run(self) -> str:
+        previous = self._install_signals()
+        try:
+            self._set(jobs.PREPARING)
+            self.record.replicas = []
+            self._prepare()
+            self.study = self._study()
+            self._publish_output()
+            self._set(jobs.RUNNING)
+            state, error = self._loop()
+            if state == jobs.CANCELLED:
+                self._set(jobs.CANCELLING)
+            return self._finish(state, error)
+        except BaseException as exc:
+            self._stop_trials()
+            if isinstance(exc, KeyboardInterrupt):
+                return self._finish(jobs.CANCELLED, None)
+            self._finish(jobs.FAILED, str(exc) or type(exc).__name__)
+            raise
+        finally:
+            self._stop_trials()
+            self._restore_signals(previous)
+            self.terminal.close()
+
+    def _prepare(self) -> None:
+        for mirror in self.mirrors:
+            shutil.rmtree(mirror.local_dir, ignore_errors=True)
+            mirror.seed()
+        for folder in (self.dir, self.plan.run_dir, self.plan.log_dir):
+            os.makedirs(folder, exist_ok=True)
+
+    def _study(self):
+        import optuna
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage_ = JournalStorage(JournalFileBackend(os.path.join(self.dir, JOURNAL)))
+        study = optuna.create_study(
+            storage=storage_, study_name=STUDY_NAME, load_if_exists=True,
+            direction="maximize" if self.spec.maximize else "minimize",
+            sampler=sampler(self.spec, self.seed), pruner=self._pruner())
+        if self.spec.resume_from and not study.trials:
+            earlier = jobs.load(self.spec.resume_from)
+            old = optuna.load_study(study_name=STUDY_NAME, storage=JournalStorage(
+                JournalFileBackend(journal_of(earlier))))
+            kept = [t for t in old.trials if t.state in (optuna.trial.TrialState.COMPLETE,
+                                                         optuna.trial.TrialState.PRUNED)]
+            for frozen in kept:
+                study.add_trial(frozen)
+            self.terminal.note(f"resuming the study of job {earlier.job_id}: "
+                               f"{len(kept)} finished trial(s) are not run again")
+        return study
+
+    def _pruner(self):
+        import optuna
+        if not self.spec.early_stopping:
+            return optuna.pruners.NopPruner()
+        # Hopeless means worse than the median of earlier trials at the same step, once
+        # two trials have finished to compare with.
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+
+    def _loop(self) -> tuple[str, str | None]:
+        next_mirror = time.monotonic() + 5.0
+        while True:
+            if self._cancel.is_set():
+                return jobs.CANCELLED, None
+            for trial in list(self.running):
+                self._read_reports(trial)
+                if trial.thread is not None and not trial.thread.is_alive():
+                    self._read_reports(trial)
+                    self._end(trial)
+            limit = self.spec.max_failed_trials
+            if limit and self.failures >= limit:
+                return jobs.FAILED, (f"{self.failures} trial(s) failed, the job's "
+                                     f"maxFailedTrials; see the trials' logs in "
+                                     f"{self.plan.log_dir}")
+            while len(self.running) < self.spec.max_parallel_trials and self._more():
+                self._start_trial()
+            if not self.running:
+                done = [t for t in self.study.trials if t.state.name == "COMPLETE"]
+                if not done:
+                    return jobs.FAILED, ("no trial reported its metric "
+                                         f"{self.spec.metric_tag!r} and succeeded; see the "
+                                         f"trials' logs in {self.plan.log_dir}")
+                return jobs.SUCCEEDED, None
+            if time.monotonic() >= next_mirror:
+                self._mirror(final=False)
+                next_mirror = time.monotonic() + 5.0
+            time.sleep(POLL_S)
+
+    def _more(self) -> bool:
+        if self._cancel.is_set() or len(self.study.trials) >= self.spec.max_trials:
+            return False
+        if self.spec.algorithm == "GRID_SEARCH":
+            return not self.study.sampler.is_exhausted(self.study) and \
+                len(self.study.trials) < self.spec.grid_size()
+        return True
+
+    # --- trials ------------------------------------------------------------------------
+
+    def _start_trial(self) -> None:
+        optuna_trial = self.study.ask(distributions(self.spec))
+        trial_id = str(1 + max([int(t.user_attrs.get("trialId", t.number + 1))
+                                for t in self.study.trials if t.number !=
+                                optuna_trial.number] + [0]))
+        params = {p.name: from_optuna(p, optuna_trial.params[p.name])
+                  for p in self.spec.params}
+        optuna_trial.set_user_attr("trialId", trial_id)
+        optuna_trial.set_user_attr("hyperparameters", {k: format_value(v)
+                                                       for k, v in params.items()})
+        optuna_trial.set_user_attr("startTime", _iso(time.time()))
+        metric_file = os.path.join(self.plan.run_dir, "trials", trial_id,
+                                   "output.metrics")
+        if os.path.exists(metric_file):
+            os.remove(metric_file)  # an earlier run of the same job id
+        plan = trial_plan(self.plan, trial_id, params, self.spec, metric_file)
+        trial_record = jobs.JobRecord(job_id=self.plan.job_id)
+        options = {} if self.grace is None else {"grace": self.grace}
+        runner = LocalRunner(plan, trial_record, terminal=self.terminal,
+                             publish=lambda rec: self._trial_changed(rec), **options)
+        trial = Trial(optuna_trial, trial_id, params, plan, runner, metric_file)
+        trial.thread = threading.Thread(target=self._run_trial, args=(trial,), daemon=True,
+                                        name=f"trial-{trial_id}")
+        self.running.append(trial)
+        flags = " ".join(p.flag(params[p.name]) for p in self.spec.params)
+        self.terminal.note(f"trial {trial_id} started: {flags}")
+        trial.thread.start()
+        self._publish_output()
+
+    def _run_trial(self, trial: Trial) -> None:
+        try:
+            trial.state = trial.runner.run()
+            trial.error = trial.runner.record.error_message
+        except BaseException as exc:  # the trial fails, the tuner goes on
+            trial.state, trial.error = jobs.FAILED, str(exc) or type(exc).__name__
+
+    def _read_reports(self, trial: Trial) -> None:
+        reports = hypertune.read_reports(trial.metric_file, self.spec.metric_tag)
+        new = [r for r in reports if r.step not in trial.reported_steps]
+        for report in new:
+            trial.reported_steps.add(report.step)
+            trial.optuna_trial.report(report.value, report.step)
+        if reports:
+            trial.optuna_trial.set_user_attr("allMetrics", [
+                {"trainingStep": str(r.step), "objectiveValue": r.value} for r in reports])
+        if (new and self.spec.early_stopping and not trial.stopped_early
+                and trial.thread is not None and trial.thread.is_alive()
+                and trial.optuna_trial.should_prune()):
+            trial.stopped_early = True
+            self.terminal.note(f"trial {trial.trial_id} stopped early at step "
+                               f"{new[-1].step}: {self.spec.metric_tag}={new[-1].value:g} "
+                               "is worse than the median of earlier trials")
+            trial.runner.cancel()
+
+    def _end(self, trial: Trial) -> None:
+        import optuna
+        states = optuna.trial.TrialState
+        self.running.remove(trial)
+        reports = hypertune.read_reports(trial.metric_file, self.spec.metric_tag)
+        if not reports and trial.plan.replica_job_dir and \
+                storage.is_local(trial.plan.replica_job_dir):
+            # no cloudml-hypertune reports: TensorBoard summaries of the metric's tag
+            reports = hypertune.read_summaries(
+                storage.local_path(trial.plan.replica_job_dir), self.spec.metric_tag)
+            if reports:
+                trial.optuna_trial.set_user_attr("allMetrics", [
+                    {"trainingStep": str(r.step), "objectiveValue": r.value}
+                    for r in reports])
+        t = trial.optuna_trial
+        t.set_user_attr("endTime", _iso(time.time()))
+        if trial.stopped_early and reports:
+            t.set_user_attr("isTrialStoppedEarly", True)
+            self._tell(t, state=states.PRUNED)
+            outcome = "stopped early"
+        elif trial.state == jobs.SUCCEEDED and reports:
+            final = reports[-1]
+            t.set_user_attr("trainingStep", str(final.step))
+            self._tell(t, final.value)
+            outcome = f"SUCCEEDED {self.spec.metric_tag}={final.value:g} at step {final.step}"
+        elif trial.state == jobs.CANCELLED or self._cancel.is_set():
+            t.set_user_attr("state", CANCELLED)
+            self._tell(t, state=states.FAIL)
+            outcome = "CANCELLED"
+        else:
+            why = trial.error or (f"it reported no {self.spec.metric_tag!r} metric (report "
+                                  "it with cloudml-hypertune, see docs/submit.md)")
+            t.set_user_attr("error", why)
+            self._tell(t, state=states.FAIL)
+            self.failures += 1
+            outcome = f"FAILED: {why}"
+        self.terminal.note(f"trial {trial.trial_id} {outcome}")
+        self._publish_output()
+
+    def _tell(self, trial, *args, **kwargs) -> None:
+        try:
+            self.study.tell(trial, *args, **kwargs)
+        except RuntimeError as exc:
+            # The grid sampler calls study.stop() after the last grid point, which only
+            # works inside study.optimize; the trial is stored before that (Optuna's
+            # `finally`), and `_more` ends the job when the grid is exhausted.
+            if "Study.stop" not in str(exc):
+                raise
+
+    def _trial_changed(self, trial_record: jobs.JobRecord) -> None:
+        """A trial's runner changed its record: copy its replicas into the job's."""
+        with self._lock:
+            mine = {r.label: r for r in self.record.replicas}
+            for r in trial_record.replicas:
+                mine[r.label] = r
+            self.record.replicas = list(mine.values())
+            self._save()
+
+    def _stop_trials(self) -> None:
+        for trial in list(self.running):
+            trial.runner.cancel()
+        for trial in list(self.running):
+            if trial.thread is not None:
+                trial.thread.join()
+        for trial in list(self.running):
+            try:
+                self._end(trial)
+            except Exception as exc:  # the study may be what failed
+                log.warning("cannot record trial %s: %s", trial.trial_id, exc)
+                self.running.remove(trial)
+
+    # --- output ------------------------------------------------------------------------
+
+    def _publish_output(self) -> None:
+        with self._lock:
+            self.record.training_output = training_output(
+                self.study, self.spec, running={t.trial_id for t in self.running})
+            self._save()
+
+    def _finish(self, state: str, error: str | None) -> str:
+        self._stop_trials()
+        if getattr(self, "study", None) is not None:
+            try:
+                self._publish_output()
+                write_plot(self.record.training_output, os.path.join(self.dir, PLOT),
+                           self.spec)
+            except Exception as exc:  # a plot must not fail the job
+                log.warning("could not plot the study: %s", exc)
+        try:
+            self._mirror(final=True)
+            self._copy_study()
+        except Exception as exc:  # any storage failure fails the job
+            if state == jobs.SUCCEEDED:
+                state, error = jobs.FAILED, f"cannot copy the job dir: {exc}"
+            else:
+                log.warning("could not copy the job dir after the job ended: %s", exc)
+        self._set(state, error)
+        if shutil.which("optuna-dashboard"):
+            self.terminal.note(f"Open the study with: optuna-dashboard "
+                               f"{os.path.join(self.dir, JOURNAL)}")
+        return state
+
+    def _copy_study(self) -> None:
+        """A gs:// job dir gets the study and plot its trials' folders sit beside."""
+        job_dir = self.plan.job_dir
+        if not job_dir or storage.is_local(job_dir) or job_dir.startswith("memory://"):
+            return  # written there already, or mirrored there with the job dir
+        for name in (JOURNAL, PLOT):
+            path = os.path.join(self.dir, name)
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    storage.write_bytes(storage.join(job_dir, HP_DIR, name), f.read())
+
+    def _mirror(self, *, final: bool) -> None:
+        for mirror in self.mirrors:
+            try:
+                mirror.sync()
+            except Exception as exc:
+                if final:
+                    raise
+                log.warning("mirroring %s failed, will retry: %s", mirror.url, exc)
+
+    def _set(self, state: str, error: str | None = None) -> None:
+        with self._lock:
+            self.record.set_state(state, error)
+            self.terminal.state(state)
+            self._save()
+
+    def _save(self) -> None:
+        try:
+            self.publish(self.record)
+        except Exception as exc:  # a record write must not orphan trials
+            log.warning("cannot save the job record: %s", exc)
+
+    def _install_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        return {sig: signal.signal(sig, self.cancel) for sig in (signal.SIGINT,
+                                                                 signal.SIGTERM)}
+
+    def _restore_signals(self, previous) -> None:
+        for sig, handler in (previous or {}).items():
+            signal.signal(sig, handler)
+
+
+# --- parameters as Optuna sees them ----------------------------------------------------
+
+def sampler(spec: TuningSpec, seed: int | None = None):
+    """Optuna's sampler for the spec's algorithm (see the module docstring)."""
+    import optuna
+    if spec.algorithm == "RANDOM_SEARCH":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if spec.algorithm == "GRID_SEARCH":
+        return optuna.samplers.GridSampler(spec.grid(), seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True,
+                                      n_startup_trials=startup_trials(spec))
+
+
+def startup_trials(spec: TuningSpec) -> int:
+    """Random trials before TPE models the objective: a quarter of the budget, 2 to 10."""
+    return max(2, min(10, spec.max_trials // 4))
+
+
+def distributions(spec: TuningSpec) -> dict:
+    from optuna.distributions import (CategoricalDistribution, FloatDistribution,
+                                      IntDistribution)
+    out: dict[str, Any] = {}
+    for p in spec.params:
+        log_scale = p.scale != "UNIT_LINEAR_SCALE"
+        if p.type in ("DOUBLE", "INTEGER"):
+            low, high = p.bounds
+            out[p.name] = (FloatDistribution(float(low), float(high), log=log_scale)
+                           if p.type == "DOUBLE" else
+                           IntDistribution(int(low), int(high), log=log_scale))
+        else:
+            out[p.name] = CategoricalDistribution(list(p.values))
+    return out
+
+
+def from_optuna(p: Parameter, value):
+    """Optuna's value as the trial's: a reverse log scale is the log scale mirrored."""
+    if p.scale == "UNIT_REVERSE_LOG_SCALE":
+        value = sum(p.bounds) - value
+    if p.type == "INTEGER":
+        return int(value)
+    if p.type == "DOUBLE":
+        return float(value)
+    return value
+
+
+# --- Cloud ML's trainingOutput -------------------------------------------------------
+
+def training_output(study, spec: TuningSpec, running=frozenset()) -> dict:
+    """Cloud ML's trainingOutput of a tuning job: trials best first (those that ran to
+    their end by objective, then those stopped early, then failed and running ones)."""
+    return output_of([_trial_output(t, running) for t in study.trials], spec)
+
+
+def output_of(trials: list[dict], spec: TuningSpec) -> dict:
+    """trainingOutput around trials in Cloud ML's shape, ranked best first."""
+    sign = -1.0 if spec.maximize else 1.0
+
+    def rank(t):
+        metric = t.get("finalMetric")
+        group = (0 if metric and not t.get("isTrialStoppedEarly") else 1 if metric else 2)
+        trial_id = t["trialId"]
+        return (group, sign * metric["objectiveValue"] if metric else 0.0,
+                int(trial_id) if trial_id.isdigit() else 0, trial_id)
+
+    trials = sorted(trials, key=rank)
+    completed = sum(1 for t in trials if t["state"] == SUCCEEDED)
+    return {"isHyperparameterTuningJob": True, "hyperparameterMetricTag": spec.metric_tag,
+            "completedTrialCount": str(completed), "trials": trials}
+
+
+def _trial_output(t, running) -> dict:
+    attrs = t.user_attrs
+    trial_id = attrs.get("trialId", str(t.number + 1))
+    out = {"trialId": trial_id, "hyperparameters": dict(attrs.get("hyperparameters", {})),
+           "allMetrics": list(attrs.get("allMetrics", [])),
+           "isTrialStoppedEarly": bool(attrs.get("isTrialStoppedEarly", False))}
+    name = t.state.name
+    if name == "COMPLETE":
+        out["state"] = SUCCEEDED
+        out["finalMetric"] = {"trainingStep": attrs.get("trainingStep", "0"),
+                              "objectiveValue": t.value}
+    elif name == "PRUNED":
+        out["state"] = SUCCEEDED  # it ran, reported, and was stopped: not a failure
+        last = out["allMetrics"][-1] if out["allMetrics"] else None
+        if last:
+            out["finalMetric"] = dict(last)
+    elif name == "RUNNING":
+        out["state"] = RUNNING if trial_id in running else CANCELLED
+    else:
+        out["state"] = attrs.get("state", FAILED)
+        if attrs.get("error"):
+            out["errorMessage"] = attrs["error"]
+    for key in ("startTime", "endTime"):
+        if attrs.get(key):
+            out[key] = attrs[key]
+    return out
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+
+
+def trials_table(output: Mapping[str, Any]) -> str:
+    """`jobs describe`'s table of trials, best first."""
+    trials = output.get("trials") or []
+    names = sorted({k for t in trials for k in t.get("hyperparameters", {})})
+    tag = output.get("hyperparameterMetricTag", "objective")
+    rows = [["TRIAL", "STATE", tag.upper(), "STEP", *names]]
+    for t in trials:
+        metric = t.get("finalMetric") or {}
+        state = t["state"] + (" (stopped early)" if t.get("isTrialStoppedEarly") else "")
+        value = metric.get("objectiveValue")
+        rows.append([t["trialId"], state, "-" if value is None else f"{value:.6g}",
+                     metric.get("trainingStep", "-"),
+                     *(t.get("hyperparameters", {}).get(n, "-") for n in names)])
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True))
+                     .rstrip() for row in rows)
+
+
+def write_plot(output: Mapping[str, Any], path: str, spec: TuningSpec) -> str | None:
+    """Objective against trial, and the best so far, as a PNG; None without trials."""
+    points = sorted((int(t["trialId"]), t["finalMetric"]["objectiveValue"],
+                     t.get("isTrialStoppedEarly", False))
+                    for t in output.get("trials", []) if t.get("finalMetric"))
+    if not points:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    best, so_far = math.nan, []
+    for _, value, stopped in points:
+        if not stopped:
+            better = max if spec.maximize else min
+            best = value if math.isnan(best) else better(best, value)
+        so_far.append(best)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ran = [(i, v) for i, v, s in points if not s]
+    stopped = [(i, v) for i, v, s in points if s]
+    if ran:
+        ax.scatter(*zip(*ran, strict=True), label="trial", color="tab:blue")
+    if stopped:
+        ax.scatter(*zip(*stopped, strict=True), label="stopped early", color="tab:gray",
+                   marker="x")
+    ax.step([i for i, _, _ in points], so_far, where="post", color="tab:orange",
+            label="best so far")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(f"{output.get('hyperparameterMetricTag')} ({spec.goal.lower()})")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path

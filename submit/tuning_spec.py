@@ -1,0 +1,244 @@
+"""`trainingInput.hyperparameters`: Cloud ML's HyperparameterSpec, strictly checked.
+
+The contract is Cloud ML Engine's, field for field: `goal`, `hyperparameterMetricTag`,
+`maxTrials`, `maxParallelTrials`, `maxFailedTrials`, `enableTrialEarlyStopping`,
+`resumePreviousJobId`, `algorithm` and `params` (each `{parameterName, type, minValue,
+maxValue, categoricalValues, discreteValues, scaleType}`). `parse` turns the mapping into
+a frozen `TuningSpec` or raises `ConfigError` naming the field and the fix; every runner
+reads the same value (the local tuner, Vertex AI's HyperparameterTuningJob, Katib).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from mljob.contracts import DEFAULT_HP_METRIC_TAG
+from submit.errors import ConfigError
+
+KEYS = ("goal", "hyperparameterMetricTag", "maxTrials", "maxParallelTrials",
+        "maxFailedTrials", "enableTrialEarlyStopping", "resumePreviousJobId", "algorithm",
+        "params")
+PARAM_KEYS = ("parameterName", "type", "minValue", "maxValue", "categoricalValues",
+              "discreteValues", "scaleType")
+GOALS = ("MAXIMIZE", "MINIMIZE")
+ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
+TYPES = ("DOUBLE", "INTEGER", "CATEGORICAL", "DISCRETE")
+SCALES = ("UNIT_LINEAR_SCALE", "UNIT_LOG_SCALE", "UNIT_REVERSE_LOG_SCALE")
+MAX_TRIALS = 10_000          # a sanity bound, like the replica counts'
+MAX_VALUES = 1_000           # categorical or discrete values of one parameter
+# A parameter becomes the trainer flag --<parameterName>=<value>.
+PARAM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-]{0,63}")
+METRIC_TAG = re.compile(r"[A-Za-z0-9_\-./]{1,128}")
+JOB_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
+WHERE = "trainingInput.hyperparameters"
+
+
+@dataclasses.dataclass(frozen=True)
+class Parameter:
+    """One tuned parameter. `values` holds CATEGORICAL (strings) or DISCRETE (numbers,
+    increasing) values; `low`/`high` bound DOUBLE and INTEGER ones."""
+
+    name: str
+    type: str
+    low: float | None = None
+    high: float | None = None
+    values: tuple = ()
+    scale: str = "UNIT_LINEAR_SCALE"
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """(minValue, maxValue) of a DOUBLE or INTEGER parameter."""
+        if self.low is None or self.high is None:
+            raise ValueError(f"parameter {self.name} is {self.type}, it has no bounds")
+        return self.low, self.high
+
+    def flag(self, value) -> str:
+        """`--name=value` as a trial's trainer gets it."""
+        return f"--{self.name}={format_value(value)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class TuningSpec:
+    """The checked spec; `max_failed_trials` None is Cloud ML's unset (the job fails only
+    when every trial failed)."""
+
+    goal: str
+    metric_tag: str
+    max_trials: int
+    max_parallel_trials: int
+    max_failed_trials: int | None
+    early_stopping: bool
+    resume_from: str | None
+    algorithm: str
+    params: tuple[Parameter, ...]
+
+    @property
+    def maximize(self) -> bool:
+        return self.goal == "MAXIMIZE"
+
+    def grid(self) -> dict[str, list]:
+        """Every parameter's grid points (GRID_SEARCH has no DOUBLE parameters)."""
+        return {p.name: (list(range(int(p.bounds[0]), int(p.bounds[1]) + 1))
+                         if p.type == "INTEGER"
+                         else list(p.values)) for p in self.params}
+
+    def grid_size(self) -> int:
+        return math.prod(len(v) for v in self.grid().values())
+
+
+def format_value(value) -> str:
+    if isinstance(value, float):
+        return repr(value)  # round-trips exactly, as a trainer's float() reads it back
+    return str(value)
+
+
+def parse(hp: Any, *, job_dir: str | None = None) -> TuningSpec:
+    """The checked spec, or ConfigError naming the field and the fix."""
+    if not isinstance(hp, Mapping):
+        raise ConfigError(f"{WHERE} must be a mapping with goal and params, not "
+                          f"{type(hp).__name__}")
+    unknown = [k for k in hp if k not in KEYS]
+    if unknown:
+        raise ConfigError(f"{WHERE} has unknown key {unknown[0]!r:.60}; allowed keys are "
+                          f"{', '.join(KEYS)}")
+    goal = hp.get("goal")
+    if goal not in GOALS:
+        raise ConfigError(f"{WHERE}.goal must be MAXIMIZE or MINIMIZE, not {goal!r:.60}")
+    tag = hp.get("hyperparameterMetricTag", DEFAULT_HP_METRIC_TAG)
+    if not isinstance(tag, str) or not METRIC_TAG.fullmatch(tag):
+        raise ConfigError(f"{WHERE}.hyperparameterMetricTag {tag!r:.60} is not a metric "
+                          "tag; use up to 128 letters, digits and _-./ (e.g. accuracy)")
+    max_trials = _count(hp, "maxTrials", 1, low=1, high=MAX_TRIALS)
+    parallel = _count(hp, "maxParallelTrials", 1, low=1, high=MAX_TRIALS)
+    if parallel > max_trials:
+        raise ConfigError(f"{WHERE}.maxParallelTrials {parallel} is more than maxTrials "
+                          f"{max_trials}; lower it to {max_trials} or raise maxTrials")
+    max_failed = _count(hp, "maxFailedTrials", None, low=0, high=MAX_TRIALS)
+    early = hp.get("enableTrialEarlyStopping", False)
+    if not isinstance(early, bool):
+        raise ConfigError(f"{WHERE}.enableTrialEarlyStopping must be true or false, not "
+                          f"{early!r:.60}")
+    resume = hp.get("resumePreviousJobId")
+    if resume is not None and (not isinstance(resume, str) or not JOB_ID.fullmatch(resume)):
+        raise ConfigError(f"{WHERE}.resumePreviousJobId {resume!r:.60} is not a job id; "
+                          "name the earlier tuning job, e.g. tune01")
+    algorithm = hp.get("algorithm", "ALGORITHM_UNSPECIFIED")
+    if algorithm not in ALGORITHMS:
+        raise ConfigError(f"{WHERE}.algorithm must be one of {', '.join(ALGORITHMS)}, not "
+                          f"{algorithm!r:.60}")
+    raw = hp.get("params")
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{WHERE}.params must be a non-empty list of parameters like "
+                          "{parameterName: learning_rate, type: DOUBLE, minValue: 0.0001, "
+                          "maxValue: 0.1}")
+    params = tuple(_param(p, i) for i, p in enumerate(raw))
+    names = [p.name.replace("-", "_") for p in params]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"{WHERE}.params[{i}].parameterName {params[i].name!r} is "
+                              "given twice; tune each parameter once")
+    spec = TuningSpec(goal=goal, metric_tag=tag, max_trials=max_trials,
+                      max_parallel_trials=parallel, max_failed_trials=max_failed,
+                      early_stopping=early, resume_from=resume, algorithm=algorithm,
+                      params=params)
+    if algorithm == "GRID_SEARCH":
+        doubles = [p.name for p in params if p.type == "DOUBLE"]
+        if doubles:
+            raise ConfigError(f"{WHERE}: GRID_SEARCH cannot search DOUBLE parameter "
+                              f"{doubles[0]!r}; make it DISCRETE with the values to try, "
+                              "or use another algorithm")
+    if job_dir is None:
+        raise ConfigError(f"{WHERE}: hyperparameter tuning needs --job-dir (each trial "
+                          "writes to <job-dir>/<trialId>/); give --job-dir or jobDir")
+    return spec
+
+
+def _count(hp: Mapping, key: str, default, *, low: int, high: int):
+    value = hp.get(key)
+    if value is None:  # absent, or YAML's empty `maxTrials:`
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{WHERE}.{key} must be an integer from {low} to {high}, not "
+                          f"{value!r:.60}")
+    return value
+
+
+def _param(raw: Any, i: int) -> Parameter:
+    where = f"{WHERE}.params[{i}]"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} must be a mapping with parameterName and type, not "
+                          f"{type(raw).__name__}")
+    unknown = [k for k in raw if k not in PARAM_KEYS]
+    if unknown:
+        raise ConfigError(f"{where} has unknown key {unknown[0]!r:.60}; allowed keys are "
+                          f"{', '.join(PARAM_KEYS)}")
+    name = raw.get("parameterName")
+    if not isinstance(name, str) or not PARAM_NAME.fullmatch(name):
+        raise ConfigError(f"{where}.parameterName {name!r:.60} is not a flag name; use "
+                          "letters, digits, _ and -, starting with a letter (e.g. "
+                          "learning_rate)")
+    if name.replace("-", "_") == "job_dir":
+        raise ConfigError(f"{where}.parameterName job_dir would replace the trial's own "
+                          "--job-dir; tune another parameter")
+    where = f"{WHERE}.params[{i}] ({name})"
+    kind = raw.get("type")
+    if kind not in TYPES:
+        raise ConfigError(f"{where}.type must be one of {', '.join(TYPES)}, not "
+                          f"{kind!r:.60}")
+    allowed = {"DOUBLE": ("minValue", "maxValue", "scaleType"),
+               "INTEGER": ("minValue", "maxValue", "scaleType"),
+               "CATEGORICAL": ("categoricalValues",),
+               "DISCRETE": ("discreteValues",)}[kind]
+    extra = [k for k in raw if k not in allowed + ("parameterName", "type")]
+    if extra:
+        raise ConfigError(f"{where}: {extra[0]} does not apply to a {kind} parameter; "
+                          f"give {' and '.join(allowed)}")
+    if kind == "CATEGORICAL":
+        values = raw.get("categoricalValues")
+        if not isinstance(values, list) or not values or \
+                not all(isinstance(v, str) and v for v in values):
+            raise ConfigError(f"{where}.categoricalValues must be a non-empty list of "
+                              "strings, e.g. [cnn, mlp]")
+        _values_ok(values, where + ".categoricalValues")
+        return Parameter(name, kind, values=tuple(values))
+    if kind == "DISCRETE":
+        values = raw.get("discreteValues")
+        if not isinstance(values, list) or not values or not all(_finite(v) for v in values):
+            raise ConfigError(f"{where}.discreteValues must be a non-empty list of "
+                              "numbers, e.g. [32, 64, 128]")
+        _values_ok(values, where + ".discreteValues")
+        if any(b <= a for a, b in zip(values, values[1:], strict=False)):
+            raise ConfigError(f"{where}.discreteValues must be in increasing order, each "
+                              "once; sort them")
+        return Parameter(name, kind, values=tuple(values))
+    low, high = raw.get("minValue"), raw.get("maxValue")
+    for key, value in (("minValue", low), ("maxValue", high)):
+        if not _finite(value) or kind == "INTEGER" and not isinstance(value, int):
+            wanted = "an integer" if kind == "INTEGER" else "a finite number"
+            raise ConfigError(f"{where}.{key} must be {wanted}, not {value!r:.60}")
+    assert low is not None and high is not None  # both checked finite above
+    if not low < high:
+        raise ConfigError(f"{where}: minValue {low} must be less than maxValue {high}")
+    scale = raw.get("scaleType", "UNIT_LINEAR_SCALE")
+    if scale not in SCALES:
+        raise ConfigError(f"{where}.scaleType must be one of {', '.join(SCALES)}, not "
+                          f"{scale!r:.60}")
+    if scale != "UNIT_LINEAR_SCALE" and low <= 0:
+        raise ConfigError(f"{where}: {scale} needs minValue above 0, not {low}; raise "
+                          "minValue or use UNIT_LINEAR_SCALE")
+    return Parameter(name, kind, low=low, high=high, scale=scale)
+
+
+def _finite(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _values_ok(values: list, where: str) -> None:
+    if len(values) > MAX_VALUES:
+        raise ConfigError(f"{where} has {len(values)} values; the limit is {MAX_VALUES}")
+    if len(set(values)) != len(values):
+        raise ConfigError(f"{where} repeats a value; give each value once")
