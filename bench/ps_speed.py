@@ -15,7 +15,7 @@ Reported: examples/s after warm-up (from the leader's progress lines), CPU-secon
 example across all replicas, and the ratios the goal is stated in: ours over TF1's, and
 ours over our own single node.
 
-Writes bench/results/ps_speed.json and ps_speed.png.
+Writes bench/results/ps_speed_<models>.json and .png (ps_speed_mlp_cnn by default).
 """
 from __future__ import annotations
 
@@ -83,10 +83,11 @@ def main(argv=None) -> int:
         print("interrupted; every process stopped", file=sys.stderr)
         return 130
     ratios = summarise(runs)
-    common.write_json("ps_speed", {"batch_size": args.batch_size, "extra": extra,
+    name = "ps_speed_" + "_".join(models)  # one file per model set: runs do not overwrite
+    common.write_json(name, {"batch_size": args.batch_size, "extra": extra,
                                    "quick": args.quick, "runs": runs, "ratios": ratios},
                       load_before)
-    plot(runs)
+    plot(runs, name)
     for r in runs:
         print(f"{r['label']:28s} {r.get('examples_per_s', 'failed')!s:>10} examples/s  "
               f"{r.get('cpu_s_per_example', '-')} CPU-s/example")
@@ -116,7 +117,7 @@ def summarise(runs: list[dict]) -> dict:
     return out
 
 
-def plot(runs: list[dict]) -> None:
+def plot(runs: list[dict], name: str) -> None:
     plt = common.pyplot()
     models = list(dict.fromkeys(r["model"] for r in runs))
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
@@ -127,7 +128,7 @@ def plot(runs: list[dict]) -> None:
         ax.set_title(f"{model.upper()}: examples/s (chief + {WORKERS} workers + {PS} ps)")
         ax.tick_params(axis="x", labelrotation=20)
     fig.tight_layout()
-    common.save_figure(fig, "ps_speed")
+    common.save_figure(fig, name)
 
 
 if __name__ == "__main__":
