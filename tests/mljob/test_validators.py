@@ -155,4 +155,4 @@ def test_each_sneaky_task_index_is_refused(index):
 def test_a_namespace_with_a_newline_is_refused():
     with pytest.raises(UsageError):
         kubeflow.tfjob_name("job01\n")
-    assert not kubeflow._DNS_LABEL.fullmatch("team-a\n")
+    assert not kubeflow.DNS_LABEL.fullmatch("team-a\n")
