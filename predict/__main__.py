@@ -11,10 +11,10 @@ import sys
 # Quiet TensorFlow's C++ start-up chatter before anything imports it.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import click  # noqa: E402
+import click
 
-from predict.errors import PredictError  # noqa: E402
-from mljob.storage import StorageError  # noqa: E402
+from predict.errors import PredictError
+from mljob.storage import StorageError
 
 MODEL_DIR = click.option("--model-dir", required=True, metavar="URL",
                          help="The export: <job-dir>/model (SavedModel) or a folder "

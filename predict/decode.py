@@ -197,7 +197,7 @@ def encode_rows(outputs: dict) -> list:
     columns = [_jsonable(outputs[n]) for n in names]
     if len(names) == 1:
         return columns[0]
-    return [dict(zip(names, row)) for row in zip(*columns)]
+    return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
 def encode_columns(outputs: dict):
@@ -247,7 +247,8 @@ def _is_b64(value) -> bool:
 
 
 def _matches(shape, want) -> bool:
-    return len(shape) == len(want) and all(w is None or s == w for s, w in zip(shape, want))
+    return len(shape) == len(want) and all(
+        w is None or s == w for s, w in zip(shape, want, strict=True))
 
 
 def _shape(shape) -> str:

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from predict import decode
+from predict import decode, loop
 from predict.errors import InputError, InstanceError, UsageError
 from predict.instances import parse_json
 from predict.model import Model
@@ -65,7 +65,7 @@ class PredictionService:
             status, body = await self._route(request)
         except HTTPError as exc:
             return _json(exc.status, {"error": str(exc)}, exc.headers)
-        except Exception:  # noqa: BLE001 - a real fault: log it, answer 500
+        except Exception:  # a real fault: log it, answer 500
             log.exception("request %s %s failed", request.method, request.url.path)
             return _json(500, {"error": "internal server error; see the server's log"})
         return Response(body, status_code=status, media_type="application/json")
@@ -148,20 +148,15 @@ class PredictionService:
             if not isinstance(instances, list) or not instances:
                 raise InputError("request", "\"instances\" must be a non-empty list")
             self._check_count(len(instances))
-            decoded = []
-            for index, instance in enumerate(instances):
-                try:
-                    decoded.append(decode.decode_instance(instance, sig))
-                except InstanceError as exc:
-                    raise InputError(f"instance {index}", str(exc)) from None
-            outputs = self.model.predict(decode.stack(decoded, sig), sig.name)
-            return {"predictions": decode.encode_rows(outputs)}
+            decoded = loop.decode_labelled(
+                ((f"instance {i}", x) for i, x in enumerate(instances)), sig)
+            return {"predictions": loop.predict_rows(self.model, decoded, sig)}
         try:
             batch = decode.decode_columns(body["inputs"], sig)
         except InstanceError as exc:
             raise InputError("inputs", str(exc)) from None
         self._check_count(next(iter(batch.values())).shape[0])
-        return {"outputs": decode.encode_columns(self.model.predict(batch, sig.name))}
+        return {"outputs": loop.predict_columns(self.model, batch, sig)}
 
     def _check_count(self, count: int) -> None:
         if count > self.max_instances:
