@@ -23,6 +23,8 @@ setup(
         "setuptools>=61",  # the launcher builds the sdist with `setup.py sdist`
         "starlette>=0.37",
         "uvicorn>=0.29",
+        "prometheus-client>=0.17",  # `predict serve`'s /monitoring/prometheus/metrics
+        "grpcio>=1.60",             # `predict serve --grpc-port`
     ],
     extras_require={
         # TensorFlow is an extra: on this machine `cpu` installs it; on a cluster the
@@ -44,6 +46,10 @@ setup(
             "kubeflow-training>=1.8,<2",
             "google-cloud-aiplatform>=1.60",
         ],
+        # `predict serve --grpc-port` and text-proto model config files also need TF
+        # Serving's protos: `pip install --no-deps tensorflow-serving-api==2.21.*` (the
+        # package requires the full `tensorflow`, which would land beside tensorflow-cpu;
+        # .ci/setup installs it that way).
         "bench": ["matplotlib>=3.8"],
     },
     entry_points={

@@ -261,7 +261,7 @@ class ServedModel:
         if found is None or found.state != "AVAILABLE":
             available = sorted(n for n, v in self._versions.items() if v.state == "AVAILABLE")
             raise NotFoundError(
-                f"model {self.name!r} has no available version {version}"
+                f"model {self.name!r} has no version '{version}' available"
                 + (f" (label {label!r})" if label else "")
                 + f"; available: {', '.join(map(str, available)) or 'none'}")
         return found
@@ -277,7 +277,7 @@ class ServedModel:
                                             f"{label!r}")
                     version = self.config.labels[label]
                 if version not in self._versions:
-                    raise NotFoundError(f"model {self.name!r} has no version {version}")
+                    raise NotFoundError(f"model {self.name!r} has no version '{version}'")
                 return [self._versions[version].status()]
             return [self._versions[n].status() for n in sorted(self._versions, reverse=True)]
 

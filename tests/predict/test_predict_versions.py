@@ -226,7 +226,7 @@ def test_policy_labels_and_version_paths(tmp_path, exports, expected, reaper):
         assert client.get("/v1/models/mnist/labels/stable").json() == {
             "model_version_status": [{"version": "2", "state": "AVAILABLE",
                                       "status": {"error_code": "OK", "error_message": ""}}]}
-        for path, words in (("/v1/models/mnist/versions/1:predict", "no available version 1"),
+        for path, words in (("/v1/models/mnist/versions/1:predict", "no version '1' available"),
                             ("/v1/models/mnist/labels/beta:predict", "no version label 'beta'"),
                             ("/v1/models/mnist/versions/x:predict", "no version 'x'")):
             answer = client.post(path, json=body)

@@ -100,10 +100,10 @@ def images(n: int, seed: int = 0) -> np.ndarray:
 def instance_lines(imgs: np.ndarray, keys=None) -> str:
     keys = range(len(imgs)) if keys is None else keys
     return "".join(json.dumps({"image": img.tolist(), "key": int(k)}) + "\n"
-                   for img, k in zip(imgs, keys))
+                   for img, k in zip(imgs, keys, strict=True))
 
 
-def start_server(popen, model_dir: str, *extra: str, timeout: float = 60.0,
+def start_server(popen, model_dir: str, *extra: str, timeout: float = 180.0,
                  flag: str = "--model-dir"):
     """Start `python -m predict serve FLAG model_dir` with popen (the reaper's) on a free
     port and wait for its ready line; returns (process, base URL)."""
@@ -156,3 +156,28 @@ def wait_for_status(client, path: str, want, timeout: float = 120.0) -> list:
 def states(status: list) -> dict:
     """model_version_status -> {version: state}."""
     return {int(s["version"]): s["state"] for s in status}
+
+
+def saved_model_cli_run(export_dir: str, imgs: np.ndarray, keys, outdir) -> dict:
+    """TensorFlow's own `saved_model_cli run` on serving_default; outputs by name."""
+    import subprocess
+    expr = f"image={imgs.tolist()!r};key={list(keys)!r}"
+    done = subprocess.run(["saved_model_cli", "run", "--dir", export_dir, "--tag_set", "serve",
+                           "--signature_def", "serving_default", "--input_exprs", expr,
+                           "--outdir", str(outdir)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {name: np.load(os.path.join(outdir, f"{name}.npy"))
+            for name in ("key", "scores", "classes")}
+
+
+def metric_samples(text: str, name: str) -> dict:
+    """{frozenset of (label, value): value} of one metric in a Prometheus exposition."""
+    import re
+    out = {}
+    for line in text.splitlines():
+        match = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
+        if match:
+            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', match[1] or ""))
+            out[labels] = float(match[2])
+    return out
