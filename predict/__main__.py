@@ -164,6 +164,21 @@ def serve(model_dir, base_path, config_file, model_name, version_policy, version
                  metrics=registry, batcher=batcher)
 
 
+@cli.command()
+@click.option("--model-dir", required=True, metavar="URL",
+              help="The export to publish: <job-dir>/model. Any fsspec URL.")
+@click.option("--model-base-path", "--model_base_path", "base_path", required=True,
+              metavar="URL", help="The base path a server watches (BASE/<version>/).")
+@click.option("--version", type=click.IntRange(1), default=None,
+              help="Version number; default: the highest there plus one.")
+def publish(model_dir, base_path, version):
+    """Publish an export as the next version under a served base path."""
+    from predict import publish as publishing
+    number = publishing.publish(model_dir, base_path, version)
+    click.echo(f"published {model_dir} as version {number} at "
+               f"{base_path.rstrip('/')}/{number}")
+
+
 def main(argv=None) -> int:
     try:
         cli.main(args=argv, prog_name="python -m predict", standalone_mode=False)

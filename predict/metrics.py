@@ -9,8 +9,6 @@ names with `/` turned into `:`, and existing dashboards query these:
 - `:tensorflow:serving:request_latency` (histogram in microseconds; model_name, API:
   `Predict`, `Classify`, `GetModelMetadata`, `GetModelStatus`; entrypoint: `REST`,
   `GRPC`);
-- `:tensorflow:serving:runtime_latency` (histogram in microseconds; model_name, API,
-  runtime: the model call alone);
 - `:tensorflow:cc:saved_model:load_attempt_count` (counter; model_path, status:
   `success`, `fail`).
 
@@ -53,10 +51,6 @@ class Metrics:
             ":tensorflow:serving:request_latency",
             "Distribution of wall time (in microseconds) for Tensorflow Serving request.",
             ["model_name", "API", "entrypoint"], buckets=BUCKETS, registry=self.registry)
-        self.runtime_latency = Histogram(
-            ":tensorflow:serving:runtime_latency",
-            "Distribution of wall time (in microseconds) for Tensorflow runtime.",
-            ["model_name", "API", "runtime"], buckets=BUCKETS, registry=self.registry)
         self.version_available = Gauge(
             ":mljob:serving:model_version_available",
             "1 while the version is loaded and served, 0 after it was unloaded or failed.",
@@ -85,9 +79,6 @@ class Metrics:
 
     def timer(self, entrypoint: str) -> "_Timer":
         return _Timer(self, entrypoint)
-
-    def runtime(self, model_name: str, api: str, seconds: float) -> None:
-        self.runtime_latency.labels(model_name, api, "TF2").observe(seconds * 1e6)
 
     def model_event(self, model_name: str, what: str, version: int, path: str = "") -> None:
         """Called by the repository: `loaded`, `load_failed` or `unloaded`."""

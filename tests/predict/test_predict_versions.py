@@ -369,3 +369,22 @@ def test_usage_errors_exit_2_with_one_line(tmp_path):
     assert both.returncode == 2 and "exactly one of --model-dir" in both.stderr
     for done in (missing, policy, label):
         assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_publish_adds_the_next_version_and_never_overwrites(tmp_path, exports, memfs, capsys):
+    from predict.__main__ import main
+    base = "memory://served/m"
+    assert main(["publish", "--model-dir", exports[1], "--model-base-path", base]) == 0
+    assert capsys.readouterr().out == f"published {exports[1]} as version 1 at {base}/1\n"
+    assert main(["publish", "--model-dir", exports[2], "--model-base-path", base]) == 0
+    assert main(["publish", "--model-dir", f"{base}/1", "--model-base-path", base,
+                 "--version", "9"]) == 0
+    assert sorted(scan_versions(base)) == [1, 2, 9]
+    assert main(["publish", "--model-dir", exports[3], "--model-base-path", base,
+                 "--version", "2"]) == 2
+    assert "already has version 2" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["publish", "--model-dir", str(tmp_path / "empty"),
+                 "--model-base-path", base]) == 2
+    assert "holds no export" in capsys.readouterr().err
+    assert sorted(scan_versions(base)) == [1, 2, 9]
