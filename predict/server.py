@@ -246,14 +246,14 @@ def serve(repository: Repository, *, host: str, port: int, max_body_bytes: int,
                                     max_instances=max_instances, threads=threads,
                                     metrics=metrics, batcher=batcher)
         shown_host = f"[{host}]" if ":" in host else host
-        lines = []
+        base = f"http://{shown_host}:{sock.getsockname()[1]}/v1/models"
+        # The first line is always a model's: readers wait for `serving model `.
+        lines = [f"serving model {name} at {base}/{name}"
+                 for name in sorted(repository.models)]
         if grpc_port is not None:
             from predict import grpc_api
             grpc_server, bound = grpc_api.start(service, host, grpc_port, threads=threads)
             lines.append(f"serving gRPC at {shown_host}:{bound}")
-        base = f"http://{shown_host}:{sock.getsockname()[1]}/v1/models"
-        lines += [f"serving model {name} at {base}/{name}"
-                  for name in sorted(repository.models)]
         # An idle keep-alive connection is closed after KEEP_ALIVE s: a version load
         # holds the GIL for seconds, and with uvicorn's 5 s default a client's next
         # request could meet a connection closed while the loop was starved.
