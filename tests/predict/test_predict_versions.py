@@ -18,8 +18,9 @@ import tensorflow as tf
 from predict import config as model_config
 from predict.errors import UsageError
 from predict.repository import ModelConfig, Repository, VersionPolicy, scan_versions
-from tests.support.predict_models import (images, publish_version, saved_model_export,
-                                          start_server, states, wait_for_status)
+from tests.support.predict_models import (images, metric_samples, publish_version,
+                                          saved_model_export, start_server, states,
+                                          wait_for_status)
 
 MODEL = "/v1/models/default"
 IMAGES = images(4, seed=21)
@@ -202,6 +203,12 @@ def test_half_published_and_broken_versions_never_replace_a_good_one(
             "state"] == "END"
         assert client.post(f"{MODEL}/versions/4:predict", json={"instances": [
             {"image": IMAGES[0].tolist(), "key": 0}]}).status_code == 404
+        text = client.get("/monitoring/prometheus/metrics").text
+        loads = metric_samples(text, ":tensorflow:cc:saved_model:load_attempt_count")
+        assert loads == {frozenset({("model_path", str(base / "1")), ("status", "success")}): 1,
+                         frozenset({("model_path", str(base / "4")), ("status", "fail")}): 1}
+        assert metric_samples(text, ":mljob:serving:model_latest_version") == {
+            frozenset({("model_name", "default")}): 1}
 
 
 def test_policy_labels_and_version_paths(tmp_path, exports, expected, reaper):
@@ -271,13 +278,19 @@ def test_gs_base_path_is_watched(gcs_emulator, exports, expected, reaper):
 
 
 def test_three_swaps_under_100_concurrent_clients(tmp_path, exports, expected, reaper):
-    """100 real HTTP clients predict without pause while versions 2, 3 and 4 are
-    published one after another: no request fails, every answer is one of the
-    published versions' exact outputs, and the status shows each switch."""
+    """100 real clients (80 HTTP, 20 gRPC with TF Serving's stubs) predict without
+    pause while versions 2, 3 and 4 are published one after another: no request fails,
+    every answer is one of the published versions' exact outputs (and a gRPC answer's
+    model_spec names that version), and the status shows each switch."""
+    import grpc
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+    from mljob.procs import free_ports
     base = tmp_path / "base"
     publish_version(exports[1], str(base), 1)
+    grpc_port = free_ports(1)[0]
     proc, url = start_server(reaper.popen, str(base), "--file-system-poll-wait-seconds",
-                             "0.2", "--threads", "8", flag="--model-base-path")
+                             "0.2", "--threads", "8", "--grpc-port", str(grpc_port),
+                             flag="--model-base-path")
     seen, failures, switches = [], [], []
     stop = threading.Event()
 
@@ -311,10 +324,32 @@ def test_three_swaps_under_100_concurrent_clients(tmp_path, exports, expected, r
             (prediction,) = answer.json()["predictions"]
             seen.append((time.time(), which(expected, index, prediction["scores"])))
 
+    async def grpc_loop(stub, i):
+        deadline = time.time() + 240
+        index = i % len(IMAGES)
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "default"
+        request.inputs["image"].CopyFrom(tf.make_tensor_proto(IMAGES[index:index + 1]))
+        request.inputs["key"].CopyFrom(tf.make_tensor_proto(np.array([i], np.int64)))
+        while not stop.is_set() and time.time() < deadline:
+            try:
+                answer = await stub.Predict(request, timeout=120)
+            except grpc.RpcError as exc:
+                failures.append(f"gRPC {exc.code()}: {exc.details()}")
+                continue
+            version = which(expected, index, tf.make_ndarray(answer.outputs["scores"])[0])
+            if version != answer.model_spec.version.value:
+                failures.append(f"gRPC answer of version {version} labelled "
+                                f"{answer.model_spec.version.value}")
+            seen.append((time.time(), version))
+
     async def main():
-        limits = httpx.Limits(max_connections=100)
-        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
-            await asyncio.gather(*(client_loop(client, i) for i in range(100)))
+        limits = httpx.Limits(max_connections=80)
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client, \
+                grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            await asyncio.gather(*(client_loop(client, i) for i in range(80)),
+                                 *(grpc_loop(stub, i) for i in range(20)))
 
     thread = threading.Thread(target=publisher)
     thread.start()
