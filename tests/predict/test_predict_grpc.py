@@ -180,3 +180,17 @@ def test_batching_merges_concurrent_requests_and_answers_each(export_dir, reaper
     calls = metric_samples(text, ":mljob:serving:batch_size_count")
     key = frozenset({("model_name", "default")})
     assert sizes[key] == 32 and calls[key] < 32   # some requests shared a call
+
+
+def test_sigterm_stops_both_apis_and_frees_both_ports(export_dir, reaper):
+    import signal
+    import socket
+    grpc_port = free_ports(1)[0]
+    proc, url = start_server(reaper.popen, export_dir, "--grpc-port", str(grpc_port))
+    assert httpx.get(f"{url}/v1/models/default").status_code == 200
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+    assert "Traceback" not in proc.stderr.read()
+    for port in (httpx.URL(url).port, grpc_port):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
