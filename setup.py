@@ -23,6 +23,8 @@ setup(
         "setuptools>=61",  # the launcher builds the sdist with `setup.py sdist`
         "starlette>=0.37",
         "uvicorn>=0.29",
+        "prometheus-client>=0.17",  # `predict serve`'s /monitoring/prometheus/metrics
+        "grpcio>=1.60",             # `predict serve --grpc-port`
     ],
     extras_require={
         # TensorFlow is an extra: on this machine `cpu` installs it; on a cluster the
@@ -49,6 +51,10 @@ setup(
             "cloudml-hypertune>=0.1.0.dev6",  # a trainer that reports with Google's library
             "kubeflow-katib-api>=0.17",       # Katib's Experiment models check our render
         ],
+        # `predict serve --grpc-port` and text-proto model config files also need TF
+        # Serving's protos: `pip install --no-deps tensorflow-serving-api==2.21.*` (the
+        # package requires the full `tensorflow`, which would land beside tensorflow-cpu;
+        # .ci/setup installs it that way).
         "bench": ["matplotlib>=3.8"],
     },
     entry_points={

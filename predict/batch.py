@@ -21,7 +21,7 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 
-from predict import decode, instances, records
+from predict import decode, instances, loop, records
 from predict.errors import InstanceError, UsageError
 from predict.model import Model
 from mljob import storage
@@ -43,7 +43,7 @@ def expand_inputs(patterns: str) -> list:
     found = []
     for pattern in [p.strip() for p in patterns.split(",") if p.strip()]:
         fs, path = storage.filesystem(pattern)
-        matches = storage.retry(lambda: fs.glob(path), f"list {pattern}")
+        matches = storage.retry(lambda fs=fs, path=path: fs.glob(path), f"list {pattern}")
         matches = [m for m in matches if not fs.isdir(m)]
         found += [fs.unstrip_protocol(m) if "file" not in _protocols(fs) else m
                   for m in sorted(matches)]
@@ -100,10 +100,9 @@ def _predict_file(model, sig, url, data_format, batch_size, res, err, summary, p
     def flush():
         if not pending:
             return
-        batch = decode.stack([d for _, d in pending], sig)
         try:
-            rows = decode.encode_rows(model.predict(batch, sig.name))
-        except Exception as exc:  # noqa: BLE001 - the model refused this batch only
+            rows = loop.predict_rows(model, [d for _, d in pending], sig)
+        except Exception as exc:  # the model refused this batch only
             reason = f"the model failed on this batch: {first_line(exc)}"
             for label, _ in pending:
                 fail(label, reason)

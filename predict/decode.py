@@ -82,6 +82,27 @@ def decode_columns(inputs, sig: Signature) -> dict:
     return batch
 
 
+def check_columns(arrays: dict, sig: Signature) -> dict:
+    """Ready arrays (a gRPC request's tensors), one per input with the batch dimension
+    -> the batch, checked like JSON columns: names, dtype, shape, values, batch size."""
+    _check_names(arrays, sig)
+    batch = {}
+    for name, info in sig.inputs.items():
+        arr = np.asarray(arrays[name])
+        want = np.dtype(info.dtype)
+        if arr.dtype != want and not (want.kind == "O" and arr.dtype.kind in "OS"):
+            raise InstanceError(f"{name} is {arr.dtype.name}, the signature wants "
+                                f"{want.name}")
+        arr = _fit_shape(arr, info.shape, name)
+        _check_values(arr, name, info)
+        batch[name] = arr
+    sizes = {n: a.shape[0] if a.ndim else 0 for n, a in batch.items()}
+    if len(set(sizes.values())) > 1:
+        raise InstanceError("inputs differ in batch size: " +
+                            ", ".join(f"{n} has {s}" for n, s in sizes.items()))
+    return batch
+
+
 def to_array(value, name: str, info: TensorInfo, *, batched: bool) -> np.ndarray:
     """Check and convert one input's value; `batched` says it carries the batch dim."""
     want = info.shape if batched or info.shape is None else info.shape[1:]
@@ -197,7 +218,7 @@ def encode_rows(outputs: dict) -> list:
     columns = [_jsonable(outputs[n]) for n in names]
     if len(names) == 1:
         return columns[0]
-    return [dict(zip(names, row)) for row in zip(*columns)]
+    return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
 def encode_columns(outputs: dict):
@@ -247,7 +268,8 @@ def _is_b64(value) -> bool:
 
 
 def _matches(shape, want) -> bool:
-    return len(shape) == len(want) and all(w is None or s == w for s, w in zip(shape, want))
+    return len(shape) == len(want) and all(
+        w is None or s == w for s, w in zip(shape, want, strict=True))
 
 
 def _shape(shape) -> str:
@@ -258,5 +280,5 @@ def _listing(names) -> str:
     return ", ".join(names)
 
 
-__all__ = ["decode_instance", "decode_columns", "stack", "to_array", "encode_rows",
+__all__ = ["decode_instance", "decode_columns", "check_columns", "stack", "to_array", "encode_rows",
            "encode_columns", "output_order", "MAX_DEPTH", "VALUE_RANGES"]

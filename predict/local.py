@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-from predict import decode
-from predict.errors import InputError, InstanceError
+from predict import loop
+from predict.errors import InputError
 from predict.model import Model
 
 MAX_BATCH = 256
@@ -18,17 +18,11 @@ MAX_BATCH = 256
 def predict_instances(model: Model, labelled, signature_name: str | None = None):
     """(label, instance) pairs -> one JSON-able prediction per instance, in order."""
     sig = model.signature(signature_name)
-    decoded = []
-    for where, instance in labelled:
-        try:
-            decoded.append(decode.decode_instance(instance, sig))
-        except InstanceError as exc:
-            raise InputError(where, str(exc)) from None
+    decoded = loop.decode_labelled(labelled, sig)
     if not decoded:
         raise InputError("input", "no instances; give at least one")
     for start in range(0, len(decoded), MAX_BATCH):
-        batch = decode.stack(decoded[start:start + MAX_BATCH], sig)
-        yield from decode.encode_rows(model.predict(batch, sig.name))
+        yield from loop.predict_rows(model, decoded[start:start + MAX_BATCH], sig)
 
 
 def write_json(predictions, out) -> None:
@@ -47,9 +41,9 @@ def write_table(predictions, out, digits: int = 4) -> None:
         cells = [[_cell(row, digits)] for row in rows]
     heads = [n.upper() for n in names]
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(heads)]
-    out.write("  ".join(h.ljust(w) for h, w in zip(heads, widths)).rstrip() + "\n")
+    out.write("  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True)).rstrip() + "\n")
     for c in cells:
-        out.write("  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip() + "\n")
+        out.write("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip() + "\n")
 
 
 def _cell(value, digits: int) -> str:

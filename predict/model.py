@@ -95,7 +95,7 @@ class SavedModel(Model):
                       if not name.startswith("__")}
         try:
             self._loaded = tf.saved_model.load(local_dir)
-        except Exception as exc:  # noqa: BLE001 - TF raises many types for bad exports
+        except Exception as exc:  # TF raises many types for bad exports
             raise ModelLoadError(f"cannot load the SavedModel at {source}: "
                                  f"{first_line(exc)}") from None
         self._functions = {name: self._loaded.signatures[name] for name in signatures}
@@ -123,7 +123,7 @@ class LegacyExport(Model):
             try:
                 saver = v1.train.import_meta_graph(os.path.join(local_dir, LEGACY_MARKER),
                                                    clear_devices=True)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise ModelLoadError(f"cannot import {LEGACY_MARKER} from {source}: "
                                      f"{first_line(exc)}") from None
             inputs = self._collection("inputs", source)
@@ -133,7 +133,7 @@ class LegacyExport(Model):
             if saver is not None:
                 try:
                     saver.restore(self._session, prefix)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     self._session.close()
                     raise ModelLoadError(f"cannot restore the checkpoint of {source}: "
                                          f"{first_line(exc)}") from None
@@ -163,7 +163,7 @@ class LegacyExport(Model):
                 for name, info in sig.inputs.items()}
         names = list(sig.outputs)
         values = self._session.run([self._outputs[n] for n in names], feed_dict=feed)
-        return dict(zip(names, values))
+        return dict(zip(names, values, strict=True))
 
     def close(self) -> None:
         self._session.close()

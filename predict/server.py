@@ -1,16 +1,18 @@
-"""TF Serving's REST API (v1) for one loaded export, on Starlette and uvicorn.
+"""TF Serving's REST API (v1) for the served models, on Starlette and uvicorn.
 
 Routes (everything else is 404, a known route with the wrong method 405):
-  GET  /v1/models/NAME[/versions/1]            status
-  GET  /v1/models/NAME[/versions/1]/metadata   signatures
-  POST /v1/models/NAME[/versions/1]:predict    predictions
+  GET  /v1/models/NAME[/versions/N | /labels/LABEL]            status
+  GET  /v1/models/NAME[/versions/N | /labels/LABEL]/metadata   signatures
+  POST /v1/models/NAME[/versions/N | /labels/LABEL]:predict    predictions
 
-The export is version 1 (one folder, no version subfolders). The model is loaded once
-per process; each request's JSON decoding, checking, model call and encoding run in a
-thread pool, so the event loop keeps accepting and reading requests while TensorFlow
-works (a signature call releases the GIL). Bodies are counted while they are read and
-refused with 413 past --max-body-bytes: the rest is drained, not kept, so the client
-still gets the answer.
+Which versions exist is the repository's business (`predict.repository`): one export
+served as version 1, or numbered versions under a watched base path. A request without
+a version goes to the highest available one. Each request's JSON decoding, checking,
+model call and encoding run in a thread pool, so the event loop keeps accepting and
+reading requests while TensorFlow works (a signature call releases the GIL); the
+version a request started with stays loaded until it has answered. Bodies are counted
+while they are read and refused with 413 past --max-body-bytes: the rest is drained,
+not kept, so the client still gets the answer.
 """
 from __future__ import annotations
 
@@ -28,16 +30,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from predict import decode
+from predict import decode, loop
 from predict.errors import InputError, InstanceError, UsageError
 from predict.instances import parse_json
-from predict.model import Model
+from predict.repository import NotFoundError, Repository, ServedModel
 
 log = logging.getLogger("predict.server")
 
-VERSION = "1"
 DRAIN_LIMIT = 64 * 1024 * 1024  # past this an oversized body is cut off, not drained
-_ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+))?"
+KEEP_ALIVE = 75  # seconds an idle keep-alive connection stays open
+_ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)"
+                    r"(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
                     r"(?P<rest>/metadata|:[A-Za-z_]+)?/?$")
 _METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 
@@ -52,47 +55,77 @@ class HTTPError(Exception):
 class PredictionService:
     """What the routes do, independent of the HTTP plumbing."""
 
-    def __init__(self, model: Model, name: str, *, max_body_bytes: int,
-                 max_instances: int, threads: int):
-        self.model = model
-        self.name = name
+    def __init__(self, repository: Repository, *, max_body_bytes: int,
+                 max_instances: int, threads: int, metrics=None, batcher=None):
+        self.repository = repository
         self.max_body_bytes = max_body_bytes
         self.max_instances = max_instances
+        self.metrics = metrics
+        self.batcher = batcher
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="predict")
 
     async def handle(self, request: Request) -> Response:
+        if self.metrics is not None and request.url.path == self.metrics.PATH:
+            return Response(self.metrics.exposition(), media_type=self.metrics.CONTENT_TYPE)
+        timer = self.metrics.timer("REST") if self.metrics is not None else None
         try:
-            status, body = await self._route(request)
+            status, body = await self._route(request, timer)
         except HTTPError as exc:
-            return _json(exc.status, {"error": str(exc)}, exc.headers)
-        except Exception:  # noqa: BLE001 - a real fault: log it, answer 500
+            status, body = exc.status, json.dumps({"error": str(exc)}).encode()
+            headers = exc.headers
+        except Exception:  # a real fault: log it, answer 500
             log.exception("request %s %s failed", request.method, request.url.path)
-            return _json(500, {"error": "internal server error; see the server's log"})
-        return Response(body, status_code=status, media_type="application/json")
+            status = 500
+            body = json.dumps({"error": "internal server error; see the server's log"})
+            headers = {}
+        else:
+            headers = {}
+        if timer is not None:
+            timer.done(status)
+        return Response(body, status_code=status, headers=headers,
+                        media_type="application/json")
 
-    async def _route(self, request: Request):
+    async def _route(self, request: Request, timer=None):
         match = _ROUTE.match(request.url.path)
         if not match:
+            names = sorted(self.repository.models)
             raise HTTPError(404, f"no route {request.url.path}; the API is "
-                                 f"/v1/models/{self.name}[/versions/{VERSION}]"
-                                 "[:predict|/metadata]")
-        name, version, rest = match["name"], match["version"], match["rest"]
-        if name != self.name:
-            raise HTTPError(404, f"model {name!r} not found; this server serves "
-                                 f"{self.name!r}")
-        if version is not None and version != VERSION:
-            raise HTTPError(404, f"model {name!r} has no version {version!r}; it serves "
-                                 f"version {VERSION}")
+                                 f"/v1/models/{names[0] if len(names) == 1 else 'NAME'}"
+                                 "[/versions/N|/labels/LABEL][:predict|/metadata]")
+        name, rest, label = match["name"], match["rest"], match["label"]
+        served = self._served(name)
+        version = _version(name, match["version"])
+        if timer is not None:
+            timer.model_name = name
         if rest == ":predict":
             _allow(request, "POST")
             body = await self._read_body(request)
-            loop = asyncio.get_running_loop()
-            return 200, await loop.run_in_executor(self.pool, self.predict_json, body)
+            loop_ = asyncio.get_running_loop()
+            if timer is not None:
+                timer.api = "Predict"
+            return 200, await loop_.run_in_executor(
+                self.pool, self.predict_json, body, served, version, label)
         if rest is not None and rest.startswith(":"):
             raise HTTPError(404, f"unknown method {rest}; this server answers :predict")
         _allow(request, "GET")
-        payload = self.metadata() if rest == "/metadata" else self.status()
+        try:
+            if rest == "/metadata":
+                if timer is not None:
+                    timer.api = "GetModelMetadata"
+                payload = self.metadata(served, version, label)
+            else:
+                if timer is not None:
+                    timer.api = "GetModelStatus"
+                payload = {"model_version_status": served.status(version, label)}
+        except NotFoundError as exc:
+            raise HTTPError(404, str(exc)) from None
         return 200, json.dumps(payload).encode()
+
+    def _served(self, name: str) -> ServedModel:
+        try:
+            return self.repository.get(name)
+        except NotFoundError as exc:
+            raise HTTPError(404, str(exc)) from None
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.max_body_bytes
@@ -114,7 +147,8 @@ class PredictionService:
             raise too_big
         return b"".join(chunks)
 
-    def predict_json(self, raw: bytes) -> bytes:
+    def predict_json(self, raw: bytes, served: ServedModel, version: int | None = None,
+                     label: str | None = None) -> bytes:
         """A :predict body -> the answer's bytes (runs in the thread pool)."""
         try:
             body = parse_json(raw.decode("utf-8"))
@@ -124,11 +158,17 @@ class PredictionService:
             raise HTTPError(400, f"request body: {str(exc).replace('empty line', 'empty body')}") \
                 from None
         try:
-            return json.dumps(self.predict(body)).encode()
+            with served.use(version, label) as (_, model):
+                return json.dumps(self.predict(body, self._batched(model, served))).encode()
+        except NotFoundError as exc:
+            raise HTTPError(404, str(exc)) from None
         except (InputError, InstanceError, UsageError) as exc:
             raise HTTPError(400, str(exc)) from None
 
-    def predict(self, body) -> dict:
+    def _batched(self, model, served: ServedModel):
+        return model if self.batcher is None else self.batcher.wrap(model, served.name)
+
+    def predict(self, body, model) -> dict:
         if not isinstance(body, dict):
             raise InputError("request", "must be a JSON object with \"instances\" or "
                                         "\"inputs\"")
@@ -142,74 +182,97 @@ class PredictionService:
         name = body.get("signature_name")
         if name is not None and not isinstance(name, str):
             raise InputError("request", "signature_name must be a string")
-        sig = self.model.signature(name)
+        sig = model.signature(name)
         if "instances" in body:
             instances = body["instances"]
             if not isinstance(instances, list) or not instances:
                 raise InputError("request", "\"instances\" must be a non-empty list")
             self._check_count(len(instances))
-            decoded = []
-            for index, instance in enumerate(instances):
-                try:
-                    decoded.append(decode.decode_instance(instance, sig))
-                except InstanceError as exc:
-                    raise InputError(f"instance {index}", str(exc)) from None
-            outputs = self.model.predict(decode.stack(decoded, sig), sig.name)
-            return {"predictions": decode.encode_rows(outputs)}
+            decoded = loop.decode_labelled(
+                ((f"instance {i}", x) for i, x in enumerate(instances)), sig)
+            return {"predictions": loop.predict_rows(model, decoded, sig)}
         try:
             batch = decode.decode_columns(body["inputs"], sig)
         except InstanceError as exc:
             raise InputError("inputs", str(exc)) from None
         self._check_count(next(iter(batch.values())).shape[0])
-        return {"outputs": decode.encode_columns(self.model.predict(batch, sig.name))}
+        return {"outputs": loop.predict_columns(model, batch, sig)}
 
     def _check_count(self, count: int) -> None:
         if count > self.max_instances:
             raise InputError("request", f"{count} instances; this server takes at most "
                                         f"{self.max_instances} a request (--max-instances)")
 
-    def status(self) -> dict:
-        return {"model_version_status": [{
-            "version": VERSION, "state": "AVAILABLE",
-            "status": {"error_code": "OK", "error_message": ""}}]}
+    def metadata(self, served: ServedModel, version: int | None = None,
+                 label: str | None = None) -> dict:
+        with served.use(version, label) as (number, model):
+            return {"model_spec": {"name": served.name, "signature_name": "",
+                                   "version": str(number)},
+                    "metadata": {"signature_def": {"signature_def": signature_defs(model)}}}
 
-    def metadata(self) -> dict:
-        def tensors(infos):
-            return {k: {"dtype": info.dtype_enum_name,
-                        "tensor_shape": _tensor_shape(info.shape),
-                        "name": info.tensor_name} for k, info in infos.items()}
-        defs = {name: {"inputs": tensors(sig.inputs), "outputs": tensors(sig.outputs),
-                       "method_name": sig.method_name}
-                for name, sig in self.model.signatures.items()}
-        return {"model_spec": {"name": self.name, "signature_name": "", "version": VERSION},
-                "metadata": {"signature_def": {"signature_def": defs}}}
+
+def signature_defs(model) -> dict:
+    """The SignatureDefs of a model in TF Serving's JSON shape."""
+    def tensors(infos):
+        return {k: {"dtype": info.dtype_enum_name,
+                    "tensor_shape": _tensor_shape(info.shape),
+                    "name": info.tensor_name} for k, info in infos.items()}
+    return {name: {"inputs": tensors(sig.inputs), "outputs": tensors(sig.outputs),
+                   "method_name": sig.method_name}
+            for name, sig in model.signatures.items()}
+
+
+def _version(name: str, text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit() or not text.isascii():
+        raise HTTPError(404, f"model {name!r} has no version {text!r}; versions are numbers")
+    return int(text)
 
 
 def build_app(service: PredictionService) -> Starlette:
     return Starlette(routes=[Route("/{path:path}", service.handle, methods=list(_METHODS))])
 
 
-def serve(model: Model, *, name: str, host: str, port: int, max_body_bytes: int,
-          max_instances: int, threads: int) -> None:
-    """Serve until SIGTERM or SIGINT, then return (the process exits 0)."""
-    service = PredictionService(model, name, max_body_bytes=max_body_bytes,
-                                max_instances=max_instances, threads=threads)
+def serve(repository: Repository, *, host: str, port: int, max_body_bytes: int,
+          max_instances: int, threads: int, grpc_port: int | None = None,
+          metrics=None, batcher=None) -> None:
+    """Load the models, serve until SIGTERM or SIGINT, then return (the process exits 0)."""
     sock = _bind(host, port)
-    shown_host = f"[{host}]" if ":" in host else host
-    ready = (f"serving model {name} at "
-             f"http://{shown_host}:{sock.getsockname()[1]}/v1/models/{name}")
-    config = uvicorn.Config(build_app(service), log_level="warning", access_log=False,
-                            lifespan="off", timeout_graceful_shutdown=10)
-    # uvicorn re-raises the signal it stopped for once it has shut down; with these
-    # handlers in place that re-raise is a no-op and the process ends with status 0.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
+    grpc_server = None
     try:
-        _ReadyServer(config, ready).run(sockets=[sock])
+        repository.start()
+        service = PredictionService(repository, max_body_bytes=max_body_bytes,
+                                    max_instances=max_instances, threads=threads,
+                                    metrics=metrics, batcher=batcher)
+        shown_host = f"[{host}]" if ":" in host else host
+        base = f"http://{shown_host}:{sock.getsockname()[1]}/v1/models"
+        # The first line is always a model's: readers wait for `serving model `.
+        lines = [f"serving model {name} at {base}/{name}"
+                 for name in sorted(repository.models)]
+        if grpc_port is not None:
+            from predict import grpc_api
+            grpc_server, bound = grpc_api.start(service, host, grpc_port, threads=threads)
+            lines.append(f"serving gRPC at {shown_host}:{bound}")
+        # An idle keep-alive connection is closed after KEEP_ALIVE s: a version load
+        # holds the GIL for seconds, and with uvicorn's 5 s default a client's next
+        # request could meet a connection closed while the loop was starved.
+        config = uvicorn.Config(build_app(service), log_level="warning", access_log=False,
+                                lifespan="off", timeout_graceful_shutdown=10,
+                                timeout_keep_alive=KEEP_ALIVE)
+        # uvicorn re-raises the signal it stopped for once it has shut down; with these
+        # handlers in place that re-raise is a no-op and the process ends with status 0.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: None)
+        _ReadyServer(config, "\n".join(lines)).run(sockets=[sock])
+        service.pool.shutdown(wait=True, cancel_futures=True)
     finally:
         sock.close()
-        service.pool.shutdown(wait=True, cancel_futures=True)
-        model.close()
+        if grpc_server is not None:
+            grpc_server.stop(grace=5).wait()
+        if batcher is not None:
+            batcher.stop()
+        repository.stop()
 
 
 class _ReadyServer(uvicorn.Server):
@@ -261,4 +324,4 @@ def _json(status: int, payload: dict, headers: dict | None = None) -> Response:
                     media_type="application/json")
 
 
-__all__ = ["PredictionService", "HTTPError", "build_app", "serve", "VERSION"]
+__all__ = ["PredictionService", "HTTPError", "build_app", "serve", "signature_defs"]

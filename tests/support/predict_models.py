@@ -100,19 +100,20 @@ def images(n: int, seed: int = 0) -> np.ndarray:
 def instance_lines(imgs: np.ndarray, keys=None) -> str:
     keys = range(len(imgs)) if keys is None else keys
     return "".join(json.dumps({"image": img.tolist(), "key": int(k)}) + "\n"
-                   for img, k in zip(imgs, keys))
+                   for img, k in zip(imgs, keys, strict=True))
 
 
-def start_server(popen, model_dir: str, *extra: str, timeout: float = 60.0):
-    """Start `python -m predict serve` with popen (the reaper's) on a free port and wait
-    for its ready line; returns (process, base URL)."""
+def start_server(popen, model_dir: str, *extra: str, timeout: float = 180.0,
+                 flag: str = "--model-dir"):
+    """Start `python -m predict serve FLAG model_dir` with popen (the reaper's) on a free
+    port and wait for its ready line; returns (process, base URL)."""
     import select
     import subprocess
     import sys
     import time
     from tests.support.common import free_ports
     port = free_ports(1)[0]
-    proc = popen([sys.executable, "-m", "predict", "serve", "--model-dir", model_dir,
+    proc = popen([sys.executable, "-m", "predict", "serve", flag, model_dir,
                   "--port", str(port), *extra],
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + timeout
@@ -126,3 +127,57 @@ def start_server(popen, model_dir: str, *extra: str, timeout: float = 60.0):
                 break
     raise AssertionError(f"server did not become ready: {proc.poll()=} "
                          f"{proc.stderr.read() if proc.poll() is not None else ''}")
+
+
+def publish_version(export_dir: str, base_url: str, version: int) -> str:
+    """Publish an export as BASE/<version> the way the trainer publishes (a rename into
+    place locally, saved_model.pb last on object stores); returns the version's URL."""
+    from mljob import contracts, storage
+    url = storage.join(base_url, str(version))
+    storage.publish_dir(export_dir, url, marker=contracts.SAVED_MODEL_MARKER)
+    return url
+
+
+def wait_for_status(client, path: str, want, timeout: float = 120.0) -> list:
+    """Poll GET path until want(model_version_status) is true; returns that status."""
+    import time
+    deadline = time.time() + timeout
+    status = None
+    while time.time() < deadline:
+        answer = client.get(path)
+        if answer.status_code == 200:
+            status = answer.json()["model_version_status"]
+            if want(status):
+                return status
+        time.sleep(0.2)
+    raise AssertionError(f"status of {path} never matched: {status}")
+
+
+def states(status: list) -> dict:
+    """model_version_status -> {version: state}."""
+    return {int(s["version"]): s["state"] for s in status}
+
+
+def saved_model_cli_run(export_dir: str, imgs: np.ndarray, keys, outdir) -> dict:
+    """TensorFlow's own `saved_model_cli run` on serving_default; outputs by name."""
+    import subprocess
+    expr = f"image={imgs.tolist()!r};key={list(keys)!r}"
+    done = subprocess.run(["saved_model_cli", "run", "--dir", export_dir, "--tag_set", "serve",
+                           "--signature_def", "serving_default", "--input_exprs", expr,
+                           "--outdir", str(outdir)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {name: np.load(os.path.join(outdir, f"{name}.npy"))
+            for name in ("key", "scores", "classes")}
+
+
+def metric_samples(text: str, name: str) -> dict:
+    """{frozenset of (label, value): value} of one metric in a Prometheus exposition."""
+    import re
+    out = {}
+    for line in text.splitlines():
+        match = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
+        if match:
+            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', match[1] or ""))
+            out[labels] = float(match[2])
+    return out

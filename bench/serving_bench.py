@@ -1,0 +1,207 @@
+"""Serving under concurrency: p50 and p99 latency and throughput at 1, 16 and 64
+concurrent clients, REST and gRPC, with `--enable-batching` off and on, beside the
+floor (the signature called in-process, one instance a call).
+
+    python -m bench.serving_bench                  # about 3 minutes on 2 cores
+    python -m bench.serving_bench --seconds 2 --clients 1,16
+
+Every request holds one instance (a 784-pixel image and a key): what online traffic
+looks like, and where batching can help. Each client is a thread with its own
+keep-alive connection (REST: httpx; gRPC: the official tensorflow-serving-api stub on
+one channel a client). Each cell runs for `--seconds`, with the server started fresh
+for each batching setting (`--threads 16`; batching: `--max-batch-size 64
+--batch-timeout-micros 2000`). The clients run in this process, so they share the
+machine's 2 cores with the server: compare the rows with each other, not with a
+bigger machine.
+
+Writes bench/results/serving.json and bench/results/serving.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from bench import common
+
+CLIENTS = (1, 16, 64)
+BATCHING = ["--enable-batching", "--max-batch-size", "64", "--batch-timeout-micros", "2000"]
+
+
+def start_server(export_dir: str, extra: list) -> tuple[subprocess.Popen, str, int]:
+    rest, grpc_port = common.free_ports(2)
+    env = {**os.environ, **common.REPLICA_ENV,
+           "PYTHONPATH": common.ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "predict", "serve", "--model-dir", export_dir, "--port",
+         str(rest), "--grpc-port", str(grpc_port), "--threads", "16", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+        start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if select.select([proc.stdout], [], [], 0.5)[0]:
+            if proc.stdout.readline().startswith("serving model "):
+                return proc, f"http://127.0.0.1:{rest}", grpc_port
+    common.stop_process(proc)
+    raise SystemExit("the prediction server did not start")
+
+
+def run_clients(make_call, clients: int, seconds: float) -> dict:
+    """Each client thread calls make_call()() in a loop for `seconds`; latencies in s."""
+    latencies = [[] for _ in range(clients)]
+    errors = []
+    start_line = threading.Barrier(clients + 1)
+
+    def loop(i):
+        try:
+            call = make_call()
+            call()  # warm the connection
+        except Exception as exc:  # report, do not hang the barrier
+            errors.append(repr(exc))
+            start_line.wait()
+            return
+        start_line.wait()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            try:
+                call()
+            except Exception as exc:
+                errors.append(repr(exc))
+                continue
+            latencies[i].append(time.perf_counter() - t0)
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    start_line.wait()
+    began = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - began
+    flat = [x for per in latencies for x in per]
+    return summary(flat, wall, errors)
+
+
+def summary(latencies: list, wall: float, errors=()) -> dict:
+    ms = lambda q: round(1000 * float(np.percentile(latencies, q)), 3)  # noqa: E731
+    return {"requests": len(latencies), "errors": len(errors),
+            "throughput_per_s": round(len(latencies) / wall, 1),
+            "p50_ms": ms(50) if latencies else None, "p99_ms": ms(99) if latencies else None}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--clients", default=",".join(map(str, CLIENTS)))
+    args = parser.parse_args(argv)
+    clients_list = [int(c) for c in args.clients.split(",")]
+
+    import grpc
+    import httpx
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    from trainer import model as trainer_models
+    from trainer.export import export
+
+    load_before = common.load_average()
+    scratch = tempfile.mkdtemp(prefix="serving-bench-")
+    export_dir = os.path.join(scratch, "model")
+    export("mlp", trainer_models.build("mlp", seed=1).get_weights(), export_dir)
+    image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)
+    body = json.dumps({"instances": [{"image": image[0].tolist(), "key": 1}]}).encode()
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "default"
+    request.inputs["image"].CopyFrom(tf.make_tensor_proto(image))
+    request.inputs["key"].CopyFrom(tf.make_tensor_proto(np.array([1], np.int64)))
+
+    signature = tf.saved_model.load(export_dir).signatures["serving_default"]
+    image_t, key_t = tf.constant(image), tf.constant([1], tf.int64)
+    results = {"floor": run_clients(lambda: lambda: signature(image=image_t, key=key_t),
+                                    1, args.seconds)}
+    print(f"floor: {results['floor']}", flush=True)
+
+    for batching in (False, True):
+        proc, url, grpc_port = start_server(export_dir, BATCHING if batching else [])
+        try:
+            def rest_call(url=url):
+                client = httpx.Client(base_url=url, timeout=60)
+                headers = {"content-type": "application/json"}
+
+                def call():
+                    answer = client.post("/v1/models/default:predict", content=body,
+                                         headers=headers)
+                    if answer.status_code != 200:
+                        raise RuntimeError(answer.text)
+                return call
+
+            def grpc_call(grpc_port=grpc_port):
+                channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+                stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+                return lambda: stub.Predict(request, timeout=60)
+
+            for api, make in (("rest", rest_call), ("grpc", grpc_call)):
+                for clients in clients_list:
+                    row = f"{api} batching {'on' if batching else 'off'}"
+                    cell = run_clients(make, clients, args.seconds)
+                    results.setdefault(row, {})[str(clients)] = cell
+                    print(f"{row}, {clients} clients: {cell}", flush=True)
+        finally:
+            common.stop_process(proc)
+
+    ratios = {}
+    for api in ("rest", "grpc"):
+        for clients in clients_list:
+            off = results[f"{api} batching off"][str(clients)]["throughput_per_s"]
+            on = results[f"{api} batching on"][str(clients)]["throughput_per_s"]
+            ratios[f"{api} {clients} clients"] = round(on / off, 2) if off else None
+    payload = {
+        "model": "mlp", "seconds_per_cell": args.seconds, "instances_per_request": 1,
+        "server": "--threads 16; batching: " + " ".join(BATCHING),
+        "command": "python -m bench.serving_bench " + " ".join(argv or sys.argv[1:]),
+        "note": "2 cores shared by the clients, the server and other work; single runs",
+        "results": results, "throughput_ratio_batching_on_over_off": ratios,
+    }
+    common.write_json("serving", payload, load_before)
+    plot(results, clients_list)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def plot(results: dict, clients_list: list) -> None:
+    plt = common.pyplot()
+    fig, (tput, lat) = plt.subplots(1, 2, figsize=(12, 4.5))
+    rows = [r for r in results if r != "floor"]
+    width = 0.8 / len(rows)
+    for i, row in enumerate(rows):
+        xs = [x + i * width for x in range(len(clients_list))]
+        tput.bar(xs, [results[row][str(c)]["throughput_per_s"] for c in clients_list],
+                 width, label=row)
+        lat.bar(xs, [results[row][str(c)]["p99_ms"] or 0 for c in clients_list], width,
+                label=row)
+    floor = results["floor"]
+    tput.axhline(floor["throughput_per_s"], color="#c44e52", linestyle="--",
+                 label="floor: signature in-process, 1 thread")
+    lat.axhline(floor["p99_ms"], color="#c44e52", linestyle="--", label="floor p99")
+    for ax, title, unit in ((tput, "throughput, 1 instance a request", "requests/s"),
+                            (lat, "p99 latency", "ms")):
+        ax.set_xticks([x + width * (len(rows) - 1) / 2 for x in range(len(clients_list))])
+        ax.set_xticklabels([f"{c} clients" for c in clients_list])
+        ax.set_ylabel(unit)
+        ax.set_title(title, fontsize=10)
+        ax.set_yscale("log")
+    tput.legend(fontsize=7)
+    common.save_figure(fig, "serving")
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

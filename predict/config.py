@@ -1,0 +1,186 @@
+"""`--model-config-file`: several models in one server, in TF Serving's model config.
+
+Two spellings of the same thing are read:
+
+- TF Serving's own text format (a `ModelServerConfig` text proto, what
+  `tensorflow_model_server --model_config_file` reads), parsed with the
+  `tensorflow-serving-api` package's proto classes:
+
+      model_config_list {
+        config {
+          name: "mnist"
+          base_path: "gs://bucket/models/mnist"
+          model_platform: "tensorflow"
+          model_version_policy { latest { num_versions: 2 } }
+          version_labels { key: "stable" value: 3 }
+        }
+      }
+
+- the same fields as YAML or JSON (the proto's JSON mapping), for files ending in
+  `.yaml`, `.yml` or `.json`:
+
+      model_config_list:
+        config:
+          - name: mnist
+            base_path: gs://bucket/models/mnist
+            model_version_policy: {specific: {versions: [1, 2]}}
+            version_labels: {stable: 1}
+
+Relative local base paths are taken from the config file's folder. Unknown fields
+are errors, as in TF Serving.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import yaml
+
+from mljob import storage
+from predict.errors import UsageError
+from predict.repository import ModelConfig, VersionPolicy, parse_version
+
+_FIELDS = {"name", "base_path", "model_platform", "model_version_policy", "version_labels",
+           "model_type", "logging_config"}
+_SERVING_API = ("install tensorflow-serving-api without its dependencies "
+                "(pip install --no-deps tensorflow-serving-api) or write the file as YAML")
+
+
+def read(url: str) -> list:
+    """The ModelConfigs of a model config file (any fsspec URL)."""
+    try:
+        raw = storage.read_bytes(url).decode("utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"model config file {url} does not exist") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"model config file {url} is not UTF-8 text") from None
+    if url.lower().endswith((".yaml", ".yml", ".json")):
+        doc = _yaml(raw, url)
+    else:
+        doc = _text_proto(raw, url)
+    return parse(doc, url)
+
+
+def _yaml(raw: str, url: str):
+    try:
+        return yaml.safe_load(raw) if not url.lower().endswith(".json") else json.loads(raw)
+    except (yaml.YAMLError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"model config file {url} is not valid YAML/JSON: {first}") from None
+
+
+def _text_proto(raw: str, url: str) -> dict:
+    try:
+        from google.protobuf import json_format, text_format
+        from tensorflow_serving.config import model_server_config_pb2
+    except ImportError:
+        raise UsageError(f"reading the text proto {url} needs TF Serving's protos: "
+                         f"{_SERVING_API}") from None
+    message = model_server_config_pb2.ModelServerConfig()
+    try:
+        text_format.Parse(raw, message)
+    except text_format.ParseError as exc:
+        raise UsageError(f"model config file {url} is not a ModelServerConfig text proto: "
+                         f"{exc}") from None
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def parse(doc, url: str) -> list:
+    where = f"model config file {url}"
+    if not isinstance(doc, dict) or set(doc) != {"model_config_list"}:
+        raise UsageError(f"{where} must hold exactly model_config_list (TF Serving's "
+                         "ModelServerConfig)")
+    listing = doc["model_config_list"]
+    configs = listing.get("config") if isinstance(listing, dict) else None
+    if isinstance(configs, dict):
+        configs = [configs]
+    if not isinstance(configs, list) or not configs:
+        raise UsageError(f"{where}: model_config_list needs at least one config entry")
+    base_dir = os.path.dirname(url) if storage.is_local(url) else ""
+    return [_one(entry, f"{where}, config {index}", base_dir)
+            for index, entry in enumerate(configs)]
+
+
+def _one(entry, where: str, base_dir: str) -> ModelConfig:
+    if not isinstance(entry, dict):
+        raise UsageError(f"{where} must be a mapping of fields")
+    unknown = sorted(set(entry) - _FIELDS)
+    if unknown:
+        raise UsageError(f"{where}: unknown field {unknown[0]!r}; a config takes "
+                         f"{', '.join(sorted(_FIELDS))}")
+    name, base = entry.get("name"), entry.get("base_path")
+    if not isinstance(name, str) or not name or "/" in name or ":" in name:
+        raise UsageError(f"{where}: name must be a non-empty string without / or :")
+    if not isinstance(base, str) or not base:
+        raise UsageError(f"{where} ({name}): base_path is required")
+    platform = entry.get("model_platform", "tensorflow")
+    if platform != "tensorflow":
+        raise UsageError(f"{where} ({name}): model_platform {platform!r} is not served; "
+                         "use tensorflow")
+    if base_dir and "://" not in base and not os.path.isabs(base):
+        base = os.path.join(base_dir, base)
+    return ModelConfig(name=name, base_path=base,
+                       policy=_policy(entry.get("model_version_policy"), where, name),
+                       labels=_labels(entry.get("version_labels"), where, name))
+
+
+def _policy(value, where: str, name: str) -> VersionPolicy:
+    if value is None:
+        return VersionPolicy()
+    bad = UsageError(f"{where} ({name}): model_version_policy must be one of "
+                     "{latest: {num_versions: N}}, {all: {}}, {specific: {versions: [...]}}")
+    if not isinstance(value, dict) or len(value) != 1:
+        raise bad
+    (kind, body), = value.items()
+    body = body or {}
+    if not isinstance(body, dict):
+        raise bad
+    try:
+        if kind == "latest" and set(body) <= {"num_versions"}:
+            count = int(body.get("num_versions", 1))
+            if count >= 1:
+                return VersionPolicy("latest", count=count)
+        if kind == "all" and not body:
+            return VersionPolicy("all")
+        if kind == "specific" and set(body) == {"versions"}:
+            versions = body["versions"]
+            versions = versions if isinstance(versions, list) else [versions]
+            if versions:
+                return VersionPolicy("specific",
+                                     versions=frozenset(parse_version(v) for v in versions))
+    except (TypeError, ValueError):
+        pass
+    raise bad
+
+
+def _labels(value, where: str, name: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UsageError(f"{where} ({name}): version_labels must map labels to versions")
+    labels = {}
+    for label, version in value.items():
+        try:
+            labels[str(label)] = parse_version(version)
+        except ValueError:
+            raise UsageError(f"{where} ({name}): version label {label!r} must name a "
+                             f"version number, got {version!r}") from None
+    return labels
+
+
+def parse_labels(items) -> dict:
+    """`--version-label LABEL=VERSION` flags -> {label: version}."""
+    labels = {}
+    for item in items:
+        label, sep, version = item.partition("=")
+        try:
+            if not sep or not label:
+                raise ValueError
+            labels[label] = parse_version(version)
+        except ValueError:
+            raise UsageError(f"--version-label {item!r} must be LABEL=VERSION, e.g. "
+                             "stable=3") from None
+    return labels
+
+
+__all__ = ["read", "parse", "parse_labels"]

@@ -1,0 +1,39 @@
+"""The one predict loop that `local`, `batch` and `serve` share: decode, stack, predict,
+encode.
+
+Each entry point reads instances its own way (lines, records, a request body) and
+reports a bad one its own way (`local` and `serve` stop at the first, `batch` writes it
+to the errors file and goes on), but the steps between an instance and its prediction
+are these, so an instance gives the same answer everywhere.
+"""
+from __future__ import annotations
+
+from predict import decode
+from predict.errors import InputError, InstanceError
+from predict.model import Model, Signature
+
+
+def decode_labelled(labelled, sig: Signature) -> list:
+    """(label, instance) pairs -> decoded instances; the first bad one raises
+    InputError naming its label (`line 3`, `instance 2`)."""
+    decoded = []
+    for where, instance in labelled:
+        try:
+            decoded.append(decode.decode_instance(instance, sig))
+        except InstanceError as exc:
+            raise InputError(where, str(exc)) from None
+    return decoded
+
+
+def predict_rows(model: Model, decoded: list, sig: Signature) -> list:
+    """Decoded instances -> one JSON-able prediction per instance, in order (one model
+    call for all of them)."""
+    return decode.encode_rows(model.predict(decode.stack(decoded, sig), sig.name))
+
+
+def predict_columns(model: Model, batch: dict, sig: Signature):
+    """A decoded columnar batch -> TF Serving's columnar `outputs`."""
+    return decode.encode_columns(model.predict(batch, sig.name))
+
+
+__all__ = ["decode_labelled", "predict_rows", "predict_columns"]

@@ -1,0 +1,362 @@
+"""Models served by version, the way TF Serving's manager serves them.
+
+A model is a base path holding numbered version folders (TF Serving's layout:
+`BASE/1/saved_model.pb`, `BASE/2/...`) on any fsspec filesystem. A watcher thread lists
+every base path each `poll_seconds` and follows these rules:
+
+- a version folder counts only once its publish marker is there (`saved_model.pb`, or
+  `export.meta` for a TF1 export): the trainer writes that file last (or renames the
+  whole folder into place), so a folder without it is half-published and never loaded;
+- the version policy picks which of the found versions to serve: the latest N
+  (default 1), all, or specific ones;
+- a new version is loaded beside the old ones and takes traffic only once loaded; a
+  version no longer wanted is unloaded only when a wanted one is available
+  (availability first, TF Serving's default), and closed when the last request using
+  it has finished, so a swap never fails a request;
+- a version that fails to load is reported in the status (state END with the error)
+  and is not tried again; it never replaces a good version;
+- a storage outage while listing is logged and changes nothing.
+
+A request names a version, a label (which names a version) or neither (the highest
+available version).
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from mljob import contracts, storage
+from mljob.errors import first_line
+from predict.errors import PredictError, UsageError
+
+log = logging.getLogger("predict.repository")
+
+MARKERS = (contracts.SAVED_MODEL_MARKER, contracts.LEGACY_EXPORT_MARKER)
+MAX_VERSION = 2 ** 63 - 1
+KEEP_ENDED = 16  # unloaded or failed versions kept in the status answer
+
+
+class NotFoundError(PredictError):
+    """No such model, version or label, or no version available: HTTP 404."""
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """TF Serving's model_version_policy: `latest` N, `all`, or `specific` versions."""
+
+    kind: str = "latest"
+    count: int = 1
+    versions: frozenset = frozenset()
+
+    def choose(self, found) -> set:
+        found = sorted(found)
+        if self.kind == "all":
+            return set(found)
+        if self.kind == "specific":
+            return set(found) & set(self.versions)
+        return set(found[-self.count:])
+
+    @classmethod
+    def parse(cls, text: str) -> "VersionPolicy":
+        """`latest`, `latest:N`, `all` or `specific:1,2` (the --model-version-policy flag)."""
+        kind, _, arg = text.strip().partition(":")
+        try:
+            if kind == "latest":
+                count = int(arg) if arg else 1
+                if count < 1:
+                    raise ValueError
+                return cls("latest", count=count)
+            if kind == "all" and not arg:
+                return cls("all")
+            if kind == "specific":
+                versions = frozenset(parse_version(v) for v in arg.split(",") if v.strip())
+                if versions:
+                    return cls("specific", versions=versions)
+        except ValueError:
+            pass
+        raise UsageError(f"version policy {text!r} is not one of latest, latest:N (N >= 1), "
+                         "all, specific:V1,V2,...")
+
+    def describe(self) -> str:
+        if self.kind == "specific":
+            return "specific:" + ",".join(str(v) for v in sorted(self.versions))
+        return "all" if self.kind == "all" else f"latest:{self.count}"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One served model: its name, where its versions are, which to serve, labels."""
+
+    name: str
+    base_path: str | None = None     # BASE/<version>/ folders, watched
+    model_dir: str | None = None     # one export served as version 1, not watched
+    policy: VersionPolicy = VersionPolicy()
+    labels: dict = field(default_factory=dict)   # label -> version
+
+
+def parse_version(text) -> int:
+    text = str(text).strip()
+    if not text.isdigit() or not text.isascii() or int(text) > MAX_VERSION:
+        raise ValueError(f"{text!r} is not a version number")
+    return int(text)
+
+
+def scan_versions(base_path: str, known=()) -> dict:
+    """{version: URL} of the published version folders under base_path. Folders in
+    `known` are taken as published without looking for their marker again."""
+    fs, root = storage.filesystem(base_path)
+    root = root.rstrip("/")
+    fs.invalidate_cache(root)  # object stores' listings are cached by fsspec
+    entries = storage.retry(lambda: fs.ls(root, detail=True), f"list {base_path}")
+    found = {}
+    for entry in entries:
+        name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+        if entry.get("type") != "directory" or not name.isdigit() or not name.isascii():
+            continue
+        version = int(name)
+        if version > MAX_VERSION:
+            continue
+        if version in known or any(
+                storage.retry(lambda m=m, name=name: fs.exists(f"{root}/{name}/{m}"),
+                              f"check {base_path}/{name}") for m in MARKERS):
+            found[version] = storage.join(base_path, name)
+    return found
+
+
+class _Version:
+    def __init__(self, number: int, url: str):
+        self.number = number
+        self.url = url
+        self.state = "LOADING"
+        self.error = ""
+        self.model = None
+        self.refs = 0
+        self.retired = False
+        self.loaded_at = 0.0
+
+    def status(self) -> dict:
+        code = "UNKNOWN" if self.error else "OK"
+        return {"version": str(self.number), "state": self.state,
+                "status": {"error_code": code, "error_message": self.error}}
+
+
+class ServedModel:
+    """One model's versions: loads, serves, unloads."""
+
+    def __init__(self, config: ModelConfig, loader=None, events=None):
+        from predict import model as models
+        self.config = config
+        self.name = config.name
+        self._load = loader or models.load
+        self._events = events  # called as events(model_name, what, version, url) when set
+        self._lock = threading.Lock()
+        self._versions: dict = {}  # number -> _Version (loading, available, ended)
+
+    # --- the watcher's side ---------------------------------------------------------
+    def poll(self) -> None:
+        """List the versions, load the wanted new ones, unload the unwanted."""
+        if self.config.model_dir is not None:
+            found = {1: self.config.model_dir}
+        else:
+            with self._lock:
+                known = {n for n, v in self._versions.items() if v.state != "END"}
+            found = scan_versions(self.config.base_path, known)
+        wanted = self.config.policy.choose(found)
+        for number in sorted(wanted):
+            with self._lock:
+                if number in self._versions:
+                    continue
+                version = self._versions[number] = _Version(number, found[number])
+            self._load_version(version)
+        self._unload_unwanted(wanted)
+
+    def _load_version(self, version: _Version) -> None:
+        log.info("model %s: loading version %d from %s", self.name, version.number,
+                 version.url)
+        try:
+            model = self._load(version.url)
+        except Exception as exc:  # a bad export: report it, keep serving the others
+            message = str(exc) if isinstance(exc, PredictError) else first_line(exc)
+            log.error("model %s: version %d failed to load: %s", self.name,
+                      version.number, message)
+            with self._lock:
+                version.state, version.error = "END", message
+            self._event("load_failed", version)
+            return
+        with self._lock:
+            version.model, version.state = model, "AVAILABLE"
+            version.loaded_at = time.time()
+        log.info("model %s: version %d available", self.name, version.number)
+        self._event("loaded", version)
+
+    def _unload_unwanted(self, wanted: set) -> None:
+        with self._lock:
+            if not any(v.state == "AVAILABLE" and n in wanted
+                       for n, v in self._versions.items()):
+                return  # nothing wanted is up yet: keep serving what we have
+            closing = []
+            for number, version in self._versions.items():
+                if number in wanted or version.state != "AVAILABLE":
+                    continue
+                version.state, version.retired = "END", True
+                if version.refs == 0:
+                    closing.append(version)
+            self._forget_old_ended()
+        for version in closing:
+            self._close(version)
+
+    def _close(self, version: _Version) -> None:
+        model, version.model = version.model, None
+        if model is not None:
+            model.close()
+            del model
+            gc.collect()  # a SavedModel's graphs go only with the Python objects
+        log.info("model %s: version %d unloaded", self.name, version.number)
+        self._event("unloaded", version)
+
+    def _forget_old_ended(self) -> None:
+        ended = sorted(n for n, v in self._versions.items()
+                       if v.state == "END" and v.refs == 0)
+        for number in ended[:-KEEP_ENDED] if len(ended) > KEEP_ENDED else []:
+            del self._versions[number]
+
+    def _event(self, what: str, version: _Version) -> None:
+        if self._events is not None:
+            self._events(self.name, what, version.number, version.url)
+
+    # --- the requests' side ---------------------------------------------------------
+    @contextmanager
+    def use(self, version: int | None = None, label: str | None = None):
+        """(version number, Model) to predict with; the version is not closed before
+        the block ends, even if it is unloaded meanwhile."""
+        with self._lock:
+            chosen = self._resolve(version, label)
+            chosen.refs += 1
+        try:
+            yield chosen.number, chosen.model
+        finally:
+            with self._lock:
+                chosen.refs -= 1
+                close = chosen.retired and chosen.refs == 0 and chosen.model is not None
+            if close:
+                self._close(chosen)
+
+    def _resolve(self, version: int | None, label: str | None) -> _Version:
+        if label is not None:
+            if label not in self.config.labels:
+                labels = ", ".join(sorted(self.config.labels)) or "none"
+                raise NotFoundError(f"model {self.name!r} has no version label {label!r} "
+                                    f"(labels: {labels})")
+            version = self.config.labels[label]
+        if version is None:
+            available = [n for n, v in self._versions.items() if v.state == "AVAILABLE"]
+            if not available:
+                raise NotFoundError(f"model {self.name!r} has no available version yet")
+            return self._versions[max(available)]
+        found = self._versions.get(version)
+        if found is None or found.state != "AVAILABLE":
+            available = sorted(n for n, v in self._versions.items() if v.state == "AVAILABLE")
+            raise NotFoundError(
+                f"model {self.name!r} has no version '{version}' available"
+                + (f" (label {label!r})" if label else "")
+                + f"; available: {', '.join(map(str, available)) or 'none'}")
+        return found
+
+    def status(self, version: int | None = None, label: str | None = None) -> list:
+        """TF Serving's model_version_status: every version known, newest first; one
+        version when a version or label is named."""
+        with self._lock:
+            if version is not None or label is not None:
+                if label is not None:
+                    if label not in self.config.labels:
+                        raise NotFoundError(f"model {self.name!r} has no version label "
+                                            f"{label!r}")
+                    version = self.config.labels[label]
+                if version not in self._versions:
+                    raise NotFoundError(f"model {self.name!r} has no version '{version}'")
+                return [self._versions[version].status()]
+            return [self._versions[n].status() for n in sorted(self._versions, reverse=True)]
+
+    def available(self) -> list:
+        with self._lock:
+            return sorted(n for n, v in self._versions.items() if v.state == "AVAILABLE")
+
+    def close(self) -> None:
+        with self._lock:
+            versions = [v for v in self._versions.values() if v.model is not None]
+        for version in versions:
+            version.model.close()
+
+
+class Repository:
+    """Every served model, and the watcher thread that polls their base paths."""
+
+    def __init__(self, configs, *, poll_seconds: float = 1.0, loader=None, events=None):
+        names = [c.name for c in configs]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise UsageError(f"model name {dup!r} is given twice; each model needs its own "
+                             "name")
+        self.models = {c.name: ServedModel(c, loader, events) for c in configs}
+        self.poll_seconds = poll_seconds
+        self._stop = threading.Event()
+        self._thread = None
+
+    def start(self) -> None:
+        """Poll once now (a missing base path or a first version that cannot load is
+        the user's mistake), then keep polling in a thread."""
+        for served in self.models.values():
+            config = served.config
+            try:
+                served.poll()
+            except FileNotFoundError:
+                raise UsageError(f"model {config.name!r}: base path {config.base_path} does "
+                                 "not exist; TF Serving's layout is BASE/<version>/"
+                                 "saved_model.pb") from None
+            if config.model_dir is not None and not served.available():
+                (status,) = served.status()
+                raise UsageError(status["status"]["error_message"])
+            if not served.available() and served.status():
+                raise UsageError(f"model {config.name!r}: no version under "
+                                 f"{config.base_path} could be loaded: "
+                                 f"{served.status()[0]['status']['error_message']}")
+            if not served.status():
+                log.warning("model %s: no published version under %s yet; waiting",
+                            config.name, config.base_path)
+        if self.poll_seconds > 0 and any(m.config.base_path for m in self.models.values()):
+            self._thread = threading.Thread(target=self._watch, name="version-watcher",
+                                            daemon=True)
+            self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            for served in self.models.values():
+                if served.config.base_path is None:
+                    continue
+                try:
+                    served.poll()
+                except Exception as exc:  # storage outage, vanished folder: keep serving
+                    log.warning("model %s: cannot list %s: %s", served.name,
+                                served.config.base_path, first_line(exc))
+
+    def get(self, name: str) -> ServedModel:
+        try:
+            return self.models[name]
+        except KeyError:
+            raise NotFoundError(f"model {name!r} not found; this server serves "
+                                f"{', '.join(repr(n) for n in sorted(self.models))}") from None
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        for served in self.models.values():
+            served.close()
+
+
+__all__ = ["VersionPolicy", "ModelConfig", "ServedModel", "Repository", "NotFoundError",
+           "scan_versions", "parse_version"]

@@ -1,0 +1,196 @@
+"""`python -m predict serve --grpc-port`: TF Serving's gRPC API, called with the
+official `tensorflow-serving-api` stubs over 127.0.0.1; its answers agree with the REST
+API's and with `saved_model_cli run`. Also the Prometheus metrics both APIs feed, and
+`--enable-batching`."""
+import asyncio
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mljob.procs import free_ports
+from tests.support.common import Reaper
+from tests.support.predict_models import (images, metric_samples, saved_model_cli_run,
+                                          saved_model_export, start_server)
+
+serving_apis = pytest.importorskip("tensorflow_serving.apis.prediction_service_pb2_grpc")
+from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,  # noqa: E402
+                                     get_model_status_pb2, model_service_pb2_grpc,
+                                     predict_pb2, prediction_service_pb2_grpc)
+
+KEYS = [31, 32, 33]
+IMAGES = images(len(KEYS), seed=31)
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    return saved_model_export(str(tmp_path_factory.mktemp("grpc") / "model"), seed=12)
+
+
+@pytest.fixture(scope="module")
+def served(export_dir):
+    """(REST client, gRPC channel) of one server with both APIs."""
+    reaper = Reaper()
+    grpc_port = free_ports(1)[0]
+    try:
+        proc, url = start_server(reaper.popen, export_dir, "--grpc-port", str(grpc_port),
+                                 "--model-name", "mnist")
+        with httpx.Client(base_url=url, timeout=60) as client, \
+                grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            yield client, channel
+    finally:
+        reaper.stop_all()
+
+
+def predict_request(imgs, keys, **spec):
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = spec.get("name", "mnist")
+    if "version" in spec:
+        request.model_spec.version.value = spec["version"]
+    request.inputs["image"].CopyFrom(tf.make_tensor_proto(imgs))
+    request.inputs["key"].CopyFrom(tf.make_tensor_proto(np.asarray(keys, np.int64)))
+    return request
+
+
+def test_grpc_rest_and_saved_model_cli_agree(served, export_dir, tmp_path):
+    client, channel = served
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    answer = stub.Predict(predict_request(IMAGES, KEYS), timeout=60)
+    assert answer.model_spec.name == "mnist" and answer.model_spec.version.value == 1
+    grpc_out = {k: tf.make_ndarray(v) for k, v in answer.outputs.items()}
+    rest = client.post("/v1/models/mnist:predict", json={"inputs": {
+        "image": IMAGES.tolist(), "key": KEYS}}).json()["outputs"]
+    cli = saved_model_cli_run(export_dir, IMAGES, KEYS, tmp_path / "cli")
+    assert grpc_out["key"].tolist() == rest["key"] == cli["key"].tolist() == KEYS
+    assert grpc_out["classes"].tolist() == rest["classes"] == cli["classes"].tolist()
+    np.testing.assert_allclose(grpc_out["scores"], cli["scores"], rtol=1e-6)
+    np.testing.assert_allclose(rest["scores"], cli["scores"], rtol=1e-6)
+
+
+def test_metadata_status_and_classify(served):
+    client, channel = served
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    request.model_spec.name = "mnist"
+    meta = stub.GetModelMetadata(request, timeout=60)
+    defs = get_model_metadata_pb2.SignatureDefMap()
+    meta.metadata["signature_def"].Unpack(defs)
+    serving = defs.signature_def["serving_default"]
+    assert set(defs.signature_def) == {"serving_default", "predict_images"}
+    assert serving.inputs["image"].dtype == tf.float32.as_datatype_enum
+    assert [d.size for d in serving.inputs["image"].tensor_shape.dim] == [-1, 784]
+    assert serving.inputs["image"].name == "serving_default_image:0"
+    rest_sig = client.get("/v1/models/mnist/metadata").json()[
+        "metadata"]["signature_def"]["signature_def"]["serving_default"]
+    assert {k: v["name"] for k, v in rest_sig["outputs"].items()} == {
+        k: v.name for k, v in serving.outputs.items()}
+
+    status = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(
+        get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "mnist"}), timeout=60)
+    (version,) = status.model_version_status
+    assert version.version == 1
+    assert version.state == get_model_status_pb2.ModelVersionStatus.AVAILABLE
+
+    classify = classification_pb2.ClassificationRequest()
+    classify.model_spec.name = "mnist"
+    for img, key in zip(IMAGES, KEYS, strict=True):
+        example = classify.input.example_list.examples.add()
+        example.features.feature["image"].float_list.value.extend(img.tolist())
+        example.features.feature["key"].int64_list.value.append(key)
+    result = stub.Classify(classify, timeout=60).result
+    predicted = stub.Predict(predict_request(IMAGES, KEYS), timeout=60)
+    scores = tf.make_ndarray(predicted.outputs["scores"])
+    assert len(result.classifications) == len(KEYS)
+    for row, want in zip(result.classifications, scores, strict=True):
+        assert [c.label for c in row.classes] == [str(i) for i in range(10)]
+        np.testing.assert_allclose([c.score for c in row.classes], want, rtol=1e-6)
+
+
+def test_grpc_errors_have_tf_servings_codes(served):
+    _, channel = served
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    cases = [
+        (predict_request(IMAGES, KEYS, name="other"), grpc.StatusCode.NOT_FOUND,
+         "model 'other' not found"),
+        (predict_request(IMAGES, KEYS, version=7), grpc.StatusCode.NOT_FOUND,
+         "no version '7'"),
+        (predict_request(IMAGES.astype(np.float64), KEYS), grpc.StatusCode.INVALID_ARGUMENT,
+         "image is float64, the signature wants float32"),
+        (predict_request(IMAGES * 255, KEYS), grpc.StatusCode.INVALID_ARGUMENT,
+         "values must lie in [0, 1]"),
+        (predict_request(IMAGES, KEYS[:2]), grpc.StatusCode.INVALID_ARGUMENT,
+         "differ in batch size"),
+    ]
+    for request, code, words in cases:
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.Predict(request, timeout=60)
+        assert raised.value.code() == code and words in raised.value.details()
+    missing = predict_pb2.PredictRequest()
+    missing.model_spec.name = "mnist"
+    missing.inputs["image"].CopyFrom(tf.make_tensor_proto(IMAGES))
+    with pytest.raises(grpc.RpcError) as raised:
+        stub.Predict(missing, timeout=60)
+    assert "missing input 'key'" in raised.value.details()
+
+
+def test_metrics_count_both_apis_under_tf_servings_names(served):
+    client, channel = served
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    stub.Predict(predict_request(IMAGES, KEYS), timeout=60)
+    client.post("/v1/models/mnist:predict", json={"instances": [{"image": [2.0] * 784,
+                                                                  "key": 1}]})
+    text = client.get("/monitoring/prometheus/metrics").text
+    counts = metric_samples(text, ":tensorflow:serving:request_count")
+    assert counts[frozenset({("model_name", "mnist"), ("status", "OK")})] >= 1
+    assert counts[frozenset({("model_name", "mnist"), ("status", "INVALID_ARGUMENT")})] >= 1
+    latency = metric_samples(text, ":tensorflow:serving:request_latency_count")
+    for entrypoint in ("GRPC", "REST"):
+        assert latency[frozenset({("model_name", "mnist"), ("API", "Predict"),
+                                  ("entrypoint", entrypoint)})] >= 1
+    assert "# TYPE :tensorflow:serving:request_count counter" in text
+    assert metric_samples(text, ":mljob:serving:model_version_available") == {
+        frozenset({("model_name", "mnist"), ("version", "1")}): 1.0}
+
+
+def test_batching_merges_concurrent_requests_and_answers_each(export_dir, reaper):
+    proc, url = start_server(reaper.popen, export_dir, "--enable-batching",
+                             "--max-batch-size", "16", "--batch-timeout-micros", "50000",
+                             "--threads", "16")
+    imgs = images(32, seed=32)
+    fn = tf.saved_model.load(export_dir).signatures["serving_default"]
+    want = fn(image=tf.constant(imgs), key=tf.constant(np.arange(32), tf.int64))
+
+    async def main():
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            async def one(i):
+                answer = await client.post("/v1/models/default:predict", json={
+                    "instances": [{"image": imgs[i].tolist(), "key": i}]})
+                assert answer.status_code == 200, answer.text
+                return answer.json()["predictions"][0]
+            return await asyncio.gather(*(one(i) for i in range(32)))
+
+    rows = asyncio.run(main())
+    assert [r["key"] for r in rows] == list(range(32))
+    np.testing.assert_allclose([r["scores"] for r in rows], want["scores"].numpy(),
+                               rtol=1e-5, atol=1e-7)
+    text = httpx.get(f"{url}/monitoring/prometheus/metrics").text
+    sizes = metric_samples(text, ":mljob:serving:batch_size_sum")
+    calls = metric_samples(text, ":mljob:serving:batch_size_count")
+    key = frozenset({("model_name", "default")})
+    assert sizes[key] == 32 and calls[key] < 32   # some requests shared a call
+
+
+def test_sigterm_stops_both_apis_and_frees_both_ports(export_dir, reaper):
+    import signal
+    import socket
+    grpc_port = free_ports(1)[0]
+    proc, url = start_server(reaper.popen, export_dir, "--grpc-port", str(grpc_port))
+    assert httpx.get(f"{url}/v1/models/default").status_code == 200
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+    assert "Traceback" not in proc.stderr.read()
+    for port in (httpx.URL(url).port, grpc_port):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
