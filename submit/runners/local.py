@@ -474,8 +474,11 @@ class LocalEngine(Runner):
 
     def follow(self, record: jobs.JobRecord, echo, *, task_name: str | None) -> int:
         labels = [r.label for r in record.replicas]
-        if task_name is not None and (contracts.parse_label(task_name) is None
-                                      or (labels and task_name not in labels)):
+        # a tuning job's replicas are labelled by trial: `3/master-replica-0`
+        trial, _, label = task_name.rpartition("/") if task_name else ("", "", "")
+        if task_name is not None and (labels and task_name not in labels or (
+                contracts.parse_label(label) is None
+                or trial and not trial.isascii() or trial and not trial.isdigit())):
             raise UsageError(f"--task-name {task_name!r:.60} names no replica of job "
                              f"{record.job_id}; use one of "
                              f"{', '.join(labels) or contracts.LABEL_HINT}")

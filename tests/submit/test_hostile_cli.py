@@ -162,9 +162,10 @@ CONFIGS = {
     "not UTF-8": ("config.yaml", b"trainingInput:\n  region: caf\xe9\n",
                   "is not UTF-8 text (byte 0xe9 at offset 28); save it as UTF-8"),
     "labels a list": ("config.yaml", "labels: [a, b]\n",
-                      "labels must map strings to strings"),
-    "label value a number": ("config.yaml", "labels: {team: 5}\n",
-                             "labels must map strings to strings"),
+                      "labels must be a mapping of KEY: VALUE, not list"),
+    # a whole number is a label value as written (`version: 2`); other kinds are not
+    "label value a float": ("config.yaml", "labels: {team: 5.5}\n",
+                            "label team's value must be a string, not float"),
     "jobId a number": ("config.yaml", "jobId: 5\n", "jobId must be a string like job01, not "
                        "an integer"),
     "jobId a path": ("config.yaml", "jobId: ../x\n", "invalid job id '../x'"),
