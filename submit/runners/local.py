@@ -474,11 +474,7 @@ class LocalEngine(Runner):
 
     def follow(self, record: jobs.JobRecord, echo, *, task_name: str | None) -> int:
         labels = [r.label for r in record.replicas]
-        # a tuning job's replicas are labelled by trial: `3/master-replica-0`
-        trial, _, label = task_name.rpartition("/") if task_name else ("", "", "")
-        if task_name is not None and (labels and task_name not in labels or (
-                contracts.parse_label(label) is None
-                or trial and not trial.isascii() or trial and not trial.isdigit())):
+        if task_name is not None and not _names_a_replica(task_name, labels):
             raise UsageError(f"--task-name {task_name!r:.60} names no replica of job "
                              f"{record.job_id}; use one of "
                              f"{', '.join(labels) or contracts.LABEL_HINT}")
@@ -563,3 +559,13 @@ def _kill_orphans(record: jobs.JobRecord) -> None:
                 os.killpg(replica.pid, signal.SIGKILL)  # it leads its own session
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _names_a_replica(task_name: str, labels: list[str]) -> bool:
+    """Whether --task-name is one of the job's replicas (when the record lists them), or
+    at least a replica label: `master-replica-0`, or a tuning trial's `3/master-replica-0`."""
+    if labels:
+        return task_name in labels
+    trial, _, label = task_name.rpartition("/")
+    return contracts.parse_label(label) is not None and (
+        not trial or trial.isascii() and trial.isdigit())

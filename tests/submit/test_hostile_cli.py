@@ -165,7 +165,7 @@ CONFIGS = {
                       "labels must be a mapping of KEY: VALUE, not list"),
     # a whole number is a label value as written (`version: 2`); other kinds are not
     "label value a float": ("config.yaml", "labels: {team: 5.5}\n",
-                            "label team's value must be a string, not float"),
+                            "label team's value must be a string, not a number"),
     "jobId a number": ("config.yaml", "jobId: 5\n", "jobId must be a string like job01, not "
                        "an integer"),
     "jobId a path": ("config.yaml", "jobId: ../x\n", "invalid job id '../x'"),
