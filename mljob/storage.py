@@ -19,12 +19,15 @@ at import, caps those tries (1 leaves all retrying to this module).
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
+import stat
 import time
 import uuid
-from typing import Callable, Iterable, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Iterable
 
 # Recent gcsfs versions probe each bucket's type over gRPC first, which waits 60 s per
 # bucket against an emulator. The switch is read when gcsfs is imported, so set it here,
@@ -32,9 +35,9 @@ from typing import Callable, Iterable, TypeVar
 if os.environ.get("STORAGE_EMULATOR_HOST"):
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
-from mljob.errors import first_line  # noqa: E402
-import fsspec  # noqa: E402
-from fsspec.core import split_protocol, url_to_fs  # noqa: E402
+from mljob.errors import first_line
+import fsspec
+from fsspec.core import split_protocol, url_to_fs
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -46,6 +49,10 @@ RETRY_MAX_DELAY = 8.0
 
 class StorageError(OSError):
     """Storage failed for good (after retries) or the URL cannot be used."""
+
+
+class TooLargeError(StorageError):
+    """A file holds more bytes than its reader takes (`read_bytes(url, limit=...)`)."""
 
 
 def filesystem(url: str):
@@ -79,13 +86,64 @@ def join(url: str, *parts: str) -> str:
 
 
 def exists(url: str) -> bool:
+    """Whether URL exists; a local symbolic link loop is a StorageError, not "missing"."""
     fs, path = filesystem(url)
-    return retry(lambda: fs.exists(path), f"check {url}")
+    found = retry(lambda: fs.exists(path), f"check {url}")
+    if not found and "file" in _protocols(fs) and os.path.islink(path):
+        _stat_input(url, path)  # raises for a loop; a dangling link is simply missing
+    return found
 
 
-def read_bytes(url: str) -> bytes:
+def read_bytes(url: str, limit: int | None = None) -> bytes:
+    """The file's bytes; past `limit` bytes a TooLargeError (the rest is never read).
+
+    A local input must be a regular file: a device never ends (/dev/zero) and a named
+    pipe blocks until someone writes, so both are refused before they are opened.
+    """
     fs, path = filesystem(url)
-    return retry(lambda: fs.cat_file(path), f"read {url}", missing_ok=False)
+    if "file" in _protocols(fs):
+        _stat_input(url, path)
+
+    def read() -> bytes:  # opened again on each try: a retry starts from byte 0
+        with fs.open(path, "rb") as f:
+            return f.read() if limit is None else f.read(limit + 1)
+
+    data = retry(read, f"read {url}", missing_ok=False)
+    if limit is not None and len(data) > limit:
+        raise TooLargeError(f"{url} holds more than {limit} bytes, the most its reader "
+                            "takes; check that it is the file you meant")
+    return data
+
+
+def open_input(url: str):
+    """A binary file object for reading URL (close it, or use `with`).
+
+    FileNotFoundError when it is missing, IsADirectoryError for a folder, StorageError
+    for a local device, named pipe, socket or symbolic link loop.
+    """
+    fs, path = filesystem(url)
+    if "file" in _protocols(fs):
+        _stat_input(url, path)
+    return retry(lambda: fs.open(path, "rb"), f"open {url}")
+
+
+def _stat_input(url: str, path: str) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, f"{url} does not exist") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StorageError(f"cannot read {url}: it is a symbolic link loop; fix the "
+                               "link or point at the file itself") from None
+        raise StorageError(f"cannot read {url}: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, f"{url} is a folder", url)
+    if not stat.S_ISREG(mode):
+        kind = ("named pipe" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode)
+                else "device")
+        raise StorageError(f"cannot read {url}: it is a {kind}, not a regular file; "
+                           "copy the data into a file and pass that")
 
 
 def write_bytes(url: str, data: bytes) -> None:
@@ -218,7 +276,7 @@ def retry(fn: Callable[[], T], what: str, *, missing_ok: bool = True,
         except PermissionError as exc:
             raise StorageError(f"cannot {what}: permission denied ({first_line(exc, 200)})") \
                 from None
-        except Exception as exc:  # noqa: BLE001 - storage backends raise many types
+        except Exception as exc:
             if not _transient(exc):
                 raise StorageError(f"cannot {what}: {first_line(exc, 200)}") from None
             if attempt == attempts:
@@ -289,6 +347,6 @@ def _protocols(fs) -> tuple:
 
 
 
-__all__ = ["StorageError", "filesystem", "is_local", "local_path", "join", "exists",
-           "read_bytes", "write_bytes", "makedirs", "upload_file", "download_tree",
-           "upload_tree", "publish_dir", "retry", "fsspec"]
+__all__ = ["StorageError", "TooLargeError", "filesystem", "is_local", "local_path",
+           "join", "exists", "read_bytes", "open_input", "write_bytes", "makedirs",
+           "upload_file", "download_tree", "upload_tree", "publish_dir", "retry", "fsspec"]

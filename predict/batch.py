@@ -43,7 +43,7 @@ def expand_inputs(patterns: str) -> list:
     found = []
     for pattern in [p.strip() for p in patterns.split(",") if p.strip()]:
         fs, path = storage.filesystem(pattern)
-        matches = storage.retry(lambda: fs.glob(path), f"list {pattern}")
+        matches = storage.retry(lambda fs=fs, path=path: fs.glob(path), f"list {pattern}")
         matches = [m for m in matches if not fs.isdir(m)]
         found += [fs.unstrip_protocol(m) if "file" not in _protocols(fs) else m
                   for m in sorted(matches)]
@@ -103,7 +103,7 @@ def _predict_file(model, sig, url, data_format, batch_size, res, err, summary, p
         batch = decode.stack([d for _, d in pending], sig)
         try:
             rows = decode.encode_rows(model.predict(batch, sig.name))
-        except Exception as exc:  # noqa: BLE001 - the model refused this batch only
+        except Exception as exc:
             reason = f"the model failed on this batch: {first_line(exc)}"
             for label, _ in pending:
                 fail(label, reason)
@@ -129,10 +129,16 @@ def _predict_file(model, sig, url, data_format, batch_size, res, err, summary, p
 def _read(url: str, data_format: str, sig):
     """(label, instance or a thunk that parses it) for each record of one file; parsing
     is deferred so that a malformed record fails alone."""
-    fs, path = storage.filesystem(url)
-    with storage.retry(lambda: fs.open(path, "rb"), f"open {url}") as f:
+    try:
+        f = storage.open_input(url)
+    except storage.StorageError as exc:  # a device, pipe or link loop the glob matched
+        raise UsageError(first_line(exc)) from None
+    with f:
         if data_format == "text":
-            for number, raw in enumerate(f, start=1):
+            for number, raw in enumerate(_lines(f, instances.MAX_LINE_BYTES), start=1):
+                if raw is None:
+                    yield f"line {number}", (lambda: _raise(_LINE_TOO_LONG))
+                    return
                 yield f"line {number}", (lambda b=raw: _json_line(b))
             return
         number = 0
@@ -141,6 +147,35 @@ def _read(url: str, data_format: str, sig):
                 yield f"record {number}", (lambda r=record: records.to_instance(r, sig))
         except records.CorruptRecordError as exc:
             yield f"record {number + 1}", (lambda e=exc: _raise(e))
+
+
+def _lines(f, limit: int, chunk_size: int = 1 << 20):
+    """Each line's bytes (newline kept), or None for a line longer than `limit`, after
+    which nothing more is read (fsspec's files have no readline(size))."""
+    buffer = b""
+    while True:
+        chunk = f.read(chunk_size)
+        buffer += chunk
+        start = 0
+        while (end := buffer.find(b"\n", start)) >= 0:
+            if end - start >= limit:
+                yield None
+                return
+            yield buffer[start:end + 1]
+            start = end + 1
+        buffer = buffer[start:]
+        if len(buffer) > limit:
+            yield None
+            return
+        if not chunk:
+            if buffer:
+                yield buffer
+            return
+
+
+_LINE_TOO_LONG = InstanceError(
+    f"line longer than {instances.MAX_LINE_BYTES} bytes; the rest of the file was skipped "
+    "(one instance a line)")
 
 
 def _json_line(raw: bytes):

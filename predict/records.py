@@ -23,6 +23,9 @@ from predict.errors import InstanceError
 from predict.model import Signature
 
 _MASK_DELTA = 0xA282EAD8
+# One record is one instance (a 28x28 image is 3 KB as floats); a length field beyond
+# this is damage or hostility, and is refused before its bytes are read.
+MAX_RECORD_BYTES = 64 * 1024 * 1024
 
 
 class CorruptRecordError(InstanceError):
@@ -42,6 +45,10 @@ def read_tfrecords(f):
         if _masked_crc(header[:8]) != length_crc:
             raise CorruptRecordError("corrupt TFRecord length (CRC mismatch); the rest of "
                                      "the file was skipped")
+        if length > MAX_RECORD_BYTES:  # refused before anything that size is allocated
+            raise CorruptRecordError(f"a TFRecord claims {length} bytes, more than the "
+                                     f"{MAX_RECORD_BYTES} one instance may hold; the rest "
+                                     "of the file was skipped")
         data = f.read(length)
         footer = f.read(4)
         if len(data) < length or len(footer) < 4:
@@ -107,4 +114,5 @@ def _masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
-__all__ = ["read_tfrecords", "write_tfrecords", "to_instance", "CorruptRecordError"]
+__all__ = ["read_tfrecords", "write_tfrecords", "to_instance", "CorruptRecordError",
+           "MAX_RECORD_BYTES"]

@@ -8,16 +8,20 @@ validated here, before anything is built or staged; mistakes raise `ConfigError`
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import yaml
 
 from mljob import machines
+from mljob.errors import first_line
 from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, WORKER  # noqa: F401
 from submit.errors import ConfigError, UsageError
 
@@ -125,15 +129,7 @@ class JobSpec:
 
 def load_config(path: str) -> dict:
     """Read config.yaml or JSON into its trainingInput mapping, refusing anything odd."""
-    try:
-        size = os.path.getsize(path)
-    except OSError as exc:
-        raise ConfigError(f"cannot read --config {path}: {exc.strerror}") from None
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"--config {path} is {size} bytes; the limit is "
-                          f"{MAX_CONFIG_BYTES} (a job config is a few lines)")
-    with open(path, "rb") as f:
-        text = f.read().decode("utf-8", errors="replace")
+    text = _read_config(path).decode("utf-8", errors="replace")
     if path.endswith(".json"):
         try:
             document = json.loads(text)
@@ -154,6 +150,30 @@ def load_config(path: str) -> dict:
                           f"{type(training_input).__name__}")
     check_training_input(training_input)
     return training_input
+
+
+def _read_config(path: str) -> bytes:
+    """At most MAX_CONFIG_BYTES of a regular file: a device (/dev/zero) never ends and a
+    named pipe blocks until written, so only regular files are opened, and the read
+    stops one byte past the limit whatever the file claims its size is."""
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "folder" if stat.S_ISDIR(mode) else \
+                "named pipe" if stat.S_ISFIFO(mode) else "device or socket"
+            raise ConfigError(f"cannot read --config {path}: it is a {kind}, not a "
+                              "regular file; pass a config.yaml or JSON file")
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        reason = ("a symbolic link loop" if exc.errno == errno.ELOOP
+                  else exc.strerror or first_line(exc))
+        raise ConfigError(f"cannot read --config {path}: {reason}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        size = max(os.path.getsize(path), len(data))
+        raise ConfigError(f"--config {path} is {size} bytes; the limit is "
+                          f"{MAX_CONFIG_BYTES} (a job config is a few lines)")
+    return data
 
 
 def _safe_yaml(text: str, path: str) -> Any:
