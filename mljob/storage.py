@@ -5,7 +5,8 @@ own filesystems know neither memory:// nor a GCS emulator), so the trainer write
 local scratch folder and publishes through this module. Publishing is ordered so that a
 reader never sees a half-written result:
 
-- local folders are swapped in with a rename (the old copy is removed only after);
+- local folders are swapped in with one atomic exchange of the new and the old folder
+  (Linux's renameat2; elsewhere two renames), and the old copy is removed only after;
 - object stores have no rename, so every file is uploaded first and the marker a reader
   looks for (the `checkpoint` state file, `saved_model.pb`) is written last, after the
   previous marker was removed.
@@ -19,6 +20,7 @@ at import, caps those tries (1 leaves all retrying to this module).
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -235,7 +237,10 @@ def publish_dir(local_dir: str, url: str, *, marker: str) -> None:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # a failed copy leaves nothing behind
             raise
-        if os.path.exists(path):
+        if os.path.isdir(path) and _exchange(tmp, path):
+            shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old copy
+            return
+        if os.path.exists(path):  # no atomic exchange here: a moment without the folder
             os.rename(path, old)
         os.rename(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
@@ -246,6 +251,24 @@ def publish_dir(local_dir: str, url: str, *, marker: str) -> None:
     if retry(lambda: fs.exists(path), f"check {url}"):
         retry(lambda: fs.rm(path, recursive=True), f"clear {url}")
     upload_tree(local_dir, url, last=[marker])
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two local paths in one step (Linux's renameat2 with RENAME_EXCHANGE), so a
+    reader of `b` always finds a whole folder; False where the system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                          ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
 
 
 def retry(fn: Callable[[], T], what: str, *, missing_ok: bool = True,
