@@ -60,7 +60,11 @@ def run(model: Model, files: list, data_format: str, output_path: str, *,
     local_out = storage.is_local(output_path)
     if local_out:
         final_dir = storage.local_path(output_path)
-        os.makedirs(final_dir, exist_ok=True)
+        try:
+            os.makedirs(final_dir, exist_ok=True)
+        except OSError as exc:  # a file on the way, or no permission
+            raise UsageError(f"cannot create --output-path {output_path}: "
+                             f"{exc.strerror}; name a folder you can write") from None
         scratch = os.path.join(final_dir, f".prediction-tmp-{uuid.uuid4().hex[:8]}")
         os.makedirs(scratch)
     else:
@@ -209,6 +213,9 @@ class _Progress:
 
 def _refuse_existing(output_path: str) -> None:
     fs, path = storage.filesystem(output_path)
+    if storage.retry(lambda: fs.isfile(path), f"check {output_path}"):
+        raise UsageError(f"--output-path {output_path} is a file; batch prediction writes "
+                         "a folder of results, name a new or empty folder")
     try:
         existing = storage.retry(lambda: fs.glob(f"{path.rstrip('/')}/prediction.*"),
                                  f"list {output_path}")

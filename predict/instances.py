@@ -20,7 +20,7 @@ import numpy as np
 from predict.errors import InputError, InstanceError, UsageError
 from predict.model import Signature
 from mljob import storage
-from mljob.errors import first_line
+from mljob.errors import first_line, too_many_digits
 
 _SEPARATORS = re.compile(r"[,\s]+")
 MAX_INPUT_BYTES = 256 * 1024 * 1024  # predict local holds its whole input in memory
@@ -72,6 +72,9 @@ def parse_json(text: str):
         raise InstanceError(f"malformed JSON: {exc.msg} at column {exc.colno}") from None
     except RecursionError:
         raise InstanceError("malformed JSON: nested too deeply") from None
+    except ValueError as exc:
+        raise InstanceError(f"malformed JSON: {too_many_digits(exc) or first_line(exc)}") \
+            from None
 
 
 def json_instances(data: bytes):
@@ -129,7 +132,9 @@ def text_value(line: str, name: str, dtype: np.dtype):
     for token in tokens:
         try:
             values.append(parse(token))
-        except ValueError:
+        except ValueError as exc:
+            if too_many_digits(exc):
+                raise InstanceError(f"{token[:20]}...: {too_many_digits(exc)}") from None
             raise InstanceError(f"{token[:40]!r} is not a number ({name} takes "
                                 f"{dtype.name} values separated by commas or spaces)") \
                 from None

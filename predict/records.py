@@ -19,6 +19,7 @@ import struct
 
 import google_crc32c
 
+from mljob.errors import first_line, too_many_digits
 from predict.errors import InstanceError
 from predict.model import Signature
 
@@ -77,6 +78,9 @@ def to_instance(record: bytes, sig: Signature):
             raise InstanceError(f"record is not a JSON instance: {exc}") from None
         except RecursionError:
             raise InstanceError("record is not a JSON instance: nested too deeply") from None
+        except ValueError as exc:  # an integer beyond Python's string conversion limit
+            raise InstanceError(f"record is not a JSON instance: "
+                                f"{too_many_digits(exc) or first_line(exc)}") from None
     return _from_example(record, sig)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import yaml
 
 from mljob import machines
-from mljob.errors import first_line
+from mljob.errors import first_line, too_many_digits
 from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, WORKER  # noqa: F401
 from submit.errors import ConfigError, UsageError
 
@@ -134,7 +134,8 @@ def load_config(path: str) -> dict:
         try:
             document = json.loads(text)
         except ValueError as exc:
-            raise ConfigError(f"--config {path} is not valid JSON: {exc}") from None
+            raise ConfigError(f"--config {path} is not valid JSON: "
+                              f"{too_many_digits(exc) or exc}") from None
         except RecursionError:
             raise ConfigError(f"--config {path} nests values too deeply; a job config "
                               f"needs at most {MAX_CONFIG_DEPTH} levels") from None
@@ -200,6 +201,10 @@ def _safe_yaml(text: str, path: str) -> Any:
         where = f" at line {mark.line + 1}" if mark else ""
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
         raise ConfigError(f"--config {path} is not valid YAML{where}: {problem}") from None
+    except ValueError as exc:  # yaml converts digits with int()
+        if not too_many_digits(exc):
+            raise
+        raise ConfigError(f"--config {path} holds {too_many_digits(exc)}") from None
 
 
 def check_training_input(ti: Mapping[str, Any]) -> None:

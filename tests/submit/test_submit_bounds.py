@@ -83,3 +83,21 @@ def test_a_staged_package_too_large_to_download_is_refused(tmp_path, monkeypatch
     with pytest.raises(Exception, match="is larger than"):
         package.ensure_environment(archive, sha, top, home=str(tmp_path / "home"))
     assert not os.path.exists(tmp_path / "home" / "envs" / sha)
+
+
+@pytest.mark.parametrize("name, text", [
+    ("config.yaml", "trainingInput:\n  workerCount: HUGE\n"),
+    ("config.json", '{"trainingInput": {"workerCount": HUGE}}')], ids=["yaml", "json"])
+def test_config_integer_beyond_the_conversion_limit_is_one_line(capsys, tmp_path, name,
+                                                               text):
+    """Before (YAML): int() raised ValueError through the loader, a traceback."""
+    import sys
+    config = tmp_path / name
+    config.write_text(text.replace("HUGE", "9" * (sys.get_int_max_str_digits() + 700)))
+    pkg = write_package(tmp_path / "pkg")
+    status, err = _submit(capsys, "job01", "--job-dir", str(tmp_path / "job"),
+                          "--package-path", pkg, "--config", str(config))
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert f"an integer of more than {sys.get_int_max_str_digits()} digits" in lines[0]
+    assert files_under(tmp_path / "job") == []
