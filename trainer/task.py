@@ -28,6 +28,7 @@ import traceback
 from mljob import cluster as cluster_lib
 from mljob import storage
 from mljob.contracts import AIP_CHECKPOINT_DIR, AIP_MODEL_DIR, AIP_TENSORBOARD_LOG_DIR
+from mljob.errors import too_many_digits
 from trainer.errors import EXIT_FAILED, EXIT_USAGE, TrainerError, UsageError
 
 MODELS = ("cnn", "mlp")  # trainer.model.MODELS, repeated to keep TensorFlow unimported
@@ -45,22 +46,35 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message}; see --help")
 
 
-def _positive(text: str) -> int:
-    return _int_at_least(text, 1)
+# What TensorFlow can hold, checked while the flags are parsed (before anything is
+# written): steps and seeds are int64 in TensorFlow, a batch's size and the steps of one
+# call are int32 in its shapes and loop counters, and the optimizer's rate is a float32.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.401298464324817e-45  # the smallest positive float32 (denormal)
 
 
-def _non_negative(text: str) -> int:
-    return _int_at_least(text, 0)
+def _int_type(low: int, high: int):
+    """An argparse type: an integer in [low, high], else a message naming the range."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError as exc:
+            reason = too_many_digits(exc) or "not an integer"
+            raise argparse.ArgumentTypeError(f"{text[:20]!r} is {reason}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is less than {low}")
+        if value > high:
+            raise argparse.ArgumentTypeError(
+                f"{value} is more than {high}, the most TensorFlow can hold here")
+        return value
+    return parse
 
 
-def _int_at_least(text: str, low: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"{value} is less than {low}")
-    return value
+_positive = _int_type(1, INT64_MAX)
+_non_negative = _int_type(0, INT64_MAX)
+_int32_positive = _int_type(1, INT32_MAX)
 
 
 def _float_where(check, wanted: str):
@@ -69,14 +83,15 @@ def _float_where(check, wanted: str):
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{text[:20]!r} is not a number") from None
         if not check(value):
             raise argparse.ArgumentTypeError(f"{value} is not {wanted}")
         return value
     return parse
 
 
-_positive_float = _float_where(lambda v: v > 0, "positive")
+_learning_rate = _float_where(lambda v: FLOAT32_TINY <= v <= FLOAT32_MAX,
+                              "a positive finite number a float32 can hold")
 _fraction = _float_where(lambda v: 0.0 <= v < 1.0, "in [0, 1)")
 
 
@@ -88,18 +103,18 @@ def parser() -> argparse.ArgumentParser:
         "URL); default jobs/trainer-<UTC time> in the working directory")
     add("--model", choices=MODELS, default="cnn", help="cnn (default) or mlp")
     add("--train-steps", type=_positive, default=2000)
-    add("--batch-size", type=_positive, default=100,
+    add("--batch-size", type=_int32_positive, default=100,
         help="examples a step (split over the replicas under multiworker)")
-    add("--learning-rate", type=_positive_float, default=1e-3, help="Adam's step size")
+    add("--learning-rate", type=_learning_rate, default=1e-3, help="Adam's step size")
     add("--eval-every", type=_non_negative, default=1000,
         help="evaluate every N steps on the chief (0: only at the end)")
     add("--checkpoint-every", type=_non_negative, default=500,
         help="checkpoint every N steps (0: only at the end)")
-    add("--keep-checkpoints", type=_positive, default=5)
-    add("--steps-per-execution", type=_positive, default=None,
+    add("--keep-checkpoints", type=_int32_positive, default=5)
+    add("--steps-per-execution", type=_int32_positive, default=None,
         help="steps run by one tf.function call / scheduled function (default: "
         "trainer.train.STEPS_PER_EXECUTION)")
-    add("--ps-shards", type=_non_negative, default=0,
+    add("--ps-shards", type=_int_type(0, INT32_MAX), default=0,
         help="shards per variable over the ps: 0 automatic, 1 none, N fixed")
     add("--strategy", choices=cluster_lib.STRATEGIES, default="auto")
     add("--data-dir", help="folder with the four IDX files or mnist.npz")
@@ -202,6 +217,11 @@ def config_from(args: argparse.Namespace, outputs: Outputs):
 
 def _check(args: argparse.Namespace, info: cluster_lib.ClusterInfo) -> str | None:
     """Checks that need no TensorFlow; returns the strategy kind when it is known now."""
+    for flag in ("--data-dir", "--train-files", "--eval-files"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and not value.strip(" ,"):
+            raise UsageError(f"{flag} is empty; name the data, or leave {flag} out for the "
+                             "default data")
     if args.data_dir and (args.train_files or args.eval_files):
         raise UsageError("give either --data-dir or --train-files/--eval-files, not both")
     if bool(args.train_files) != bool(args.eval_files):

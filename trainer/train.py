@@ -214,6 +214,9 @@ def run(info: ClusterInfo, config: TrainConfig, kind: str, stop: StopSignal) -> 
         raise UsageError(f"--batch-size {config.batch_size} cannot be split evenly over "
                          f"{replicas} replicas; use a multiple of {replicas}")
     dataset = data_lib.load(config.data_dir, config.train_files, config.eval_files)
+    if config.batch_size > len(dataset.train_labels):  # no full batch: no step would run
+        raise UsageError(f"--batch-size {config.batch_size} is more than the "
+                         f"{len(dataset.train_labels)} training examples; use a smaller one")
     replica = Replica(strategy, coordinator, config, num_workers=info.num_workers,
                       agree_on_stop=kind == "multiworker")
     store = CheckpointStore(config.checkpoint_url, keep=config.keep_checkpoints,
