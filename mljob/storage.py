@@ -91,8 +91,13 @@ def exists(url: str) -> bool:
     """Whether URL exists; a local symbolic link loop is a StorageError, not "missing"."""
     fs, path = filesystem(url)
     found = retry(lambda: fs.exists(path), f"check {url}")
-    if not found and "file" in _protocols(fs) and os.path.islink(path):
-        _stat_input(url, path)  # raises for a loop; a dangling link is simply missing
+    if not found and "file" in _protocols(fs):
+        try:
+            os.stat(path)
+        except OSError as exc:  # a loop in the path or at its end; else simply missing
+            if exc.errno == errno.ELOOP:
+                raise StorageError(f"cannot read {url}: it is a symbolic link loop, or "
+                                   "lies under one; fix the link") from None
     return found
 
 

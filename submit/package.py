@@ -31,6 +31,7 @@ import uuid
 
 from submit.errors import PackageError, PackageUsageError
 from mljob import storage
+from mljob.errors import first_line
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,12 @@ def _members(tar: tarfile.TarFile, tar_path: str) -> list[tarfile.TarInfo]:
     return members
 
 
+def _naming(url: str, exc: BaseException) -> str:
+    """The exception's first line, naming the URL once (storage's messages name it)."""
+    text = first_line(exc)
+    return text if url in text else f"{url}: {text}"
+
+
 def _download(url: str) -> bytes:
     """A staged package's bytes, at most MAX_PACKAGE_BYTES."""
     try:
@@ -202,7 +209,7 @@ def fetch(url: str, out_dir: str) -> Package:
         raise PackageUsageError(f"staged package {url} does not exist; check packageUris") \
             from None
     except (storage.StorageError, OSError) as exc:
-        raise PackageError(f"cannot download the package {url}: {exc}") from None
+        raise PackageError(f"cannot download the package: {_naming(url, exc)}") from None
     path = os.path.join(out_dir, posixpath.basename(url) or "package.tar.gz")
     with open(path, "wb") as f:
         f.write(data)
@@ -269,7 +276,8 @@ def ensure_environment(url: str, sha256: str, top_dir: str, *,
         try:
             data = _download(url)
         except (FileNotFoundError, storage.StorageError, OSError) as exc:
-            raise PackageError(f"cannot download the staged package {url}: {exc}") from None
+            raise PackageError(f"cannot download the staged package: {_naming(url, exc)}") \
+                from None
         with open(archive, "wb") as f:
             f.write(data)
         got, top = content_hash(archive)

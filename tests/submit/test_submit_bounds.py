@@ -101,3 +101,17 @@ def test_config_integer_beyond_the_conversion_limit_is_one_line(capsys, tmp_path
     assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert f"an integer of more than {sys.get_int_max_str_digits()} digits" in lines[0]
     assert files_under(tmp_path / "job") == []
+
+
+def test_download_errors_name_the_url_once(tmp_path):
+    """Before: `cannot download the staged package X: cannot read X: ...`."""
+    from submit.errors import PackageError
+    loop = str(tmp_path / "pkg-1.0.tar.gz")
+    os.symlink(loop, loop)
+    with pytest.raises(PackageError) as info:
+        package.ensure_environment(loop, "0" * 64, "pkg-1.0", home=str(tmp_path / "home"))
+    message = str(info.value)
+    assert message.count(loop) == 1 and "symbolic link loop" in message, message
+    with pytest.raises(PackageError) as info:
+        package.fetch(loop, str(tmp_path))
+    assert str(info.value).count(loop) == 1, str(info.value)

@@ -106,6 +106,10 @@ def test_symlink_loop_is_named_as_a_loop(tmp_path):
     message = _error(data.load, str(folder))
     assert "symbolic link loop" in message and "missing" not in message
     assert "symbolic link loop" in _error(data.read_idx, str(folder / "b"))
+    looped_dir = tmp_path / "looped"
+    os.symlink(looped_dir, looped_dir)  # --data-dir itself is the loop
+    message = _error(data.load, str(looped_dir))
+    assert "symbolic link loop" in message and "missing" not in message
 
 
 def test_npz_whose_array_header_lies_is_refused_before_allocation(tmp_path):
