@@ -141,7 +141,7 @@ def _read(url: str, data_format: str, sig):
         if data_format == "text":
             for number, raw in enumerate(_lines(f, instances.MAX_LINE_BYTES), start=1):
                 if raw is None:
-                    yield f"line {number}", (lambda: _raise(_LINE_TOO_LONG))
+                    yield f"line {number}", (lambda: _raise(_line_too_long()))
                     return
                 yield f"line {number}", (lambda b=raw: _json_line(b))
             return
@@ -177,9 +177,9 @@ def _lines(f, limit: int, chunk_size: int = 1 << 20):
             return
 
 
-_LINE_TOO_LONG = InstanceError(
-    f"line longer than {instances.MAX_LINE_BYTES} bytes; the rest of the file was skipped "
-    "(one instance a line)")
+def _line_too_long() -> InstanceError:
+    return InstanceError(f"line longer than {instances.MAX_LINE_BYTES} bytes; the rest of "
+                         "the file was skipped (one instance a line)")
 
 
 def _json_line(raw: bytes):
