@@ -8,6 +8,8 @@ policy, which the launcher's restart policies read: 1-127 are permanent failures
 """
 from __future__ import annotations
 
+import sys
+
 EXIT_OK = 0
 EXIT_FAILED = 1              # a bug or an unrecoverable error: do not retry
 EXIT_USAGE = 2               # bad flags, config, data or URLs: the user must fix them
@@ -35,3 +37,12 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
         if line.strip():
             return line.strip()[:limit]
     return type(exc).__name__
+
+
+def too_many_digits(exc: BaseException) -> str | None:
+    """For Python's refusal to read an integer longer than its string conversion limit
+    (a ValueError from json, yaml and int()), a message naming the problem; else None."""
+    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+        return (f"an integer of more than {sys.get_int_max_str_digits()} digits; no value "
+                "here is that large")
+    return None

@@ -5,7 +5,8 @@ own filesystems know neither memory:// nor a GCS emulator), so the trainer write
 local scratch folder and publishes through this module. Publishing is ordered so that a
 reader never sees a half-written result:
 
-- local folders are swapped in with a rename (the old copy is removed only after);
+- local folders are swapped in with one atomic exchange of the new and the old folder
+  (Linux's renameat2; elsewhere two renames), and the old copy is removed only after;
 - object stores have no rename, so every file is uploaded first and the marker a reader
   looks for (the `checkpoint` state file, `saved_model.pb`) is written last, after the
   previous marker was removed.
@@ -19,9 +20,12 @@ at import, caps those tries (1 leaves all retrying to this module).
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import logging
 import os
 import shutil
+import stat
 import time
 import uuid
 from typing import TypeVar
@@ -47,6 +51,10 @@ RETRY_MAX_DELAY = 8.0
 
 class StorageError(OSError):
     """Storage failed for good (after retries) or the URL cannot be used."""
+
+
+class TooLargeError(StorageError):
+    """A file holds more bytes than its reader takes (`read_bytes(url, limit=...)`)."""
 
 
 def filesystem(url: str):
@@ -107,13 +115,69 @@ def join(url: str, *parts: str) -> str:
 
 
 def exists(url: str) -> bool:
+    """Whether URL exists; a local symbolic link loop is a StorageError, not "missing"."""
     fs, path = filesystem(url)
-    return retry(lambda: fs.exists(path), f"check {url}")
+    found = retry(lambda: fs.exists(path), f"check {url}")
+    if not found and "file" in _protocols(fs):
+        try:
+            os.stat(path)
+        except OSError as exc:  # a loop in the path or at its end; else simply missing
+            if exc.errno == errno.ELOOP:
+                raise StorageError(f"cannot read {url}: it is a symbolic link loop, or "
+                                   "lies under one; fix the link") from None
+    return found
 
 
-def read_bytes(url: str) -> bytes:
+def read_bytes(url: str, limit: int | None = None) -> bytes:
+    """The file's bytes; past `limit` bytes a TooLargeError (the rest is never read).
+
+    A local input must be a regular file: a device never ends (/dev/zero) and a named
+    pipe blocks until someone writes, so both are refused before they are opened.
+    """
     fs, path = filesystem(url)
-    return retry(lambda: fs.cat_file(path), f"read {url}", missing_ok=False)
+    if "file" in _protocols(fs):
+        _stat_input(url, path)
+
+    def read() -> bytes:  # opened again on each try: a retry starts from byte 0
+        with fs.open(path, "rb") as f:
+            return f.read() if limit is None else f.read(limit + 1)
+
+    data = retry(read, f"read {url}", missing_ok=False)
+    if limit is not None and len(data) > limit:
+        raise TooLargeError(f"{url} holds more than {limit} bytes, the most its reader "
+                            "takes; check that it is the file you meant")
+    return data
+
+
+def open_input(url: str):
+    """A binary file object for reading URL (close it, or use `with`).
+
+    FileNotFoundError when it is missing, IsADirectoryError for a folder, StorageError
+    for a local device, named pipe, socket or symbolic link loop.
+    """
+    fs, path = filesystem(url)
+    if "file" in _protocols(fs):
+        _stat_input(url, path)
+    return retry(lambda: fs.open(path, "rb"), f"open {url}")
+
+
+def _stat_input(url: str, path: str) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, f"{url} does not exist") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StorageError(f"cannot read {url}: it is a symbolic link loop; fix the "
+                               "link or point at the file itself") from None
+        raise StorageError(f"cannot read {url}: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, f"{url} is a folder", url)
+    if not stat.S_ISREG(mode):
+        kind = ("named pipe" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode)
+                else "device")
+        raise StorageError(f"cannot read {url}: it is a {kind}, not a regular file; "
+                           "copy the data into a file and pass that")
 
 
 def write_bytes(url: str, data: bytes) -> None:
@@ -205,7 +269,10 @@ def publish_dir(local_dir: str, url: str, *, marker: str) -> None:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # a failed copy leaves nothing behind
             raise
-        if os.path.exists(path):
+        if os.path.isdir(path) and _exchange(tmp, path):
+            shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old copy
+            return
+        if os.path.exists(path):  # no atomic exchange here: a moment without the folder
             os.rename(path, old)
         os.rename(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
@@ -216,6 +283,24 @@ def publish_dir(local_dir: str, url: str, *, marker: str) -> None:
     if retry(lambda: fs.exists(path), f"check {url}"):
         retry(lambda: fs.rm(path, recursive=True), f"clear {url}")
     upload_tree(local_dir, url, last=[marker])
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two local paths in one step (Linux's renameat2 with RENAME_EXCHANGE), so a
+    reader of `b` always finds a whole folder; False where the system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                          ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
 
 
 def retry(fn: Callable[[], T], what: str, *, missing_ok: bool = True,
@@ -325,7 +410,7 @@ def _protocols(fs) -> tuple:
 
 
 
-__all__ = ["StorageError", "filesystem", "check_segments", "absolute_url", "is_local",
-           "local_path", "join", "exists",
-           "read_bytes", "write_bytes", "makedirs", "upload_file", "download_tree",
-           "upload_tree", "publish_dir", "retry", "fsspec"]
+__all__ = ["StorageError", "TooLargeError", "filesystem", "check_segments", "absolute_url",
+           "is_local", "local_path", "join", "exists", "read_bytes", "open_input",
+           "write_bytes", "makedirs", "upload_file", "download_tree", "upload_tree",
+           "publish_dir", "retry", "fsspec"]

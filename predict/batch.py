@@ -60,7 +60,11 @@ def run(model: Model, files: list, data_format: str, output_path: str, *,
     local_out = storage.is_local(output_path)
     if local_out:
         final_dir = storage.local_path(output_path)
-        os.makedirs(final_dir, exist_ok=True)
+        try:
+            os.makedirs(final_dir, exist_ok=True)
+        except OSError as exc:  # a file on the way, or no permission
+            raise UsageError(f"cannot create --output-path {output_path}: "
+                             f"{exc.strerror}; name a folder you can write") from None
         scratch = os.path.join(final_dir, f".prediction-tmp-{uuid.uuid4().hex[:8]}")
         os.makedirs(scratch)
     else:
@@ -128,10 +132,16 @@ def _predict_file(model, sig, url, data_format, batch_size, res, err, summary, p
 def _read(url: str, data_format: str, sig):
     """(label, instance or a thunk that parses it) for each record of one file; parsing
     is deferred so that a malformed record fails alone."""
-    fs, path = storage.filesystem(url)
-    with storage.retry(lambda: fs.open(path, "rb"), f"open {url}") as f:
+    try:
+        f = storage.open_input(url)
+    except storage.StorageError as exc:  # a device, pipe or link loop the glob matched
+        raise UsageError(first_line(exc)) from None
+    with f:
         if data_format == "text":
-            for number, raw in enumerate(f, start=1):
+            for number, raw in enumerate(_lines(f, instances.MAX_LINE_BYTES), start=1):
+                if raw is None:
+                    yield f"line {number}", (lambda: _raise(_line_too_long()))
+                    return
                 yield f"line {number}", (lambda b=raw: _json_line(b))
             return
         number = 0
@@ -140,6 +150,35 @@ def _read(url: str, data_format: str, sig):
                 yield f"record {number}", (lambda r=record: records.to_instance(r, sig))
         except records.CorruptRecordError as exc:
             yield f"record {number + 1}", (lambda e=exc: _raise(e))
+
+
+def _lines(f, limit: int, chunk_size: int = 1 << 20):
+    """Each line's bytes (newline kept), or None for a line longer than `limit`, after
+    which nothing more is read (fsspec's files have no readline(size))."""
+    buffer = b""
+    while True:
+        chunk = f.read(chunk_size)
+        buffer += chunk
+        start = 0
+        while (end := buffer.find(b"\n", start)) >= 0:
+            if end - start >= limit:
+                yield None
+                return
+            yield buffer[start:end + 1]
+            start = end + 1
+        buffer = buffer[start:]
+        if len(buffer) > limit:
+            yield None
+            return
+        if not chunk:
+            if buffer:
+                yield buffer
+            return
+
+
+def _line_too_long() -> InstanceError:
+    return InstanceError(f"line longer than {instances.MAX_LINE_BYTES} bytes; the rest of "
+                         "the file was skipped (one instance a line)")
 
 
 def _json_line(raw: bytes):
@@ -173,6 +212,9 @@ class _Progress:
 
 def _refuse_existing(output_path: str) -> None:
     fs, path = storage.filesystem(output_path)
+    if storage.retry(lambda: fs.isfile(path), f"check {output_path}"):
+        raise UsageError(f"--output-path {output_path} is a file; batch prediction writes "
+                         "a folder of results, name a new or empty folder")
     try:
         existing = storage.retry(lambda: fs.glob(f"{path.rstrip('/')}/prediction.*"),
                                  f"list {output_path}")

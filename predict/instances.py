@@ -20,20 +20,32 @@ import numpy as np
 from predict.errors import InputError, InstanceError, UsageError
 from predict.model import Signature
 from mljob import storage
+from mljob.errors import first_line, too_many_digits
 
 _SEPARATORS = re.compile(r"[,\s]+")
+MAX_INPUT_BYTES = 256 * 1024 * 1024  # predict local holds its whole input in memory
+MAX_LINE_BYTES = 64 * 1024 * 1024    # one instance a line, as predict batch streams them
 
 
 def read_source(url: str) -> bytes:
-    """The bytes of a file, any fsspec URL, or stdin for `-`."""
+    """The bytes of a file, any fsspec URL, or stdin for `-`; at most MAX_INPUT_BYTES."""
+    too_big = UsageError(f"input {url} holds more than {MAX_INPUT_BYTES} bytes; local "
+                         "prediction is for small inputs, use predict batch for more")
     if url == "-":
-        return sys.stdin.buffer.read()
+        data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES:
+            raise too_big
+        return data
     try:
-        return storage.read_bytes(url)
+        return storage.read_bytes(url, limit=MAX_INPUT_BYTES)
     except FileNotFoundError:
         raise UsageError(f"input file {url} does not exist") from None
     except IsADirectoryError:
         raise UsageError(f"input {url} is a folder; pass a file (or - for stdin)") from None
+    except storage.TooLargeError:
+        raise too_big from None
+    except storage.StorageError as exc:  # a device, named pipe or symbolic link loop
+        raise UsageError(first_line(exc)) from None
 
 
 def split_lines(data: bytes, where: str = "line"):
@@ -60,6 +72,9 @@ def parse_json(text: str):
         raise InstanceError(f"malformed JSON: {exc.msg} at column {exc.colno}") from None
     except RecursionError:
         raise InstanceError("malformed JSON: nested too deeply") from None
+    except ValueError as exc:
+        raise InstanceError(f"malformed JSON: {too_many_digits(exc) or first_line(exc)}") \
+            from None
 
 
 def json_instances(data: bytes):
@@ -117,7 +132,9 @@ def text_value(line: str, name: str, dtype: np.dtype):
     for token in tokens:
         try:
             values.append(parse(token))
-        except ValueError:
+        except ValueError as exc:
+            if too_many_digits(exc):
+                raise InstanceError(f"{token[:20]}...: {too_many_digits(exc)}") from None
             raise InstanceError(f"{token[:40]!r} is not a number ({name} takes "
                                 f"{dtype.name} values separated by commas or spaces)") \
                 from None

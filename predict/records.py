@@ -19,10 +19,14 @@ import struct
 
 import google_crc32c
 
+from mljob.errors import first_line, too_many_digits
 from predict.errors import InstanceError
 from predict.model import Signature
 
 _MASK_DELTA = 0xA282EAD8
+# One record is one instance (a 28x28 image is 3 KB as floats); a length field beyond
+# this is damage or hostility, and is refused before its bytes are read.
+MAX_RECORD_BYTES = 64 * 1024 * 1024
 
 
 class CorruptRecordError(InstanceError):
@@ -42,6 +46,10 @@ def read_tfrecords(f):
         if _masked_crc(header[:8]) != length_crc:
             raise CorruptRecordError("corrupt TFRecord length (CRC mismatch); the rest of "
                                      "the file was skipped")
+        if length > MAX_RECORD_BYTES:  # refused before anything that size is allocated
+            raise CorruptRecordError(f"a TFRecord claims {length} bytes, more than the "
+                                     f"{MAX_RECORD_BYTES} one instance may hold; the rest "
+                                     "of the file was skipped")
         data = f.read(length)
         footer = f.read(4)
         if len(data) < length or len(footer) < 4:
@@ -70,6 +78,9 @@ def to_instance(record: bytes, sig: Signature):
             raise InstanceError(f"record is not a JSON instance: {exc}") from None
         except RecursionError:
             raise InstanceError("record is not a JSON instance: nested too deeply") from None
+        except ValueError as exc:  # an integer beyond Python's string conversion limit
+            raise InstanceError(f"record is not a JSON instance: "
+                                f"{too_many_digits(exc) or first_line(exc)}") from None
     return _from_example(record, sig)
 
 
@@ -107,4 +118,5 @@ def _masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
-__all__ = ["read_tfrecords", "write_tfrecords", "to_instance", "CorruptRecordError"]
+__all__ = ["read_tfrecords", "write_tfrecords", "to_instance", "CorruptRecordError",
+           "MAX_RECORD_BYTES"]

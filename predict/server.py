@@ -24,11 +24,14 @@ import signal
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
+import h11
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from predict import decode, loop
 from predict.errors import InputError, InstanceError, UsageError
@@ -231,7 +234,31 @@ def _version(name: str, text: str | None) -> int | None:
 
 
 def build_app(service: PredictionService) -> Starlette:
-    return Starlette(routes=[Route("/{path:path}", service.handle, methods=list(_METHODS))])
+    async def framework_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # Starlette's own refusals (a method no route takes, such as FOO or TRACE)
+        # answer in the API's error format too.
+        message = (f"{request.method} is not allowed; use GET or POST"
+                   if exc.status_code == 405 else exc.detail)
+        return _json(exc.status_code, {"error": message}, dict(exc.headers or {}))
+
+    return Starlette(routes=[Route("/{path:path}", service.handle, methods=list(_METHODS))],
+                     exception_handlers={StarletteHTTPException: framework_error})
+
+
+class _JSONErrorsH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, answering a request it cannot parse (a malformed
+    request line, a negative Content-Length, bad chunking) with the API's JSON error
+    body instead of plain text; the connection is closed after, as before."""
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps({"error": "malformed HTTP request (request line, headers or "
+                                    "chunked body); send valid HTTP/1.1"}).encode()
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                      h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
 
 def serve(repository: Repository, *, host: str, port: int, max_body_bytes: int,
@@ -259,7 +286,7 @@ def serve(repository: Repository, *, host: str, port: int, max_body_bytes: int,
         # request could meet a connection closed while the loop was starved.
         config = uvicorn.Config(build_app(service), log_level="warning", access_log=False,
                                 lifespan="off", timeout_graceful_shutdown=10,
-                                timeout_keep_alive=KEEP_ALIVE)
+                                timeout_keep_alive=KEEP_ALIVE, http=_JSONErrorsH11)
         # uvicorn re-raises the signal it stopped for once it has shut down; with these
         # handlers in place that re-raise is a no-op and the process ends with status 0.
         for sig in (signal.SIGTERM, signal.SIGINT):

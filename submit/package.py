@@ -67,6 +67,12 @@ setup(name={name!r}, version={version!r},
       packages=find_namespace_packages(include=[{name!r}, {name!r} + ".*"]),
       include_package_data=True, install_requires={requires!r})
 """
+# Bounds on a package read from storage (packageUris, or a staged file someone replaced):
+# an sdist is kilobytes to a few megabytes, so these leave room for packages that ship
+# data while a tar bomb stops at a declared size before it is expanded.
+MAX_PACKAGE_BYTES = 512 * 1024 * 1024       # the archive as stored
+MAX_EXTRACTED_BYTES = 2 * 1024 * 1024 * 1024  # the members' declared sizes, summed
+MAX_MEMBERS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,13 +262,15 @@ def content_hash(path: str) -> tuple[str, str]:
     digest = hashlib.sha256()
     try:
         with tarfile.open(path, "r:*") as tar:
-            members = sorted(tar.getmembers(), key=lambda m: m.name)
+            members = sorted(_members(tar, path), key=lambda m: m.name)
             tops = {m.name.split("/", 1)[0] for m in members}
             for member in members:
                 digest.update(f"{member.name}\0{member.type.decode()}\0{member.linkname}\0"
                               .encode())
                 if member.isfile():
-                    digest.update(tar.extractfile(member).read())
+                    with tar.extractfile(member) as f:
+                        while chunk := f.read(1 << 20):
+                            digest.update(chunk)
                     digest.update(b"\0")
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise PackageError(f"{path} is not a readable .tar.gz: {exc}") from None
@@ -312,6 +320,30 @@ def _python_files(path: str):
                 yield member.name, tar.extractfile(member).read().decode("utf-8", "replace")
 
 
+def _members(tar: tarfile.TarFile, tar_path: str) -> list[tarfile.TarInfo]:
+    """The archive's members, stopping (before reading further) once their count or
+    declared sizes pass the bounds: a small archive can expand to terabytes."""
+    members, total = [], 0
+    for member in tar:
+        members.append(member)
+        total += member.size
+        if len(members) > MAX_MEMBERS or total > MAX_EXTRACTED_BYTES:
+            raise PackageUsageError(
+                f"{os.path.basename(tar_path)} expands to more than "
+                f"{MAX_MEMBERS} members or {MAX_EXTRACTED_BYTES} bytes; a training package "
+                "holds code (keep data in storage and read it with --data-dir)")
+    return members
+
+
+def _read_package(url: str) -> bytes:
+    """A staged package's bytes, at most MAX_PACKAGE_BYTES."""
+    try:
+        return storage.read_bytes(url, limit=MAX_PACKAGE_BYTES)
+    except storage.TooLargeError:
+        raise PackageUsageError(f"the package {url} is larger than {MAX_PACKAGE_BYTES} "
+                                "bytes; a training package holds code") from None
+
+
 def staging_url(package: Package, *, job_id: str, staging_bucket: str | None,
                 job_dir: str | None) -> str:
     if staging_bucket:
@@ -342,7 +374,7 @@ def _naming(exc: BaseException, url: str) -> str:
 def fetch(url: str, out_dir: str) -> Package:
     """Download a staged package (packageUris) and describe it."""
     try:
-        data = storage.read_bytes(url)
+        data = _read_package(url)
     except FileNotFoundError:
         raise PackageUsageError(f"staged package {url} does not exist; check packageUris") \
             from None
@@ -370,9 +402,10 @@ def safe_extract(tar_path: str, dest: str) -> None:
     root = os.path.realpath(dest)
     os.makedirs(root, exist_ok=True)
     with tarfile.open(tar_path, "r:*") as tar:
-        for member in tar.getmembers():
+        members = _members(tar, tar_path)
+        for member in members:
             _check_member(member, root)
-        tar.extractall(root, filter="data")
+        tar.extractall(root, members=members, filter="data")
 
 
 def _check_member(member: tarfile.TarInfo, root: str) -> None:
@@ -472,7 +505,7 @@ def _download(packages: Sequence[Package], folder: str) -> list[str]:
         path = os.path.join(folder, str(i), pkg.file_name)
         os.makedirs(os.path.dirname(path))
         try:
-            data = storage.read_bytes(pkg.url)
+            data = _read_package(pkg.url)
         except (FileNotFoundError, storage.StorageError, OSError) as exc:
             raise PackageError(f"cannot download the staged package: "
                                f"{_naming(exc, pkg.url)}") from None
@@ -567,5 +600,5 @@ def check_members(path: str) -> None:
         return
     root = os.path.realpath(os.path.dirname(path))
     with tarfile.open(path, "r:*") as tar:
-        for member in tar.getmembers():
+        for member in _members(tar, path):
             _check_member(member, root)

@@ -8,10 +8,12 @@ validated here, before anything is built or staged; mistakes raise `ConfigError`
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import unicodedata
 from collections.abc import Mapping
@@ -20,6 +22,7 @@ from typing import Any
 import yaml
 
 from mljob import machines, storage
+from mljob.errors import first_line, too_many_digits
 from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, WORKER  # noqa: F401
 from submit import tuning_spec
 from submit.errors import ConfigError, UsageError
@@ -162,15 +165,7 @@ def load_labels(path: str) -> dict[str, str]:
 
 def _read_document(path: str) -> dict:
     """The whole config file (a mapping of known top-level keys), refusing anything odd."""
-    try:
-        size = os.path.getsize(path)
-    except OSError as exc:
-        raise ConfigError(f"cannot read --config {path}: {exc.strerror}") from None
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"--config {path} is {size} bytes; the limit is "
-                          f"{MAX_CONFIG_BYTES} (a job config is a few lines)")
-    with open(path, "rb") as f:
-        data = f.read()
+    data = _read_config(path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -183,7 +178,8 @@ def _read_document(path: str) -> dict:
             raise ConfigError(f"--config {path} repeats the key {exc.key!r:.60}; give each "
                               "key once (the last one would silently win)") from None
         except ValueError as exc:
-            raise ConfigError(f"--config {path} is not valid JSON: {exc}") from None
+            raise ConfigError(f"--config {path} is not valid JSON: "
+                              f"{too_many_digits(exc) or exc}") from None
         except RecursionError:
             raise ConfigError(f"--config {path} nests values too deeply; a job config "
                               f"needs at most {MAX_CONFIG_DEPTH} levels") from None
@@ -246,6 +242,30 @@ for _tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
     _ConfigLoader.add_constructor(_tag, _ConfigLoader.construct_base60)
 
 
+def _read_config(path: str) -> bytes:
+    """At most MAX_CONFIG_BYTES of a regular file: a device (/dev/zero) never ends and a
+    named pipe blocks until written, so only regular files are opened, and the read
+    stops one byte past the limit whatever the file claims its size is."""
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "folder" if stat.S_ISDIR(mode) else \
+                "named pipe" if stat.S_ISFIFO(mode) else "device or socket"
+            raise ConfigError(f"cannot read --config {path}: it is a {kind}, not a "
+                              "regular file; pass a config.yaml or JSON file")
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        reason = ("a symbolic link loop" if exc.errno == errno.ELOOP
+                  else exc.strerror or first_line(exc))
+        raise ConfigError(f"cannot read --config {path}: {reason}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        size = max(os.path.getsize(path), len(data))
+        raise ConfigError(f"--config {path} is {size} bytes; the limit is "
+                          f"{MAX_CONFIG_BYTES} (a job config is a few lines)")
+    return data
+
+
 def _safe_yaml(text: str, path: str) -> Any:
     """yaml.safe_load, after refusing aliases (a few lines of them expand to gigabytes)
     and deep nesting (the loader recurses once per level: thousands overflow the stack)."""
@@ -273,6 +293,10 @@ def _safe_yaml(text: str, path: str) -> Any:
         where = f" at line {mark.line + 1}" if mark else ""
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line
         raise ConfigError(f"--config {path} is not valid YAML{where}: {problem}") from None
+    except ValueError as exc:  # yaml converts digits with int()
+        if not too_many_digits(exc):
+            raise
+        raise ConfigError(f"--config {path} holds {too_many_digits(exc)}") from None
 
 
 def check_training_input(ti: Mapping[str, Any]) -> None:

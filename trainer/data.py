@@ -16,13 +16,14 @@ the fix.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import io
 import os
 import zipfile
 import zlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -40,6 +41,10 @@ TEST_IMAGES, TEST_LABELS = "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"
 NPZ_NAME = "mnist.npz"
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZIP_MAGIC = b"PK"  # an .npz is a zip archive
+# The most bytes one data file may hold (decompressed): everything is read into memory,
+# and Fashion-MNIST's training images are 47 MB, so 4 GiB is room for any MNIST-format
+# set while a header or archive that promises more is refused before it is expanded.
+MAX_DATA_BYTES = 4 * 1024**3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,8 +146,17 @@ def read_idx(url: str, expect: int | None = None) -> np.ndarray:
 
     expect: the magic number the caller needs (IMAGES_MAGIC or LABELS_MAGIC); None
     accepts either.
+
+    The header says how many bytes follow, so that is all that is read (decompressed
+    incrementally): a gzip member that expands far beyond it, or bytes after the
+    payload, are refused without being expanded.
     """
-    data = _read(url)
+    with _open(url) as stream:
+        return _read_idx_stream(stream, url, expect)
+
+
+def _read_idx_stream(stream, url: str, expect: int | None) -> np.ndarray:
+    data = _take(stream, 8, url)
     if len(data) < 8:
         raise DataError(f"{url} is truncated ({len(data)} bytes, not even an IDX header); "
                         "download it again")
@@ -154,29 +168,38 @@ def read_idx(url: str, expect: int | None = None) -> np.ndarray:
                         f"expected {wanted}); check the file name and format")
     ndim = 3 if magic == IMAGES_MAGIC else 1
     header = 4 + 4 * ndim
+    data += _take(stream, header - 8, url)
     if len(data) < header:
         raise DataError(f"{url} is truncated (header cut short); download it again")
     dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-    needed = header + int(np.prod(dims))
-    if len(data) < needed:
-        raise DataError(f"{url} is truncated: its header promises {needed} bytes, it has "
-                        f"{len(data)}; download it again")
-    array = np.frombuffer(data, dtype=np.uint8, count=needed - header, offset=header)
+    if magic == IMAGES_MAGIC and dims[1:] != [ROWS, COLS]:
+        raise DataError(f"{url} holds {dims[1]}x{dims[2]} images; the models take "
+                        f"{ROWS}x{COLS} (MNIST or Fashion-MNIST)")
+    payload = int(np.prod(dims, dtype=object))
+    if header + payload > MAX_DATA_BYTES:
+        raise DataError(f"{url}'s header promises {header + payload} bytes, more than the "
+                        f"{MAX_DATA_BYTES} the trainer reads into memory; check the file")
+    body = _take(stream, payload, url)
+    if len(body) < payload:
+        raise DataError(f"{url} is truncated: its header promises {header + payload} "
+                        f"bytes, it has {header + len(body)}; download it again")
+    if _take(stream, 1, url):
+        raise DataError(f"{url} has bytes after the {header + payload} its header "
+                        "promises; it is damaged or not an IDX file, download it again")
+    array = np.frombuffer(body, dtype=np.uint8)
     if magic == IMAGES_MAGIC:
-        if dims[1:] != [ROWS, COLS]:
-            raise DataError(f"{url} holds {dims[1]}x{dims[2]} images; the models take "
-                            f"{ROWS}x{COLS} (MNIST or Fashion-MNIST)")
         return array.reshape(dims)
     return array.astype(np.int64)
 
 
 def read_npz(url: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Keras's mnist.npz: {'train': (images, labels), 'test': (images, labels)}."""
-    data = _read(url)
+    data = _read_file(url)
     if not data.startswith(_ZIP_MAGIC):
         raise DataError(f"{url} is not an .npz archive; use Keras's mnist.npz layout "
                         "(x_train, y_train, x_test, y_test)")
     try:
+        _check_npz_sizes(data, url)
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             missing = [k for k in ("x_train", "y_train", "x_test", "y_test")
                        if k not in npz.files]
@@ -219,29 +242,87 @@ def _checked(images: np.ndarray, labels: np.ndarray, images_name: str,
     return images, labels
 
 
-def _read(url: str) -> bytes:
-    """The file's bytes, gunzipped when they start with gzip's magic."""
+def _check_npz_sizes(data: bytes, url: str) -> None:
+    """Refuse an npz whose arrays would not fit what the trainer reads into memory, or
+    whose array headers promise more than their members hold, before numpy allocates."""
+    total = 0
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        for info in archive.infolist():
+            total += info.file_size
+            if total > MAX_DATA_BYTES:
+                raise DataError(f"{url} expands to more than {MAX_DATA_BYTES} bytes, more "
+                                "than the trainer reads into memory; check the file")
+            if not info.filename.endswith(".npy"):
+                continue
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read_header(member)
+            needed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if needed > info.file_size:
+                raise DataError(f"{url}: {info.filename[:-4]} promises {needed} bytes of "
+                                f"{dtype} {tuple(shape)} but holds {info.file_size}; "
+                                "download it again")
+
+
+def _read_file(url: str) -> bytes:
+    """A whole (npz) file's bytes, at most MAX_DATA_BYTES."""
     try:
-        data = storage.read_bytes(url)
+        return storage.read_bytes(url, limit=MAX_DATA_BYTES)
     except FileNotFoundError:
         raise DataError(f"{url} does not exist; check --data-dir / --train-files / "
                         "--eval-files") from None
-    except (IsADirectoryError, storage.StorageError) as exc:
-        raise DataError(f"cannot read {url}: {first_line(exc, 200)}") from None
-    if data.startswith(_GZIP_MAGIC):
-        try:
-            data = gzip.decompress(data)
-        except (EOFError, OSError, zlib.error) as exc:
+    except storage.TooLargeError:
+        raise DataError(f"{url} holds more than {MAX_DATA_BYTES} bytes, more than the "
+                        "trainer reads into memory; check the file") from None
+    except storage.StorageError as exc:
+        raise DataError(first_line(exc)) from None
+    except IsADirectoryError:
+        raise DataError(f"{url} is a folder; name a data file") from None
+
+
+@contextlib.contextmanager
+def _open(url: str):
+    """A binary stream of the file's bytes, gunzipped as they are read when the file
+    starts with gzip's magic; storage and gzip errors are DataErrors naming the file."""
+    try:
+        raw = storage.open_input(url)
+    except FileNotFoundError:
+        raise DataError(f"{url} does not exist; check --data-dir / --train-files / "
+                        "--eval-files") from None
+    except storage.StorageError as exc:
+        raise DataError(first_line(exc)) from None
+    except IsADirectoryError:
+        raise DataError(f"{url} is a folder; name a data file") from None
+    with raw:
+        head = _take(raw, len(_GZIP_MAGIC), url)
+        raw.seek(0)
+        if head == _GZIP_MAGIC:
+            with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+                yield unzipped
+        else:
+            yield raw
+
+
+def _take(stream, size: int, url: str) -> bytes:
+    """Up to `size` bytes (fewer only at the end of the stream)."""
+    try:
+        return stream.read(size)
+    except (EOFError, OSError, zlib.error) as exc:
+        if isinstance(exc, storage.StorageError):
+            raise DataError(first_line(exc)) from None
+        if isinstance(stream, gzip.GzipFile):
             raise DataError(f"{url} is a damaged gzip file ({first_line(exc, 200)}); "
                             "download it again") from None
-    return data
+        raise DataError(f"cannot read {url}: {first_line(exc, 200)}") from None
 
 
 def _exists(url: str) -> bool:
     try:
         return storage.exists(url)
-    except storage.StorageError as exc:
-        raise DataError(f"cannot read {url}: {first_line(exc, 200)}") from None
+    except storage.StorageError as exc:  # its message names the URL
+        raise DataError(first_line(exc)) from None
 
 
 

@@ -10,6 +10,8 @@ import keras
 import tensorflow as tf
 
 from mljob import training
+from mljob.contracts import EVALUATOR, PS
+from trainer.errors import UsageError
 from trainer import data as data_lib
 from trainer import export as export_lib
 from trainer import model as model_lib
@@ -25,6 +27,11 @@ def run(args, config: training.RunConfig, info, stop=None) -> int:
     """Play this replica's role with the flags' model and data; the exit status."""
     load = functools.lru_cache(maxsize=1)(
         lambda: data_lib.load(args.data_dir, args.train_files, args.eval_files))
+    if info is not None and info.task_type in (PS, EVALUATOR):
+        pass  # a ps reads no data; the evaluator reads only the test split
+    elif args.batch_size > len(load().train_labels):  # no full batch: no step would run
+        raise UsageError(f"--batch-size {args.batch_size} is more than the "
+                         f"{len(load().train_labels)} training examples; use a smaller one")
 
     def train_dataset_fn(context):
         dataset = load()

@@ -26,6 +26,7 @@ import traceback
 from mljob import cluster as cluster_lib
 from mljob import storage
 from mljob.contracts import AIP_MODEL_DIR
+from mljob.errors import too_many_digits
 from mljob.training.config import STEPS_PER_EXECUTION, RunConfig
 from mljob.training.outputs import DEFAULT_JOBS_DIR, Outputs, resolve_outputs
 from trainer.errors import EXIT_FAILED, EXIT_USAGE, TrainerError, UsageError
@@ -62,28 +63,48 @@ class _Parser(argparse.ArgumentParser):
         return out
 
 
-def _positive(text: str) -> int:
-    return _int_at_least(text, 1)
+# What TensorFlow can hold, checked while the flags are parsed (before anything is
+# written): steps and seeds are int64 in TensorFlow, a batch's size and the steps of one
+# call are int32 in its shapes and loop counters, and the optimizer's rate is a float32.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.401298464324817e-45  # the smallest positive float32 (denormal)
 
 
-def _non_negative(text: str) -> int:
-    return _int_at_least(text, 0)
-
-
-def _int_at_least(text: str, low: int) -> int:
+def _whole_float(text: str) -> int | None:
+    """`64.0` as 64 (a tuning service's DISCRETE value); None for anything else."""
     try:
-        value = int(text)
+        number = float(text)
     except ValueError:
-        try:  # Vertex AI passes a tuned DISCRETE value as a double: --batch_size=64.0
-            number = float(text)
-        except ValueError:
-            number = None
-        if number is None or not number.is_integer():
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        value = int(number)
-    if value < low:
-        raise argparse.ArgumentTypeError(f"{value} is less than {low}")
-    return value
+        return None
+    return int(number) if number.is_integer() else None
+
+
+def _int_type(low: int, high: int):
+    """An argparse type: an integer in [low, high], else a message naming the range."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError as exc:
+            reason = too_many_digits(exc)
+            if reason is None:  # Vertex AI passes a tuned DISCRETE value as a double
+                value = _whole_float(text)
+            if reason is not None or value is None:
+                raise argparse.ArgumentTypeError(
+                    f"{text[:20]!r} is {reason or 'not an integer'}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is less than {low}")
+        if value > high:
+            raise argparse.ArgumentTypeError(
+                f"{value} is more than {high}, the most TensorFlow can hold here")
+        return value
+    return parse
+
+
+_positive = _int_type(1, INT64_MAX)
+_non_negative = _int_type(0, INT64_MAX)
+_int32_positive = _int_type(1, INT32_MAX)
 
 
 def _float_where(check, wanted: str):
@@ -92,14 +113,15 @@ def _float_where(check, wanted: str):
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{text[:20]!r} is not a number") from None
         if not check(value):
             raise argparse.ArgumentTypeError(f"{value} is not {wanted}")
         return value
     return parse
 
 
-_positive_float = _float_where(lambda v: v > 0, "positive")
+_learning_rate = _float_where(lambda v: FLOAT32_TINY <= v <= FLOAT32_MAX,
+                              "a positive finite number a float32 can hold")
 _fraction = _float_where(lambda v: 0.0 <= v < 1.0, "in [0, 1)")
 
 
@@ -114,18 +136,18 @@ def parser() -> argparse.ArgumentParser:
         "URL); default jobs/trainer-<UTC time> in the working directory")
     add("--model", choices=MODELS, default="cnn", help="cnn (default) or mlp")
     add("--train-steps", type=_positive, default=2000)
-    add("--batch-size", type=_positive, default=100,
+    add("--batch-size", type=_int32_positive, default=100,
         help="examples a step (split over the replicas under multiworker)")
-    add("--learning-rate", type=_positive_float, default=1e-3, help="Adam's step size")
+    add("--learning-rate", type=_learning_rate, default=1e-3, help="Adam's step size")
     add("--eval-every", type=_non_negative, default=1000,
         help="evaluate every N steps on the chief (0: only at the end)")
     add("--checkpoint-every", type=_non_negative, default=500,
         help="checkpoint every N steps (0: only at the end)")
-    add("--keep-checkpoints", type=_positive, default=5)
-    add("--steps-per-execution", type=_positive, default=None,
+    add("--keep-checkpoints", type=_int32_positive, default=5)
+    add("--steps-per-execution", type=_int32_positive, default=None,
         help="steps run by one tf.function call / scheduled function (default: "
         "mljob.training.STEPS_PER_EXECUTION)")
-    add("--ps-shards", type=_non_negative, default=0,
+    add("--ps-shards", type=_int_type(0, INT32_MAX), default=0,
         help="shards per variable over the ps: 0 automatic, 1 none, N fixed")
     add("--ps-cache-reads", action="store_true",
         help="under ps: each scheduled function reads the weights once, not every step")
@@ -173,6 +195,11 @@ def config_from(args: argparse.Namespace, outputs: Outputs) -> RunConfig:
 def _check(args: argparse.Namespace, info: cluster_lib.ClusterInfo) -> str | None:
     """Checks that need no TensorFlow (a --strategy the cluster cannot run among them);
     returns the strategy kind when it is known now."""
+    for flag in ("--data-dir", "--train-files", "--eval-files"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and not value.strip(" ,"):
+            raise UsageError(f"{flag} is empty; name the data, or leave {flag} out for the "
+                             "default data")
     if args.data_dir and (args.train_files or args.eval_files):
         raise UsageError("give either --data-dir or --train-files/--eval-files, not both")
     if bool(args.train_files) != bool(args.eval_files):

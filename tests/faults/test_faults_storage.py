@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import subprocess
 import threading
 import time
@@ -214,3 +215,107 @@ def test_outage_beyond_the_budget_fails_clearly_and_keeps_what_was_published(
     # The state file still names the last checkpoint that was uploaded whole.
     assert checkpoints["checkpoint"] == b'model_checkpoint_path: "ckpt-1"'
     assert "ckpt-1.data-00000-of-00001" in checkpoints
+
+
+# --- the real checkpoint store under the outage --------------------------------------
+
+CHECKPOINTER = r"""
+import logging, sys
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
+import numpy as np
+import tensorflow as tf
+from mljob import storage
+from mljob.training.checkpoints import CheckpointStore
+store = CheckpointStore(sys.argv[1], keep=3, writer=True)
+values = tf.Variable(np.zeros(4_000_000, np.float32))   # a 16 MB data file
+step = tf.Variable(0, dtype=tf.int64)
+checkpoint = tf.train.Checkpoint(values=values, step=step)
+try:
+    for line in sys.stdin:
+        n = int(line)
+        values.assign(np.full(4_000_000, n, np.float32))
+        step.assign(n)
+        store.save(checkpoint, n)
+        print(f"saved {n}", flush=True)
+except storage.StorageError as exc:
+    print(f"error: {exc}", file=sys.stderr, flush=True)
+    sys.exit(1)
+"""
+
+
+def _objects(emulator, prefix: str) -> dict[str, str]:
+    """name -> generation of the bucket's objects under prefix, asked of the emulator."""
+    import json
+    import urllib.parse
+    import urllib.request
+    query = urllib.parse.urlencode({"prefix": prefix})
+    with urllib.request.urlopen(f"{emulator.url}/storage/v1/b/{BUCKET}/o?{query}",
+                                timeout=5) as answer:
+        items = json.load(answer).get("items", [])
+    return {item["name"]: str(item.get("generation")) for item in items}
+
+
+def test_real_checkpoint_store_cut_off_mid_save_leaves_only_whole_checkpoints(
+        emulator, reaper, tmp_path):
+    """The trainer's own CheckpointStore uploads checkpoint 2 when the storage goes
+    away right after the first of its objects lands. Whatever landed, every index has
+    its data, the state file names a whole checkpoint, and restore reads it back (an
+    index or state file written before the data would be caught here)."""
+    from tests.support.common import ROOT
+    env = dict(os.environ, STORAGE_EMULATOR_HOST=emulator.url, MLJOB_STORAGE_RETRIES="3",
+               MLJOB_STORAGE_RETRY_DELAY="0.1", MLJOB_STORAGE_REQUEST_RETRIES="1",
+               PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    url = storage.join(JOB, "checkpoints")
+    proc = reaper.python("-c", CHECKPOINTER, url, env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         bufsize=1)
+    out, err = queue.Queue(), queue.Queue()
+    for stream, lines in ((proc.stdout, out), (proc.stderr, err)):
+        threading.Thread(target=_pump, args=(stream, lines), daemon=True).start()
+    proc.stdin.write("1\n")
+    assert out.get(timeout=240) == "saved 1"
+    before = _objects(emulator, "job/checkpoints/")
+    assert {"job/checkpoints/checkpoint", "job/checkpoints/ckpt-1.index"} <= set(before)
+
+    proc.stdin.write("2\n")
+    deadline = time.time() + 120
+    while _objects(emulator, "job/checkpoints/") == before:
+        assert time.time() < deadline and proc.poll() is None, "checkpoint 2 never started"
+        time.sleep(0.005)
+    # The outage, right after the first new object: the checkpointer is frozen while
+    # the emulator stops (a SIGKILLed emulator may leave its own index half-written).
+    os.kill(proc.pid, signal.SIGSTOP)
+    emulator.stop()
+    os.kill(proc.pid, signal.SIGCONT)
+    proc.stdin.close()
+    assert proc.wait(120) == 1
+    time.sleep(0.2)
+    errors = []
+    while not err.empty():
+        errors.append(err.get())
+    assert [e for e in errors if e.startswith("error: ")], errors
+    assert "Traceback" not in "\n".join(errors)
+
+    emulator.start()
+    reset_gcsfs()
+    tree = job_tree(tmp_path, "checkpoints", "after")
+    for name in [n for n in tree if n.endswith(".index")]:
+        data = name.replace(".index", ".data-00000-of-00001")
+        assert data in tree and len(tree[data]) >= 16_000_000, (name, sorted(tree))
+    named = tree["checkpoint"].decode().splitlines()[0]
+    newest = int(named.split('"ckpt-')[1].rstrip('"'))
+    assert f"ckpt-{newest}.index" in tree, (named, sorted(tree))
+
+    import numpy as np
+    import tensorflow as tf
+    from mljob.training.checkpoints import CheckpointStore
+    values = tf.Variable(np.zeros(4_000_000, np.float32))
+    step = tf.Variable(0, dtype=tf.int64)
+    store = CheckpointStore(url, keep=3, writer=False)
+    try:
+        restored = store.restore(tf.train.Checkpoint(values=values, step=step))
+    finally:
+        store.close()
+    assert restored in (1, 2) and int(step.numpy()) == restored
+    assert float(values.numpy().min()) == float(values.numpy().max()) == restored

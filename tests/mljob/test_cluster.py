@@ -295,6 +295,12 @@ def test_parser_never_fails_another_way(config):
 @given(st.text(max_size=200))
 def test_parser_survives_any_text(text):
     try:
-        parse_tf_config(text)
-    except ClusterConfigError:
-        pass
+        info = parse_tf_config(text)
+    except ClusterConfigError as exc:
+        assert str(exc) and "\n" not in str(exc)
+        return
+    # Only blank text (no TF_CONFIG: one node) or a JSON object is ever accepted.
+    if not text.strip():
+        assert info == cluster.ClusterInfo() and not info.cluster
+    else:
+        assert isinstance(json.loads(text), dict)

@@ -1,5 +1,5 @@
-"""Exports for the predictor's tests and benchmark: the trainer's SavedModel (through
-`trainer.export.export` when it exists) and a seeds-style TF1 `export.meta` export."""
+"""Exports for the predictor's tests and benchmark: the trainer's SavedModel (written by
+`trainer.export.export`, never a stand-in) and a seeds-style TF1 `export.meta` export."""
 from __future__ import annotations
 
 import json
@@ -9,48 +9,12 @@ import numpy as np
 
 
 def saved_model_export(path: str, seed: int = 7) -> str:
-    """An MLP export with the contract's signatures at path (a local folder or URL)."""
+    """An MLP export with the contract's signatures at path (a local folder or URL),
+    written by the trainer's own exporter: the predictor is tested on what users get."""
     from trainer import model as models
-    weights = models.build("mlp", seed=seed).get_weights()
-    try:
-        from trainer.export import export
-    except ImportError:
-        export = _export_like_the_contract
-    export("mlp", weights, path)
+    from trainer.export import export
+    export("mlp", models.build("mlp", seed=seed).get_weights(), path)
     return path
-
-
-def _export_like_the_contract(model_name: str, weights: list, path: str) -> None:
-    """Stand-in for trainer.export.export until it lands: same signatures, same dtypes."""
-    import tensorflow as tf
-    from trainer import model as models
-
-    model = models.build(model_name)
-    model.set_weights(weights)
-
-    class Serving(tf.Module):
-        def __init__(self, net):
-            super().__init__()
-            self.net = net
-
-        def _run(self, image):
-            scores = tf.nn.softmax(self.net(image, training=False))
-            return scores, tf.argmax(scores, axis=1, output_type=tf.int64)
-
-        @tf.function(input_signature=[tf.TensorSpec([None, 784], tf.float32, "image"),
-                                      tf.TensorSpec([None], tf.int64, "key")])
-        def serve(self, image, key):
-            scores, classes = self._run(image)
-            return {"key": tf.identity(key), "scores": scores, "classes": classes}
-
-        @tf.function(input_signature=[tf.TensorSpec([None, 784], tf.float32, "image")])
-        def predict_images(self, image):
-            scores, classes = self._run(image)
-            return {"scores": scores, "classes": classes}
-
-    module = Serving(model)
-    tf.saved_model.save(module, path, signatures={
-        "serving_default": module.serve, "predict_images": module.predict_images})
 
 
 def legacy_export(path: str, seed: int = 3) -> str:
