@@ -100,7 +100,7 @@ class _SeedSequence:
         return keras.initializers.GlorotUniform(seed=self.next())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _shapes(name: str) -> tuple[tuple[int, ...], ...]:
     """The shapes of the model's weights, in `get_weights()` order (built once)."""
     return tuple(tuple(w.shape) for w in build(name).weights)

@@ -110,7 +110,7 @@ class CheckpointStore:
                 return step
             except storage.StorageError:
                 raise  # storage is down, not the checkpoint: do not start over from 0
-            except Exception as exc:  # noqa: BLE001 - TF's reader raises OpError,
+            except Exception as exc:
                 # IndexError ("Read less bytes than requested"), ValueError, AssertionError
                 log.warning("checkpoint %s/%s-%d cannot be read (%s); trying the "
                             "previous one", self.url, PREFIX, step, first_line(exc, 200))

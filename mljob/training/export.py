@@ -140,7 +140,7 @@ def _on_clean_thread(fn) -> None:
     def run():
         try:
             fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+        except BaseException as exc:
             errors.append(exc)
 
     thread = threading.Thread(target=run, name="mljob-export")
