@@ -186,7 +186,9 @@ def parse_cluster_spec(text: str | None) -> ClusterInfo:
             "CLUSTER_SPEC has worker pools but no workerpool0; Vertex AI's first pool is "
             "the chief (primary replica) and is required, with replicaCount 1")
     roles = {VERTEX_POOLS[name]: hosts for name, hosts in cluster.items()}
-    task = dict(task, type=VERTEX_POOLS[pool]) if task else task
+    if task:
+        assert isinstance(pool, str)  # checked above: a task's type is one of VERTEX_POOLS
+        task = dict(task, type=VERTEX_POOLS[pool])
     return _build(roles, task, source="CLUSTER_SPEC", **_labels(config, task.get("trial")))
 
 

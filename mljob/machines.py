@@ -62,7 +62,7 @@ def is_known(name: str) -> bool:
     if name in LEGACY:
         return True
     match = _N1.fullmatch(name)
-    return bool(match) and int(match[2]) <= N1_MAX_VCPUS
+    return match is not None and int(match[2]) <= N1_MAX_VCPUS
 
 
 def lookup(name: str) -> Machine:
@@ -72,7 +72,9 @@ def lookup(name: str) -> Machine:
         return LEGACY[name]
     if not is_known(name):
         raise KeyError(name)
-    family, vcpus = _N1.fullmatch(name).groups()
+    match = _N1.fullmatch(name)
+    assert match is not None  # is_known matched it
+    family, vcpus = match.groups()
     return Machine(name, name, int(vcpus), round(int(vcpus) * N1_MEMORY_GIB_PER_VCPU[family], 2))
 
 

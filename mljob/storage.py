@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import logging
 import os
 import shutil
@@ -215,7 +216,7 @@ def download_tree(url: str, local_dir: str) -> None:
         rel = os.path.relpath(remote, root) if remote != root else os.path.basename(remote)
         target = os.path.join(local_dir, rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        retry(lambda r=remote, t=target: fs.get_file(r, t), f"download {url}")
+        retry(functools.partial(fs.get_file, remote, target), f"download {url}")
 
 
 def upload_tree(local_dir: str, url: str, *, last: Iterable[str] = (),
@@ -227,7 +228,8 @@ def upload_tree(local_dir: str, url: str, *, last: Iterable[str] = (),
     """
     fs, root = filesystem(url)
     last = [os.path.normpath(p) for p in last]
-    first, final = [], []
+    first: list[str] = []
+    final: list[str] = []
     for dirpath, _, names in os.walk(local_dir):
         for name in names:
             rel = os.path.relpath(os.path.join(dirpath, name), local_dir)
@@ -247,7 +249,7 @@ def upload_tree(local_dir: str, url: str, *, last: Iterable[str] = (),
         dst = f"{root.rstrip('/')}/{rel.replace(os.sep, '/')}"
         if "file" in _protocols(fs):
             os.makedirs(os.path.dirname(dst), exist_ok=True)
-        retry(lambda s=src, d=dst: fs.put_file(s, d), f"upload to {url}", creates=True)
+        retry(functools.partial(fs.put_file, src, dst), f"upload to {url}", creates=True)
 
 
 def publish_dir(local_dir: str, url: str, *, marker: str) -> None:

@@ -20,6 +20,7 @@ that cannot be read (truncated, corrupt, half-deleted), with a warning.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -90,8 +91,7 @@ class CheckpointStore:
                               f"list {self.url}")
         for remote in files:
             local = os.path.join(target, os.path.basename(remote))
-            storage.retry(lambda r=remote, t=local: fs.get_file(r, t),
-                          f"download {remote}")
+            storage.retry(functools.partial(fs.get_file, remote, local), f"download {remote}")
         return os.path.join(target, name)
 
     def restore(self, checkpoint: tf.train.Checkpoint, *, partial: bool = False) -> int | None:
@@ -162,7 +162,8 @@ class CheckpointStore:
             match = pattern.match(os.path.basename(path.rstrip("/")))
             if match and int(match.group(1)) not in keep:
                 try:
-                    storage.retry(lambda p=path: fs.rm(p, recursive=True), f"delete {path}")
+                    storage.retry(functools.partial(fs.rm, path, recursive=True),
+                                  f"delete {path}")
                 except (FileNotFoundError, storage.StorageError) as exc:
                     log.warning("could not delete old checkpoint file %s: %s", path, exc)
 

@@ -40,13 +40,13 @@ def evaluate(model, dataset, loss_fn, metric_fns) -> tuple[float, dict[str, floa
     step = _eval_steps.get(model)
     if step is None:
         @tf.function
-        def step(features, labels):
+        def eval_step(features, labels):
             outputs = model(features, training=False)
             losses = tf.cast(loss_fn(labels, outputs), tf.float32)
             sums = {name: tf.reduce_sum(tf.cast(fn(labels, outputs), tf.float32))
                     for name, fn in metric_fns.items()}
             return tf.reduce_sum(losses), sums, tf.shape(losses)[0]
-        _eval_steps[model] = step
+        step = _eval_steps[model] = eval_step
     total_loss, totals, count = 0.0, dict.fromkeys(metric_fns, 0.0), 0
     for features, labels in dataset:
         loss, sums, n = step(features, labels)
@@ -62,7 +62,8 @@ def run(program: Program, config: RunConfig, stop: StopSignal,
         poll_seconds: float = POLL_SECONDS) -> int:
     """Follow the job's checkpoints until the final one is evaluated (see module doc)."""
     progress = Progress(config.train_steps, enabled=True)
-    if program.eval_dataset_fn is None:
+    eval_dataset_fn = program.eval_dataset_fn
+    if eval_dataset_fn is None:
         progress.line("evaluator finished: no eval dataset was given, nothing to evaluate")
         return EXIT_OK
     loss_fn, metric_fns = per_example_loss(program.loss), metric_functions(program.metrics)
@@ -87,7 +88,7 @@ def run(program: Program, config: RunConfig, stop: StopSignal,
             progress.line(f"warning: checkpoint step {step} cannot be read "
                           f"({first_line(exc, 200)}); waiting")
             return False
-        loss, metrics = evaluate(model, program.eval_dataset_fn(), loss_fn, metric_fns)
+        loss, metrics = evaluate(model, eval_dataset_fn(), loss_fn, metric_fns)
         progress.eval(step, loss, metrics)
         writers.eval(step, loss=loss, **metrics)
         writers.sync()

@@ -105,7 +105,9 @@ class ServingModule(tf.Module):
     def signatures(self) -> dict:
         out = {"serving_default": self.serve.get_concrete_function()}
         if self.keyless is not None:
-            out[self._serving.keyless_signature] = self.keyless.get_concrete_function()
+            name = self._serving.keyless_signature
+            assert name is not None  # self.keyless is made only for a keyless_signature
+            out[name] = self.keyless.get_concrete_function()
         return out
 
 

@@ -370,6 +370,7 @@ def _all_replicas_sum(value):
 def replica_export(replica: Replica, program: Program, config: RunConfig) -> str:
     from mljob.training import export as export_lib
     serving = program.serving
+    assert serving is not None  # the callers export only a program with a Serving
     return export_lib.export(serving.model_fn or program.model_fn,
                              weights_numpy(replica.model), config.export_url, serving)
 
@@ -398,7 +399,8 @@ class _Loop:
         cfg = self.config
         step, mark_step, mark_time = start, start, time.monotonic()
         started = time.monotonic()
-        loss, metrics = float("nan"), {}
+        loss = float("nan")
+        metrics: dict[str, float] = {}
         agree = self.replica.agree_on_stop
         while step < cfg.train_steps:
             # Alone, a replica stops before a chunk; under multiworker all stop together

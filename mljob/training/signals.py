@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+from typing import NoReturn
 
 from mljob import contracts
 from mljob.errors import EXIT_PREEMPTED
@@ -118,7 +119,7 @@ def say(text: str, stream) -> None:
         pass
 
 
-def exit_now(status: int) -> None:
+def exit_now(status: int) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
