@@ -32,13 +32,13 @@ def _value(record: JobRecord, key: str, where: str) -> Any:
 
 
 def _terms(text: str) -> list[tuple[str, str, str]]:
-    terms = []
+    terms: list[tuple[str, str, str]] = []
     for word in re.split(r"\s+(?:AND\s+)?", text.strip()):
         match = _TERM.fullmatch(word)
         if not match:
             raise UsageError(f"--filter {word!r:.60} is not KEY=VALUE or KEY:PATTERN; write "
                              "e.g. --filter 'state=RUNNING labels.team=vision'")
-        terms.append(match.groups())
+        terms.append((match[1], match[2], match[3]))
     return terms
 
 
@@ -63,7 +63,7 @@ def select(records: list[JobRecord], *, filter_text: str | None = None,
     for key in reversed([k.strip() for k in (sort_by or "").split(",") if k.strip()]):
         field = key.lstrip("~")
         _value(JobRecord(""), field, "--sort-by")  # an unknown field is an error
-        records = sorted(records, key=lambda r, f=field: _sort_key(_value(r, f, "")),
+        records = sorted(records, key=lambda r: _sort_key(_value(r, field, "")),
                          reverse=key.startswith("~"))
     return records[:limit] if limit else records
 

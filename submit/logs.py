@@ -35,8 +35,9 @@ class Progress:
 
     def __init__(self, state: str = "PREPARING"):
         self.state = state
-        self.step = self.total = None
-        self.loss = None
+        self.step: int | None = None
+        self.total: int | None = None
+        self.loss: str | None = None
         self.started = time.monotonic()
 
     def observe(self, label: str, text: str) -> bool:

@@ -9,6 +9,7 @@ files (`checkpoints/checkpoint`, `model/saved_model.pb`), so those go last in a 
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -52,8 +53,8 @@ class Mirror:
         for rel in changed:
             dst = f"{root.rstrip('/')}/{rel.replace(os.sep, '/')}"
             try:
-                storage.retry(lambda s=os.path.join(self.local_dir, rel), d=dst:
-                              fs.put_file(s, d), f"mirror to {self.url}")
+                storage.retry(functools.partial(fs.put_file, os.path.join(self.local_dir, rel),
+                                                dst), f"mirror to {self.url}")
             except FileNotFoundError:
                 continue  # removed between the walk and the upload
             self._uploaded[rel] = current[rel]
@@ -61,7 +62,7 @@ class Mirror:
         for rel in [r for r in self._uploaded if r not in current]:
             dst = f"{root.rstrip('/')}/{rel.replace(os.sep, '/')}"
             try:
-                storage.retry(lambda d=dst: fs.rm_file(d), f"mirror to {self.url}")
+                storage.retry(functools.partial(fs.rm_file, dst), f"mirror to {self.url}")
             except FileNotFoundError:
                 pass
             del self._uploaded[rel]

@@ -174,7 +174,7 @@ def build(source: Source | str, out_dir: str, *, exclude: tuple[str, ...] = ()) 
     work = tempfile.mkdtemp(prefix="mljob-build-")
     try:
         src = os.path.join(work, "src")
-        if source.generated:
+        if source.name is not None:  # a package folder: its setup.py is generated
             _copy(os.path.join(source.root, source.name), os.path.join(src, source.name),
                   exclude)
             _write_setup(src, source.name, "0.0.0")
@@ -268,7 +268,9 @@ def content_hash(path: str) -> tuple[str, str]:
                 digest.update(f"{member.name}\0{member.type.decode()}\0{member.linkname}\0"
                               .encode())
                 if member.isfile():
-                    with tar.extractfile(member) as f:
+                    data = tar.extractfile(member)
+                    assert data is not None  # a regular file's member has its data
+                    with data as f:
                         while chunk := f.read(1 << 20):
                             digest.update(chunk)
                     digest.update(b"\0")
@@ -295,6 +297,7 @@ def _wheel_hash(path: str) -> str:
 
 def imports_mljob(package: Package) -> bool:
     """Whether the archive's Python files import mljob (or it requires mljob)."""
+    assert package.local_file is not None  # callers ask only of archives on this machine
     for name, text in _python_files(package.local_file):
         if name.endswith(".py") and re.search(
                 r"^\s*(from\s+mljob[\s.]|import\s+mljob\b)", text, re.M):
@@ -317,7 +320,9 @@ def _python_files(path: str):
     with tarfile.open(path, "r:*") as tar:
         for member in tar.getmembers():
             if member.isfile() and member.name.endswith(wanted):
-                yield member.name, tar.extractfile(member).read().decode("utf-8", "replace")
+                data = tar.extractfile(member)
+                assert data is not None  # a regular file's member has its data
+                yield member.name, data.read().decode("utf-8", "replace")
 
 
 def _members(tar: tarfile.TarFile, tar_path: str) -> list[tarfile.TarInfo]:
@@ -356,6 +361,7 @@ def staging_url(package: Package, *, job_id: str, staging_bucket: str | None,
 
 def stage(package: Package, url: str) -> Package:
     """Upload the sdist to its staging URL (skipped when that exact file is already there)."""
+    assert package.local_file is not None  # callers stage only archives on this machine
     try:
         if not storage.exists(url):
             with open(package.local_file, "rb") as f:
@@ -504,11 +510,13 @@ def _download(packages: Sequence[Package], folder: str) -> list[str]:
     for i, pkg in enumerate(packages):
         path = os.path.join(folder, str(i), pkg.file_name)
         os.makedirs(os.path.dirname(path))
+        url = pkg.url
+        assert url is not None  # an environment installs staged archives only
         try:
-            data = _read_package(pkg.url)
+            data = _read_package(url)
         except (FileNotFoundError, storage.StorageError, OSError) as exc:
             raise PackageError(f"cannot download the staged package: "
-                               f"{_naming(exc, pkg.url)}") from None
+                               f"{_naming(exc, url)}") from None
         with open(path, "wb") as f:
             f.write(data)
         got, _ = content_hash(path)

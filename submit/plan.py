@@ -113,6 +113,7 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
     (`local train` mode: no staging, the module runs from source_dir)."""
     python = python or sys.executable
     env_key = env_dir = None
+    staged: list[dict[str, str]] = []  # cloud mode's archives, as the environment needs them
     run_dir = os.path.join(home, "runs", spec.job_id)
     job_dir = spec.job_dir
     replica_job_dir, mirrors = job_dir, []
@@ -132,6 +133,10 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
     else:
         # The packages are pip-installed into an environment of their own; PYTHONPATH is
         # emptied so that no working tree (a `trainer/` folder) shadows what it holds.
+        assert package is not None  # only `local train` (source_dir) runs without one
+        for p in package.all:
+            assert p.url is not None  # staged: submission gives every archive its URL
+            staged.append({"url": p.url, "sha256": p.sha256, "file_name": p.file_name})
         env_key = packages.environment_key(package.all, python)
         env_dir = packages.env_root(home)
         python = os.path.join(env_dir, env_key, "bin", "python")
@@ -164,6 +169,7 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
             label = contracts.replica_label(task_type, index)
             hosts = cluster.get(name, ())
             group = spec.group(task_type)
+            assert group is not None  # spec.count(task_type) > 0
             replicas.append(ReplicaPlan(
                 label=label, task_type=name, index=index,
                 address=hosts[index] if index < len(hosts) else None,
@@ -184,8 +190,7 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
         restart_policy=spec.restart_policy, max_restarts=spec.max_restarts,
         labels=dict(spec.labels), max_running_time=spec.max_running_time,
         max_wait_time=spec.max_wait_time,
-        packages=tuple({"url": p.url, "sha256": p.sha256, "file_name": p.file_name}
-                       for p in package.all) if env_key else (),
+        packages=tuple(staged),
         env_root=env_dir, env_key=env_key)
 
 

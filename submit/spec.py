@@ -17,7 +17,7 @@ import stat
 import subprocess
 import unicodedata
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, overload
 
 import yaml
 
@@ -419,7 +419,8 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
         if key in ti and not VERSIONS[key].fullmatch(ti[key]):
             name = flag if value is not None else f"trainingInput.{key}"
             raise UsageError(f"{name} {ti[key]!r:.60} is not a {what}; write {example}")
-    package_uri, extras = None, ()
+    package_uri: str | None = None
+    extras: tuple[str, ...] = ()
     if packages is not None:
         extras = tuple(_archive(p, "--packages") for p in packages)
     elif ti.get("packageUris"):
@@ -492,10 +493,10 @@ def _groups(tier: ScaleTier, ti: dict, from_flags=frozenset()) -> tuple[ReplicaG
         given += [k for k in ("masterType", "masterConfig") if k in ti
                   and (k != "masterConfig" or "acceleratorConfig" in (ti[k] or {}))]
         if given:
-            flag = {"workerCount": "--worker-count", "parameterServerCount":
-                    "--parameter-server-count", "evaluatorCount": "--evaluator-count",
-                    **TYPE_FLAG_NAMES}
-            name = (flag[given[0]] if given[0] in from_flags
+            flags = {"workerCount": "--worker-count", "parameterServerCount":
+                     "--parameter-server-count", "evaluatorCount": "--evaluator-count",
+                     **TYPE_FLAG_NAMES}
+            name = (flags[given[0]] if given[0] in from_flags
                     else f"trainingInput.{given[0]}")
             raise UsageError(f"{name} needs --scale-tier CUSTOM (scale tier {tier.name} "
                              "fixes the cluster's shape); use CUSTOM or drop it")
@@ -549,6 +550,14 @@ def check_job_id(job_id: str) -> None:
     if not JOB_ID.fullmatch(job_id or ""):  # `$` would let "job01\n" through
         raise UsageError(f"invalid job id {job_id!r}: use letters, digits and underscores, "
                          "starting with a letter, at most 128 characters (e.g. job01)")
+
+
+@overload
+def _normalise_url(url: str, flag: str) -> str: ...
+
+
+@overload
+def _normalise_url(url: None, flag: str) -> None: ...
 
 
 def _normalise_url(url: str | None, flag: str) -> str | None:
@@ -733,9 +742,10 @@ def check_scheduling(ti: Mapping[str, Any]) -> tuple[float | None, float | None]
     if scheduling is None:
         return None, None
     _no_unknown(scheduling, ("maxRunningTime", "maxWaitTime"), "trainingInput.scheduling")
-    return tuple(parse_duration(scheduling[key], f"trainingInput.scheduling.{key}")
-                 if key in scheduling else None
-                 for key in ("maxRunningTime", "maxWaitTime"))
+    running, waiting = (parse_duration(scheduling[key], f"trainingInput.scheduling.{key}")
+                        if key in scheduling else None
+                        for key in ("maxRunningTime", "maxWaitTime"))
+    return running, waiting
 
 
 def parse_accelerator_flag(text: str, flag: str) -> dict:

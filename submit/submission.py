@@ -64,7 +64,7 @@ def submit(request: Submission, echo: Echo) -> int:
     with tempfile.TemporaryDirectory(prefix="mljob-sdist-") as tmp:
         pkg = with_extras(spec, (_fetch(spec.package_uri, tmp, request.dry_run)
                                  if spec.package_uri
-                                 else build_package(spec, source, tmp) if builds else None),
+                                 else build_package(spec, source, tmp) if source else None),
                           tmp, request.dry_run)
         rendered = runner.render(spec, pkg)
         for note in runner.prepare(spec, pkg):
@@ -75,6 +75,7 @@ def submit(request: Submission, echo: Echo) -> int:
         runner.ready(rendered)
         for each in pkg.all:
             if each.local_file and not _given_url(spec, each):
+                assert each.url is not None  # with_extras gives every archive its URL
                 package.stage(each, each.url)
     return start(runner, rendered, runner.new_record(spec, pkg, rendered), echo,
                  stream=request.stream)
@@ -93,8 +94,8 @@ def start(runner: Runner, rendered, record: records.JobRecord, echo: Echo, *,
 def build_package(spec: specs.JobSpec, source: package.Source,
                   tmp: str) -> package.Package:
     """The sdist of `source`, hashed, with the URL it will be staged to."""
-    local_job_dir = spec.job_dir and storage.is_local(spec.job_dir)
-    exclude = (storage.local_path(spec.job_dir),) if local_job_dir else ()
+    job_dir = spec.job_dir
+    exclude = (storage.local_path(job_dir),) if job_dir and storage.is_local(job_dir) else ()
     return _staged(spec, package.build(source, tmp, exclude=exclude))
 
 
