@@ -77,6 +77,10 @@ class KubeflowEngine(ClusterEngine):
     def prepare(self, spec: specs.JobSpec, package: Package) -> list[str]:
         if not package.local_file:
             return []
+        remote = [p.file_name for p in package.all if not p.local_file]
+        if remote:  # a dry run leaves staged archives where they are
+            return [f"The image's build context is written when the job is submitted (a dry "
+                    f"run does not download {', '.join(remote)})"]
         folder = build_context(package, gpu=spec.gpus_needed > 0)
         image = self.options.image or "REGISTRY/mljob-trainer:TAG"
         return [f"The image's build context (Dockerfile and packages) is {folder}; build "
@@ -117,6 +121,7 @@ class KubeflowEngine(ClusterEngine):
         kind = "TFJob"
         tuning = _tuning(spec)
         if tuning is not None:
+            assert spec.job_dir is not None  # check() asked for a gs:// job dir
             body, kind = experiment(body, tuning, spec.job_dir), EXPERIMENT
             handle["kind"] = EXPERIMENT
         return Rendered(body=body, handle=handle, text=kubeflow_render.dry_run_text(
@@ -294,6 +299,7 @@ def experiment(tfjob: Mapping[str, Any], tuning: tuning_spec.TuningSpec,
         container["env"] = container["env"] + trial_env
     parameters = []
     for p in tuning.params:
+        space: dict[str, str | list[str]]
         if p.type in ("DOUBLE", "INTEGER"):
             space = {"min": str(p.low), "max": str(p.high), "distribution":
                      "logUniform" if p.scale == "UNIT_LOG_SCALE" else "uniform"}

@@ -126,6 +126,7 @@ def build_context(package: Package, gpu: bool) -> str:
         with open(os.path.join(tmp, "Dockerfile"), "w") as f:
             f.write(dockerfile(package, gpu))
         for each in package.all:
+            assert each.local_file is not None  # the engine asks only when all are local
             shutil.copyfile(each.local_file, os.path.join(tmp, each.file_name))
         os.rename(tmp, folder)
     except OSError:
@@ -190,7 +191,7 @@ def dry_run_text(spec: specs.JobSpec, package: Package, body: dict, image: str,
 
 def replica_spec(spec: specs.JobSpec, group: specs.ReplicaGroup, image: str,
                  labels: dict, service_account: str | None) -> dict:
-    container = {
+    container: dict[str, Any] = {
         "name": CONTAINER, "image": image,
         "command": ["python", "-m", spec.module_name],
         "args": list(spec.trainer_args),

@@ -519,6 +519,24 @@ def test_the_image_installs_the_users_package_and_mljobs_core(capsys, tmp_path):
     assert ("RUN pip install --no-cache-dir --no-deps /tmp/mljob-packages/trainer-0.0.0"
             ".tar.gz /tmp/mljob-packages/mljob-0.1.0.tar.gz") in docker
     assert "COPY mljob-0.1.0.tar.gz /tmp/mljob-packages/mljob-0.1.0.tar.gz" in docker
+
+
+def test_a_dry_run_with_a_staged_archive_writes_no_half_build_context(capsys, tmp_path):
+    # The dry run builds the package but leaves the staged --packages archive where it
+    # is: the TFJob and its Dockerfile are printed, and no context lacking it is written.
+    folder = tmp_path / "trainer"
+    folder.mkdir()
+    (folder / "task.py").write_text("print('training')\n")
+    status, out, err = cli(capsys, "job01", "--runner", "kubeflow", "--job-dir",
+                           "gs://mljob-test/kf/job01", "--image", IMAGE, "--package-path",
+                           str(folder), "--module-name", "trainer.task", "--packages",
+                           "gs://mljob-test/staged/extra-1.0.tar.gz", "--dry-run")
+    assert status == 0, err
+    assert yaml.safe_load(out)["kind"] == "TFJob"
+    assert "COPY extra-1.0.tar.gz /tmp/mljob-packages/extra-1.0.tar.gz" in out
+    assert "build context is written when the job is submitted" in err
+    assert "extra-1.0.tar.gz" in err and "docker build" not in err
+    assert not os.path.exists(os.path.join(packages.mljob_home(), "images"))
 # --- tuning: a Katib Experiment around the TFJob ----------------------------------------
 
 HP = {"goal": "MAXIMIZE", "hyperparameterMetricTag": "accuracy", "maxTrials": 8,
