@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import TextIO
 
 from mljob import contracts, procs, storage
 from mljob.errors import EXIT_PREEMPTED
@@ -101,7 +102,7 @@ class Replica:
         self.finished = False          # exited and not to be restarted
         self.reaped = False            # stopped and waited for: never signal its PID again
         self._file_lock = threading.Lock()
-        self._file = None
+        self._file: TextIO | None = None
 
     @property
     def running(self) -> bool:
@@ -231,6 +232,7 @@ class LocalRunner:
         if self.plan.mode == "cloud":
             # Before any replica starts: a package that cannot be installed fails the job.
             key = self.plan.env_key
+            assert key is not None  # a cloud-mode plan names its package environment
             self.terminal.note(f"package environment {key[:12]}: installing "
                                f"{', '.join(p['file_name'] for p in self.plan.packages)}")
             started = time.monotonic()
@@ -257,6 +259,7 @@ class LocalRunner:
             for replica in self.replicas:
                 if replica.finished or replica.restart_at is not None or replica.running:
                     continue
+                assert replica.proc is not None  # every replica started before supervision
                 status = exit_status(replica.proc.returncode)
                 self._note_replica(replica, "EXITED", status)
                 if replica is chief and status == 0:
@@ -307,17 +310,19 @@ class LocalRunner:
         while any(r.running for r in live) and time.monotonic() < deadline:
             time.sleep(0.05)
         for r in live:
+            proc = r.proc
+            assert proc is not None  # live replicas have a process
             r.signal_group(signal.SIGKILL)
             try:
-                r.proc.wait(timeout=10)
+                proc.wait(timeout=10)
                 r.reaped = True
             except subprocess.TimeoutExpired:
-                log.error("%s (pid %d) did not die after SIGKILL", r.plan.label, r.proc.pid)
+                log.error("%s (pid %d) did not die after SIGKILL", r.plan.label, proc.pid)
             r.restart_at = None
             rec = self.record.replica(r.plan.label)
             if rec.state in ("RUNNING", "RESTARTING"):
                 rec.state = "STOPPED" if r in stopped else "EXITED"
-                rec.exit_code = exit_status(r.proc.returncode)
+                rec.exit_code = exit_status(proc.returncode)
 
     def _stop_all(self) -> None:
         self._stop(self.replicas)
@@ -465,7 +470,9 @@ class LocalEngine(Runner):
             current = jobs.load(job_id)
             return not follow or current.done or not current.supervisor_alive()
 
-        return logs.follow(jobs.load(job_id).log_dir, task_name=task_name, done=done)
+        log_dir = jobs.load(job_id).log_dir
+        assert log_dir is not None  # this runner records its plan's log_dir
+        return logs.follow(log_dir, task_name=task_name, done=done)
 
     def cancel(self, handle) -> str:
         return self.cancel_job(jobs.load(handle["job_id"])).state
@@ -493,6 +500,7 @@ class LocalEngine(Runner):
             raise UsageError(f"job {job_id!r} already ended {record.state}; nothing to "
                              "cancel")
         if record.supervisor_alive():
+            assert record.supervisor_pid is not None  # supervisor_alive checked the PID
             os.kill(record.supervisor_pid, signal.SIGTERM)
             deadline = time.monotonic() + CANCEL_WAIT_S
             while not record.done and record.supervisor_alive() \
@@ -555,6 +563,7 @@ def _kill_orphans(record: jobs.JobRecord) -> None:
         marker = {contracts.JOB_ID_ENV: record.job_id,
                   contracts.PARENT_PID_ENV: str(record.supervisor_pid)}
         if procs.is_ours(replica.pid, replica.stamp, env=marker):
+            assert replica.pid is not None  # is_ours checked the PID
             try:
                 os.killpg(replica.pid, signal.SIGKILL)  # it leads its own session
             except (ProcessLookupError, PermissionError):

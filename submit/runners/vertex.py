@@ -121,8 +121,9 @@ class VertexEngine(ClusterEngine):
     def render(self, spec: JobSpec, package: Package) -> Rendered:
         project, region = self._location(spec)
         parent = f"projects/{project}/locations/{region}"
-        pools = [_pool(spec, spec.group(t), package, self.options.image, region)
-                 if spec.group(t) else aiplatform_v1.WorkerPoolSpec() for t in POOLS]
+        groups = [spec.group(t) for t in POOLS]
+        pools = [_pool(spec, g, package, self.options.image, region)
+                 if g else aiplatform_v1.WorkerPoolSpec() for g in groups]
         while not spec.group(POOLS[len(pools) - 1]):
             pools.pop()   # trailing empty pools are left out; pool 0 always exists
         job_spec = aiplatform_v1.CustomJobSpec(
@@ -304,11 +305,13 @@ def study_spec(tuning: tuning_spec.TuningSpec) -> aiplatform_v1.StudySpec:
     for p in tuning.params:
         param = study.ParameterSpec(parameter_id=p.name)
         if p.type == "DOUBLE":
+            low, high = p.bounds
             param.double_value_spec = study.ParameterSpec.DoubleValueSpec(
-                min_value=float(p.low), max_value=float(p.high))
+                min_value=float(low), max_value=float(high))
         elif p.type == "INTEGER":
+            low, high = p.bounds
             param.integer_value_spec = study.ParameterSpec.IntegerValueSpec(
-                min_value=int(p.low), max_value=int(p.high))
+                min_value=int(low), max_value=int(high))
         elif p.type == "CATEGORICAL":
             param.categorical_value_spec = study.ParameterSpec.CategoricalValueSpec(
                 values=list(p.values))
@@ -316,11 +319,13 @@ def study_spec(tuning: tuning_spec.TuningSpec) -> aiplatform_v1.StudySpec:
             param.discrete_value_spec = study.ParameterSpec.DiscreteValueSpec(
                 values=[float(v) for v in p.values])
         if p.type in ("DOUBLE", "INTEGER"):
-            param.scale_type = study.ParameterSpec.ScaleType[p.scale]
+            param.scale_type = study.ParameterSpec.ScaleType[p.scale]  # type: ignore[misc]
         params.append(param)
-    out = study(metrics=[study.MetricSpec(metric_id=tuning.metric_tag,
-                                          goal=study.MetricSpec.GoalType[tuning.goal])],
-                parameters=params, algorithm=study.Algorithm[tuning.algorithm])
+    # proto-plus ships no type information: mypy cannot see that its enums index by name
+    goal = study.MetricSpec.GoalType[tuning.goal]  # type: ignore[misc]
+    algorithm = study.Algorithm[tuning.algorithm]  # type: ignore[misc]
+    out = study(metrics=[study.MetricSpec(metric_id=tuning.metric_tag, goal=goal)],
+                parameters=params, algorithm=algorithm)
     if tuning.early_stopping:
         out.median_automated_stopping_spec = study.MedianAutomatedStoppingSpec(
             use_elapsed_duration=False)
@@ -344,9 +349,10 @@ def _machine_spec(spec: JobSpec, group: specs.ReplicaGroup) -> aiplatform_v1.Mac
                              "retired on Vertex AI; use "
                              f"{RETIRED_ACCELERATORS[accel_type]} or another current GPU")
         try:
-            machine.accelerator_type = aiplatform_v1.AcceleratorType[accel_type]
+            # proto-plus ships no type information: mypy cannot see its enums' EnumMeta
+            machine.accelerator_type = aiplatform_v1.AcceleratorType[accel_type]  # type: ignore[misc]
         except KeyError:
-            known = [a.name for a in aiplatform_v1.AcceleratorType
+            known = [a.name for a in aiplatform_v1.AcceleratorType  # type: ignore[attr-defined]
                      if a.name.startswith("NVIDIA") and a.name not in RETIRED_ACCELERATORS]
             raise UsageError(f"trainingInput.{key}.acceleratorConfig.type {accel_type!r} is "
                              f"not a Vertex AI accelerator; use one of {', '.join(known)}") \

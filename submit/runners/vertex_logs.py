@@ -14,7 +14,7 @@ from typing import Any
 
 import google.auth
 import requests
-from google.auth.credentials import AnonymousCredentials
+from google.auth.credentials import AnonymousCredentials, Credentials
 from google.auth.transport.requests import AuthorizedSession
 
 from mljob import contracts
@@ -78,6 +78,7 @@ def replica_label(task_name: str) -> str:
 
 def _logging_session() -> tuple[AuthorizedSession, str]:
     endpoint = os.environ.get(LOGGING_ENDPOINT_ENV)
+    credentials: Credentials
     if endpoint:
         credentials = AnonymousCredentials()
     else:
