@@ -13,6 +13,7 @@ refused rather than mixed with new ones.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -43,7 +44,7 @@ def expand_inputs(patterns: str) -> list:
     found = []
     for pattern in [p.strip() for p in patterns.split(",") if p.strip()]:
         fs, path = storage.filesystem(pattern)
-        matches = storage.retry(lambda fs=fs, path=path: fs.glob(path), f"list {pattern}")
+        matches = storage.retry(functools.partial(fs.glob, path), f"list {pattern}")
         matches = [m for m in matches if not fs.isdir(m)]
         found += [fs.unstrip_protocol(m) if "file" not in _protocols(fs) else m
                   for m in sorted(matches)]

@@ -29,8 +29,8 @@ class _Item:
         self.batch = batch
         self.rows = rows
         self.done = threading.Event()
-        self.result = None
-        self.error = None
+        self.result: dict | None = None
+        self.error: BaseException | None = None
 
 
 class Batcher:
@@ -62,6 +62,7 @@ class Batcher:
         item.done.wait()
         if item.error is not None:
             raise item.error
+        assert item.result is not None  # the worker sets a result or an error
         return item.result
 
     def _worker(self, key, work: queue.Queue, model, model_name: str, signature: str):

@@ -53,8 +53,8 @@ def split_lines(data: bytes, where: str = "line"):
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise InputError(f"{where} {line}", "not valid UTF-8 text") from None
+        bad = data[:exc.start].count(b"\n") + 1
+        raise InputError(f"{where} {bad}", "not valid UTF-8 text") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

@@ -42,7 +42,7 @@ class Metrics:
     PATH = PATH
     CONTENT_TYPE = CONTENT_TYPE
 
-    def __init__(self):
+    def __init__(self) -> None:
         prometheus_client.disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=True)
         self._lock = threading.Lock()

@@ -37,7 +37,7 @@ class TensorInfo:
     (None where unknown)."""
 
     dtype: np.dtype
-    shape: tuple
+    shape: tuple | None  # None: unknown rank
     tensor_name: str
 
     @property

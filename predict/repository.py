@@ -22,16 +22,21 @@ available version).
 """
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mljob import contracts, storage
 from mljob.errors import first_line
 from predict.errors import PredictError, UsageError
+
+if TYPE_CHECKING:
+    from predict.model import Model
 
 log = logging.getLogger("predict.repository")
 
@@ -121,7 +126,7 @@ def scan_versions(base_path: str, known=()) -> dict:
         if version > MAX_VERSION:
             continue
         if version in known or any(
-                storage.retry(lambda m=m, name=name: fs.exists(f"{root}/{name}/{m}"),
+                storage.retry(functools.partial(fs.exists, f"{root}/{name}/{m}"),
                               f"check {base_path}/{name}") for m in MARKERS):
             found[version] = storage.join(base_path, name)
     return found
@@ -133,7 +138,7 @@ class _Version:
         self.url = url
         self.state = "LOADING"
         self.error = ""
-        self.model = None
+        self.model: Model | None = None
         self.refs = 0
         self.retired = False
         self.loaded_at = 0.0
@@ -162,6 +167,7 @@ class ServedModel:
         if self.config.model_dir is not None:
             found = {1: self.config.model_dir}
         else:
+            assert self.config.base_path is not None  # a config names one or the other
             with self._lock:
                 known = {n for n, v in self._versions.items() if v.state != "END"}
             found = scan_versions(self.config.base_path, known)
@@ -304,7 +310,7 @@ class Repository:
         self.models = {c.name: ServedModel(c, loader, events) for c in configs}
         self.poll_seconds = poll_seconds
         self._stop = threading.Event()
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Poll once now (a missing base path or a first version that cannot load is

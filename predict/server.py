@@ -137,7 +137,8 @@ class PredictionService:
                                  "send fewer instances a request")
         if declared.isdigit() and int(declared) > DRAIN_LIMIT:
             raise too_big
-        chunks, size = [], 0
+        chunks: list[bytes] | None = []
+        size = 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
@@ -242,7 +243,9 @@ def build_app(service: PredictionService) -> Starlette:
         return _json(exc.status_code, {"error": message}, dict(exc.headers or {}))
 
     return Starlette(routes=[Route("/{path:path}", service.handle, methods=list(_METHODS))],
-                     exception_handlers={StarletteHTTPException: framework_error})
+                     # Starlette types a handler's exception as Exception, not its class
+                     exception_handlers={
+                         StarletteHTTPException: framework_error})  # type: ignore[dict-item]
 
 
 class _JSONErrorsH11(H11Protocol):

@@ -162,7 +162,8 @@ def _read_idx_stream(stream, url: str, expect: int | None) -> np.ndarray:
                         "download it again")
     magic = int.from_bytes(data[:4], "big")
     if magic not in (IMAGES_MAGIC, LABELS_MAGIC) or (expect and magic != expect):
-        what = {IMAGES_MAGIC: "images", LABELS_MAGIC: "labels"}.get(expect, "IDX")
+        what = {IMAGES_MAGIC: "images", LABELS_MAGIC: "labels"}.get(expect, "IDX") \
+            if expect else "IDX"
         wanted = expect or f"{IMAGES_MAGIC} or {LABELS_MAGIC}"
         raise DataError(f"{url} is not an MNIST {what} file (magic number {magic}, "
                         f"expected {wanted}); check the file name and format")

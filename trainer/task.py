@@ -50,7 +50,7 @@ class _Parser(argparse.ArgumentParser):
         return super().parse_known_args(self._dashed(args), namespace)
 
     def _dashed(self, args: list[str]) -> list[str]:
-        out = []
+        out: list[str] = []
         for i, arg in enumerate(args):
             if arg == "--":
                 return out + args[i:]
@@ -84,6 +84,7 @@ def _whole_float(text: str) -> int | None:
 def _int_type(low: int, high: int):
     """An argparse type: an integer in [low, high], else a message naming the range."""
     def parse(text: str) -> int:
+        value: int | None
         try:
             value = int(text)
         except ValueError as exc:

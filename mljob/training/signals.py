@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import NoReturn
 
 from mljob import contracts
@@ -43,7 +44,7 @@ class StopSignal:
     training loop polls `requested()` between steps, servers `wait()` on it.
     """
 
-    def __init__(self, environ=os.environ):
+    def __init__(self, environ: Mapping[str, str] = os.environ) -> None:
         self._event = threading.Event()
         self.signum: int | None = None
         self.parent_gone = False

@@ -40,7 +40,7 @@ from submit import tuning_spec
 from submit.errors import SubmitError, UsageError
 from submit.package import Package
 from submit.runners import kubeflow_render
-from submit.runners.engine import (ClusterEngine, EngineStatus, Rendered,
+from submit.runners.engine import (ClusterEngine, EngineOptions, EngineStatus, Rendered,
                                    ReplicaStatus)
 from submit.runners.kubeflow_render import (  # noqa: F401 - the engine's names, as before
     BASE_IMAGE, BASE_IMAGE_GPU, CONTAINER, DNS_LABEL, GROUP, MAX_NAME, PLURAL, PORT,
@@ -70,7 +70,7 @@ STATES = {"Created": records.QUEUED, "Suspended": records.QUEUED,
 class KubeflowEngine(ClusterEngine):
     name = "kubeflow"
 
-    def __init__(self, options):
+    def __init__(self, options: EngineOptions) -> None:
         super().__init__(options)
         self._clients: dict[str | None, kubernetes.client.ApiClient] = {}
 

@@ -120,7 +120,7 @@ class _Position:
     """The last entry read (timestamp, insertId): reads ask only for later entries, and
     entries at or before it (a page read twice) are skipped."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.key: tuple[str, str] | None = None
 
     def bounds(self) -> list[str]:
