@@ -50,6 +50,9 @@ setup(
             "optuna>=4.0",
             "cloudml-hypertune>=0.1.0.dev6",  # a trainer that reports with Google's library
             "kubeflow-katib-api>=0.17",       # Katib's Experiment models check our render
+            # `.ci/run`'s linters, pinned: a newer release may find new things to say
+            "ruff==0.17.*",
+            "mypy==2.4.*",
         ],
         # `predict serve --grpc-port` and text-proto model config files also need TF
         # Serving's protos: `pip install --no-deps tensorflow-serving-api==2.21.*` (the
