@@ -173,7 +173,7 @@ def _stat_input(url: str, path: str) -> None:
                                "link or point at the file itself") from None
         raise StorageError(f"cannot read {url}: {exc.strerror}") from None
     if stat.S_ISDIR(mode):
-        raise IsADirectoryError(errno.EISDIR, f"{url} is a folder", url)
+        raise IsADirectoryError(f"{url} is a folder")
     if not stat.S_ISREG(mode):
         kind = ("named pipe" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode)
                 else "device")

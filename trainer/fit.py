@@ -50,9 +50,8 @@ def run(args, config: training.RunConfig, info, stop=None) -> int:
         return (f"model={args.model} mixed_precision={args.mixed_precision} "
                 f"data={load().source!r}")
 
-    # The original samples' models: dropout 0.4 in the CNN, none in the MLP.
-    dropout = args.dropout if args.dropout is not None else (
-        0.4 if args.model == "cnn" else 0.0)
+    from trainer.task import dropout_of  # the flags' module, imported by task itself
+    dropout = dropout_of(args)
     return training.fit(
         functools.partial(model_lib.build, args.model, dropout=dropout, seed=args.seed,
                           precision=args.mixed_precision, hidden_units=args.hidden_units),

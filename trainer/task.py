@@ -129,8 +129,8 @@ _fraction = _float_where(lambda v: 0.0 <= v < 1.0, "in [0, 1)")
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m trainer.task", allow_abbrev=False,
                 description="Train a Fashion-MNIST model as one replica of an mljob job. "
-                "Every --flag-name is also accepted as --flag_name (a tuning job passes "
-                "each parameter as --<parameterName>=<value>).")
+                "Every flag is also accepted with underscores for its dashes (a tuning job "
+                "passes each parameter as --<parameterName>=<value>).")
 
     add = p.add_argument
     add("--job-dir", help="where checkpoints, summaries and the export go (any fsspec "
@@ -191,6 +191,13 @@ def config_from(args: argparse.Namespace, outputs: Outputs) -> RunConfig:
         ps_shards=args.ps_shards, ps_cache_reads=args.ps_cache_reads,
         ps_local_steps=args.ps_local_steps, strategy=args.strategy,
         log_every=args.log_every, seed=args.seed)
+
+
+def dropout_of(args: argparse.Namespace) -> float:
+    """--dropout, else the original samples' models': 0.4 in the CNN, none in the MLP."""
+    if args.dropout is not None:
+        return args.dropout
+    return 0.4 if args.model == "cnn" else 0.0
 
 
 def _check(args: argparse.Namespace, info: cluster_lib.ClusterInfo) -> str | None:

@@ -79,10 +79,11 @@ def test_a_staged_package_too_large_to_download_is_refused(tmp_path, monkeypatch
     monkeypatch.setattr(package, "MAX_PACKAGE_BYTES", os.path.getsize(archive) - 1)
     with pytest.raises(PackageUsageError, match="is larger than"):
         package.fetch(archive, str(tmp_path / "dl"))
-    sha, top = "0" * 64, "pkg-1.0"
+    staged = package.Package("pkg-1.0.tar.gz", "0" * 64, "pkg-1.0", url=archive)
+    root = tmp_path / "envs"
     with pytest.raises(Exception, match="is larger than"):
-        package.ensure_environment(archive, sha, top, home=str(tmp_path / "home"))
-    assert not os.path.exists(tmp_path / "home" / "envs" / sha)
+        package.ensure_environment([staged], "1" * 64, root=str(root))
+    assert os.listdir(root) == []  # no environment, not even a half-built one
 
 
 @pytest.mark.parametrize("name, text", [
@@ -108,8 +109,9 @@ def test_download_errors_name_the_url_once(tmp_path):
     from submit.errors import PackageError
     loop = str(tmp_path / "pkg-1.0.tar.gz")
     os.symlink(loop, loop)
+    staged = package.Package("pkg-1.0.tar.gz", "0" * 64, "pkg-1.0", url=loop)
     with pytest.raises(PackageError) as info:
-        package.ensure_environment(loop, "0" * 64, "pkg-1.0", home=str(tmp_path / "home"))
+        package.ensure_environment([staged], "1" * 64, root=str(tmp_path / "envs"))
     message = str(info.value)
     assert message.count(loop) == 1 and "symbolic link loop" in message, message
     with pytest.raises(PackageError) as info:

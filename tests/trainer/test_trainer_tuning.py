@@ -62,16 +62,17 @@ def test_both_spellings_of_a_flag(argv, value):
 
 def test_dropout_defaults_follow_the_model():
     parse = task.parser().parse_args
-    assert task._dropout(parse(["--model", "cnn"])) == 0.4
-    assert task._dropout(parse(["--model", "mlp"])) == 0.0
-    assert task._dropout(parse(["--model", "mlp", "--dropout=0.3"])) == 0.3
+    assert task.dropout_of(parse(["--model", "cnn"])) == 0.4
+    assert task.dropout_of(parse(["--model", "mlp"])) == 0.0
+    assert task.dropout_of(parse(["--model", "mlp", "--dropout=0.3"])) == 0.3
 
 
 @pytest.mark.parametrize("argv,flag", [
-    (["--hidden_units=0"], "--hidden_units"),
+    # the error names the flag as declared, whichever spelling was given
+    (["--hidden_units=0"], "--hidden-units"),
     (["--hidden-units", "many"], "--hidden-units"),
     (["--dropout=1.5"], "--dropout"),
-    (["--batch_size=64.5"], "--batch_size"),
+    (["--batch_size=64.5"], "--batch-size"),
 ])
 def test_bad_tuning_flag_values_are_one_line_usage_errors(capsys, argv, flag):
     assert task.main(argv) == 2
