@@ -288,7 +288,13 @@ def _open(url: str):
     """A binary stream of the file's bytes, gunzipped as they are read when the file
     starts with gzip's magic; storage and gzip errors are DataErrors naming the file."""
     try:
-        raw = storage.open_input(url)
+        # A remote file is fetched whole (its stored size is bounded too): read in small
+        # pieces, as gzip asks for them, each piece would be a request.
+        raw = storage.open_input(url) if storage.is_local(url) else io.BytesIO(
+            storage.read_bytes(url, limit=MAX_DATA_BYTES))
+    except storage.TooLargeError:
+        raise DataError(f"{url} is more than {MAX_DATA_BYTES} bytes, more than the trainer "
+                        "reads into memory; check the file") from None
     except FileNotFoundError:
         raise DataError(f"{url} does not exist; check --data-dir / --train-files / "
                         "--eval-files") from None
