@@ -160,3 +160,18 @@ def is_ours(pid, recorded, *, env=None, open_file: str | None = None) -> bool:
         if all(live.get(k) == v for k, v in env.items()):
             return True
     return open_file is not None and holds_open(pid, open_file)
+
+
+class SignalFlag:
+    """A flag a signal handler may set: `threading.Event.set` takes a lock that is not
+    reentrant, so a second signal arriving inside the first handler's `set` deadlocks the
+    process. Setting a plain attribute cannot block; readers poll `is_set()`."""
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self, *_) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set

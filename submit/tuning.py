@@ -53,7 +53,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mljob import contracts, hypertune, storage
-from mljob.procs import free_ports
+from mljob.procs import SignalFlag, free_ports
 from submit import jobs, logs
 from submit.errors import UsageError
 from submit.mirror import Mirror
@@ -197,7 +197,7 @@ class Tuner:
         self.mirrors = [Mirror(local, url) for local, url in plan.mirrors]
         self.running: list[Trial] = []
         self.failures = 0
-        self._cancel = threading.Event()
+        self._cancel = SignalFlag()  # set by the signal handler: never an Event
         self._lock = threading.RLock()
 
     def cancel(self, *_):

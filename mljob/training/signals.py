@@ -76,13 +76,20 @@ class StopSignal:
         exit_now(EXIT_PREEMPTED)
 
     def _handle(self, signum, _frame) -> None:
+        # Only a plain assignment here: the handler runs between two bytecodes of the
+        # main thread, possibly inside Event.set or wait, whose lock is not reentrant; a
+        # second signal arriving there (SIGTERM and the parent-death signal together)
+        # deadlocked the process. `requested()` turns the note into the event, and every
+        # wait wakes at least once a PARENT_POLL_SECONDS to ask.
         self.signum = signum
-        self._event.set()
 
     def requested(self) -> bool:
         """True once a signal arrived or the launcher is gone (checked at most once a
         PARENT_POLL_SECONDS, so calling this every step costs nothing)."""
         if self._event.is_set():
+            return True
+        if self.signum is not None:
+            self._event.set()
             return True
         with self._lock:  # the main thread and the watchdog both ask
             now = time.monotonic()

@@ -179,7 +179,7 @@ class LocalRunner:
         self.grace = grace
         self.replicas = [Replica(r, self.terminal) for r in plan.replicas]
         self.mirrors = [Mirror(local, url) for local, url in plan.mirrors]
-        self._cancel = threading.Event()
+        self._cancel = procs.SignalFlag()  # set by the signal handler: never an Event
 
     def cancel(self, *_):
         self._cancel.set()
