@@ -101,6 +101,7 @@ def test_killed_worker_is_restarted_and_the_job_finishes(reaper, tmp_path, basel
     check_accuracy(job, baseline)
 
 
+@pytest.mark.slow  # about a minute: kept out of the default run, run by .ci/run
 def test_killed_ps_restarts_ps_and_chief_from_the_latest_checkpoint(reaper, tmp_path,
                                                                     baseline):
     job = Job(reaper, tmp_path, "ps_kill")
@@ -119,6 +120,7 @@ def test_killed_ps_restarts_ps_and_chief_from_the_latest_checkpoint(reaper, tmp_
     check_accuracy(job, baseline)
 
 
+@pytest.mark.slow  # about a minute: kept out of the default run, run by .ci/run
 def test_chief_preempted_then_killed_resumes_without_losing_a_step(reaper, tmp_path,
                                                                   baseline):
     job = Job(reaper, tmp_path, "chief_faults")
