@@ -268,9 +268,16 @@ def _check_npz_sizes(data: bytes, url: str) -> None:
 
 
 def _read_file(url: str) -> bytes:
-    """A whole (npz) file's bytes, at most MAX_DATA_BYTES."""
-    try:
+    """A whole file's bytes, at most MAX_DATA_BYTES."""
+    with _data_errors(url):
         return storage.read_bytes(url, limit=MAX_DATA_BYTES)
+
+
+@contextlib.contextmanager
+def _data_errors(url: str):
+    """Storage's errors on opening or reading a data file, as one-line DataErrors."""
+    try:
+        yield
     except FileNotFoundError:
         raise DataError(f"{url} does not exist; check --data-dir / --train-files / "
                         "--eval-files") from None
@@ -286,22 +293,14 @@ def _read_file(url: str) -> bytes:
 @contextlib.contextmanager
 def _open(url: str):
     """A binary stream of the file's bytes, gunzipped as they are read when the file
-    starts with gzip's magic; storage and gzip errors are DataErrors naming the file."""
-    try:
-        # A remote file is fetched whole (its stored size is bounded too): read in small
-        # pieces, as gzip asks for them, each piece would be a request.
-        raw = storage.open_input(url) if storage.is_local(url) else io.BytesIO(
-            storage.read_bytes(url, limit=MAX_DATA_BYTES))
-    except storage.TooLargeError:
-        raise DataError(f"{url} is more than {MAX_DATA_BYTES} bytes, more than the trainer "
-                        "reads into memory; check the file") from None
-    except FileNotFoundError:
-        raise DataError(f"{url} does not exist; check --data-dir / --train-files / "
-                        "--eval-files") from None
-    except storage.StorageError as exc:
-        raise DataError(first_line(exc)) from None
-    except IsADirectoryError:
-        raise DataError(f"{url} is a folder; name a data file") from None
+    starts with gzip's magic; storage and gzip errors are DataErrors naming the file.
+    A remote file is fetched whole (its size bounded): streamed, each of gzip's small
+    reads would be a request."""
+    if storage.is_local(url):
+        with _data_errors(url):
+            raw = storage.open_input(url)
+    else:
+        raw = io.BytesIO(_read_file(url))
     with raw:
         head = _take(raw, len(_GZIP_MAGIC), url)
         raw.seek(0)
