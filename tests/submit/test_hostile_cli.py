@@ -13,21 +13,9 @@ import pytest
 
 from mljob.procs import free_ports
 from tests.support.common import ROOT
-from tests.support.submit_cli import dry_run, files_under, run
+from tests.support.submit_cli import dry_run, files_under, nothing_written, one_error_line, run
 
 
-def one_error_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    return lines[0]
-
-
-def nothing_written(*folders) -> None:
-    assert files_under(*folders) == []
-    home = os.environ["MLJOB_HOME"]
-    assert not os.path.exists(os.path.join(home, "jobs"))
-    assert not os.path.exists(os.path.join(home, "envs"))
 
 
 # --- control characters ----------------------------------------------------------------

@@ -12,13 +12,7 @@ import pytest
 
 from mljob import procs
 from submit import jobs as records
-from tests.support.submit_cli import files_under, run
-
-
-def one_error_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
+from tests.support.submit_cli import files_under, one_error_line, run
 
 
 @pytest.fixture

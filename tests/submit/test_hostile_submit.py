@@ -24,7 +24,8 @@ from tests.support.common import ROOT
 from submit import spec as specs
 from submit.__main__ import main
 from submit.errors import SubmitError
-from tests.support.submit_cli import files_under, write_package
+from tests.support.submit_cli import nothing_written, one_error_line, \
+    write_package
 
 
 @pytest.fixture
@@ -38,18 +39,6 @@ def submit(capsys, *argv) -> tuple[int, str]:
     return status, err
 
 
-def one_error_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    return lines[0]
-
-
-def nothing_written(*folders) -> None:
-    assert files_under(*folders) == []
-    home = os.environ["MLJOB_HOME"]
-    assert not os.path.exists(os.path.join(home, "jobs"))
-    assert not os.path.exists(os.path.join(home, "envs"))
 
 
 # --- job ids ---------------------------------------------------------------------------

@@ -39,3 +39,19 @@ def dry_run(capsys, *argv) -> dict:
     status, out, err = run(capsys, *argv[:cut], "--dry-run", *argv[cut:])
     assert status == 0, err
     return json.loads(out)
+
+
+def one_error_line(err: str) -> str:
+    """The one `error: ...` line a refused command prints, with no traceback."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def nothing_written(*folders) -> None:
+    """Nothing under the folders, and no job record or environment in MLJOB_HOME."""
+    assert files_under(*folders) == []
+    home = os.environ["MLJOB_HOME"]
+    assert not os.path.exists(os.path.join(home, "jobs"))
+    assert not os.path.exists(os.path.join(home, "envs"))
