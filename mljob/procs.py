@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 
@@ -175,3 +176,17 @@ class SignalFlag:
 
     def is_set(self) -> bool:
         return self._set
+
+
+def handle_stop_signals(handler) -> dict | None:
+    """Route SIGINT and SIGTERM to handler (a `SignalFlag.set`: a handler must take no
+    lock); the previous handlers, for `restore_signals`. Off the main thread, where
+    Python cannot install handlers, nothing changes and None is returned."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def restore_signals(previous: dict | None) -> None:
+    for sig, handler in (previous or {}).items():
+        signal.signal(sig, handler)

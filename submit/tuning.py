@@ -46,13 +46,12 @@ import logging
 import math
 import os
 import shutil
-import signal
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from mljob import contracts, hypertune, storage
+from mljob import contracts, hypertune, procs, storage
 from mljob.procs import SignalFlag, free_ports
 from submit import jobs, logs
 from submit.errors import UsageError
@@ -206,7 +205,7 @@ class Tuner:
     # --- the job ---------------------------------------------------------------------
 
     def run(self) -> str:
-        previous = self._install_signals()
+        previous = procs.handle_stop_signals(self.cancel)
         try:
             self._set(jobs.PREPARING)
             self.record.replicas = []
@@ -226,7 +225,7 @@ class Tuner:
             raise
         finally:
             self._stop_trials()
-            self._restore_signals(previous)
+            procs.restore_signals(previous)
             self.terminal.close()
 
     def _prepare(self) -> None:
@@ -492,15 +491,6 @@ class Tuner:
         except Exception as exc:  # a record write must not orphan trials
             log.warning("cannot save the job record: %s", exc)
 
-    def _install_signals(self):
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        return {sig: signal.signal(sig, self.cancel) for sig in (signal.SIGINT,
-                                                                 signal.SIGTERM)}
-
-    def _restore_signals(self, previous) -> None:
-        for sig, handler in (previous or {}).items():
-            signal.signal(sig, handler)
 
 
 # --- parameters as Optuna sees them ----------------------------------------------------

@@ -186,7 +186,7 @@ class LocalRunner:
 
     def run(self) -> str:
         """Prepare, start, supervise and stop; returns the final state."""
-        previous = self._install_signals()
+        previous = procs.handle_stop_signals(self.cancel)
         try:
             self._set(jobs.PREPARING)
             self._prepare()
@@ -217,7 +217,7 @@ class LocalRunner:
             self._stop_all()
             for replica in self.replicas:
                 replica.close()
-            self._restore_signals(previous)
+            procs.restore_signals(previous)
             self.terminal.close()
 
     def _prepare(self) -> None:
@@ -372,15 +372,6 @@ class LocalRunner:
         rec.state, rec.exit_code, rec.restarts = state, status, replica.restarts
         self._publish()
 
-    def _install_signals(self):
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        return {sig: signal.signal(sig, self.cancel) for sig in (signal.SIGINT,
-                                                                 signal.SIGTERM)}
-
-    def _restore_signals(self, previous) -> None:
-        for sig, handler in (previous or {}).items():
-            signal.signal(sig, handler)
 
 
 class LocalEngine(Runner):
