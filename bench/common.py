@@ -466,14 +466,15 @@ def trainer_args(model: str, steps: int, log_every: int, batch_size: int, job_di
 
 def measure(label: str, args: Sequence[str], *, batch_size: int, module: str = "trainer.task",
             workers: int = 0, ps: int = 0, timeout: float = 600.0, kind: str = "single",
-            skip_fraction: float = 0.1, echo: bool = False) -> dict:
+            skip_fraction: float = 0.1, echo: bool = False,
+            env: dict | None = None) -> dict:
     """Run one job and return its record: command, exit status, load, examples/s after
     warm-up, ms/step, peak RSS and CPU seconds of every replica. Paths under a temp
     job dir are written as JOB_DIR in the recorded command."""
     print(f"== {label}", flush=True)
     load = load_average()
     run = run_trainer(args, module=module, workers=workers, ps=ps, timeout=timeout,
-                      kind=kind, echo=echo)
+                      kind=kind, echo=echo, env=env)
     command = "python " + " ".join(run.command)
     if "--job-dir" in args:
         command = command.replace(args[list(args).index("--job-dir") + 1], "JOB_DIR")

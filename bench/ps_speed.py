@@ -3,14 +3,14 @@ between-graph replication (`bench/tf1_baseline.py`), side by side in one run.
 
     python -m bench.ps_speed                      # MLP and CNN, every setup
     python -m bench.ps_speed --model mlp --quick
-    python -m bench.ps_speed --extra=--ps-cache-variables   # ours with a lever
+    python -m bench.ps_speed --extra="--steps-per-execution 50"   # ours with a lever
 
 Setups, each for the MLP (784-100-10) and the CNN, batch 100, periodic evaluation and
 checkpoints outside the timed window: mljob single node; mljob chief + 2 workers + 1 ps
 step by step (`--no-ps-local-steps`, one read and one update on the ps per step) and
 with local steps (each scheduled function trains the worker's copy, one read and one
-write per function); TF1 master + 2 workers + 1 ps with Adam (the trainer's optimiser)
-and with plain SGD. Test accuracy after the run is recorded for mljob's setups.
+write per function), and local steps with bfloat16 on the wire; TF1 master + 2 workers
++ 1 ps with Adam (the trainer's optimiser) and with plain SGD. Test accuracy after the run is recorded for mljob's setups.
 Reported: examples/s after warm-up (from the leader's progress lines), CPU-seconds per
 example across all replicas, and the ratios the goal is stated in: ours over TF1's, and
 ours over our own single node.
@@ -40,6 +40,8 @@ def setups(model: str, steps: int, every: int, batch: int, job_dir: str,
         ("mljob ps step by step", "trainer.task", ours + ["--no-ps-local-steps"], WORKERS,
          PS),
         ("mljob ps", "trainer.task", ours + ["--ps-local-steps"] + extra, WORKERS, PS),
+        ("mljob ps bfloat16 wire", "trainer.task",
+         ours + ["--ps-local-steps", "--ps-wire-dtype", "bfloat16"] + extra, WORKERS, PS),
         ("tf1 ps adam", "bench.tf1_baseline", tf1 + ["--optimizer", "adam"], WORKERS, PS),
         ("tf1 ps sgd", "bench.tf1_baseline", tf1 + ["--optimizer", "sgd"], WORKERS, PS),
     ]
@@ -52,11 +54,17 @@ def main(argv=None) -> int:
                    help="default: 3000 for the MLP, 300 for the CNN")
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--extra", default="", help="flags added to mljob's ps run")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="set in every replica's environment (e.g. TF_NUM_INTRAOP_THREADS=1)")
+    p.add_argument("--only", default="", help="comma-separated setup labels to run")
+    p.add_argument("--name", default="", help="results file name (default ps_speed_<models>)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--timeout", type=float, default=900)
     args = p.parse_args(argv)
     models = args.model or ["mlp", "cnn"]
     extra = shlex.split(args.extra)
+    env = dict(item.split("=", 1) for item in args.env)
+    only = {label.strip() for label in args.only.split(",") if label.strip()}
     load_before = common.load_average()
     runs = []
     try:
@@ -69,11 +77,13 @@ def main(argv=None) -> int:
             every = max(100, steps // 10 - (steps // 10) % 20)
             for label, module, targs, workers, ps in setups(model, steps, every,
                                                             args.batch_size, "JOB_DIR", extra):
+                if only and label not in only:
+                    continue
                 with common.TempJobDir() as job_dir:
                     targs = [job_dir if a == "JOB_DIR" else a for a in targs]
                     record = common.measure(f"{model}: {label}", targs, module=module,
                                             batch_size=args.batch_size, workers=workers,
-                                            ps=ps, timeout=args.timeout)
+                                            ps=ps, timeout=args.timeout, env=env)
                 record.update(model=model, setup=label, train_steps=steps)
                 if record.get("cpu_ms_per_step"):
                     record["cpu_s_per_example"] = round(
@@ -83,8 +93,9 @@ def main(argv=None) -> int:
         print("interrupted; every process stopped", file=sys.stderr)
         return 130
     ratios = summarise(runs)
-    name = "ps_speed_" + "_".join(models)  # one file per model set: runs do not overwrite
-    common.write_json(name, {"batch_size": args.batch_size, "extra": extra,
+    # One file per model set: runs do not overwrite.
+    name = args.name or "ps_speed_" + "_".join(models)
+    common.write_json(name, {"batch_size": args.batch_size, "extra": extra, "env": env,
                                    "quick": args.quick, "runs": runs, "ratios": ratios},
                       load_before)
     plot(runs, name)
@@ -124,7 +135,8 @@ def plot(runs: list[dict], name: str) -> None:
     for ax, model in zip(axes[0], models, strict=True):
         rows = [r for r in runs if r["model"] == model]
         ax.bar([r["setup"] for r in rows], [r.get("examples_per_s", 0) for r in rows],
-               color=["#777", "#9ecae1", "#1f77b4", "#d62728", "#ff7f0e"][:len(rows)])
+               color=["#777", "#9ecae1", "#1f77b4", "#2ca02c", "#d62728",
+                      "#ff7f0e"][:len(rows)])
         ax.set_title(f"{model.upper()}: examples/s (chief + {WORKERS} workers + {PS} ps)")
         ax.tick_params(axis="x", labelrotation=20)
     fig.tight_layout()

@@ -27,7 +27,7 @@ from mljob import cluster as cluster_lib
 from mljob import storage
 from mljob.contracts import AIP_MODEL_DIR
 from mljob.errors import too_many_digits
-from mljob.training.config import STEPS_PER_EXECUTION, RunConfig
+from mljob.training.config import STEPS_PER_EXECUTION, WIRE_DTYPES, RunConfig
 from mljob.training.outputs import DEFAULT_JOBS_DIR, Outputs, resolve_outputs
 from trainer.errors import EXIT_FAILED, EXIT_USAGE, TrainerError, UsageError
 
@@ -150,11 +150,12 @@ def parser() -> argparse.ArgumentParser:
         "mljob.training.STEPS_PER_EXECUTION)")
     add("--ps-shards", type=_int_type(0, INT32_MAX), default=0,
         help="shards per variable over the ps: 0 automatic, 1 none, N fixed")
-    add("--ps-cache-reads", action="store_true",
-        help="under ps: each scheduled function reads the weights once, not every step")
     add("--ps-local-steps", action=argparse.BooleanOptionalAction, default=False,
         help="under ps: each scheduled function trains a local copy of the weights and "
         "adds the change to the ps (one read and one write per function)")
+    add("--ps-wire-dtype", choices=WIRE_DTYPES, default="float32",
+        help="under ps with --ps-local-steps: bfloat16 halves the "
+        "bytes of each read of the weights and write of their change")
     add("--strategy", choices=cluster_lib.STRATEGIES, default="auto")
     add("--data-dir", help="folder with the four IDX files or mnist.npz")
     add("--train-files", help="comma-separated training files (IDX pair or .npz)")
@@ -188,8 +189,9 @@ def config_from(args: argparse.Namespace, outputs: Outputs) -> RunConfig:
         eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,
         steps_per_execution=args.steps_per_execution or STEPS_PER_EXECUTION,
-        ps_shards=args.ps_shards, ps_cache_reads=args.ps_cache_reads,
-        ps_local_steps=args.ps_local_steps, strategy=args.strategy,
+        ps_shards=args.ps_shards,
+        ps_local_steps=args.ps_local_steps, ps_wire_dtype=args.ps_wire_dtype,
+        strategy=args.strategy,
         log_every=args.log_every, seed=args.seed)
 
 

@@ -23,6 +23,7 @@ from mljob.training.outputs import resolve_outputs
 # coordinator's ~10 ms per function under a third of a CPU step of the MLP at batch 100,
 # while a log line still comes every few chunks. bench/ tunes it.
 STEPS_PER_EXECUTION = 20
+WIRE_DTYPES = ("float32", "bfloat16")  # RunConfig.ps_wire_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +46,9 @@ class RunConfig:
     # Under ps: a scheduled function's steps train the worker's copy of the weights and
     # Adam's state, then add the change to the ps (one read, one write per function).
     ps_local_steps: bool = False
-    # Under ps: read the weights once per scheduled function (gradients still go every
-    # step); faster, but staler: bench/ps_speed.py measured it costing accuracy.
-    ps_cache_reads: bool = False
+    # Under ps with local steps: "bfloat16" halves the bytes of each read of the
+    # weights and write of their change (the ps keeps float32 variables).
+    ps_wire_dtype: str = "float32"
     strategy: str = "auto"          # mljob.cluster.STRATEGIES
     log_every: int = 100
     seed: int | None = None         # the input pipeline's shuffle seed (InputContext.seed)
@@ -60,6 +61,9 @@ class RunConfig:
             _at_least(name, getattr(self, name), 1)
         for name in ("eval_every", "checkpoint_every", "ps_shards"):
             _at_least(name, getattr(self, name), 0)
+        if self.ps_wire_dtype not in WIRE_DTYPES:
+            raise UsageError(f"ps_wire_dtype {self.ps_wire_dtype!r} is not one of "
+                             f"{', '.join(WIRE_DTYPES)}")
         if self.strategy not in cluster_lib.STRATEGIES:
             raise UsageError(f"strategy {self.strategy!r} is not one of "
                              f"{', '.join(cluster_lib.STRATEGIES)}")
@@ -128,4 +132,4 @@ class Program:
         return self.describe() if callable(self.describe) else self.describe
 
 
-__all__ = ["RunConfig", "Serving", "Program", "STEPS_PER_EXECUTION"]
+__all__ = ["RunConfig", "Serving", "Program", "STEPS_PER_EXECUTION", "WIRE_DTYPES"]

@@ -113,7 +113,12 @@ class Replica:
             optimizer=list(self.optimizer.variables), step=self.step)
         self._chunk = tf.function(self._train_chunk)
         self._iterator = None
-        self.cache_reads = bool(config.ps_cache_reads and coordinator is not None)
+        # What a read of the ps's weights and a write of their change carry on the wire.
+        self.wire_dtype = tf.bfloat16 if config.ps_wire_dtype == "bfloat16" else None
+        if self.wire_dtype is not None and not config.ps_local_steps:
+            raise UsageError("ps_wire_dtype bfloat16 packs the reads and writes of "
+                             "ps_local_steps; turn it on too, or leave ps_wire_dtype "
+                             "float32")
         if config.ps_local_steps and coordinator is not None:
             if type(self.optimizer) is not keras.optimizers.Adam or self.optimizer.amsgrad:
                 raise UsageError("ps_local_steps runs Adam's update on the workers: give "
@@ -151,12 +156,9 @@ class Replica:
 
         self._iterator = iter(self.strategy.distribute_datasets_from_function(replica_fn))
 
-    def _train_step(self, features, labels, cached=None):
+    def _train_step(self, features, labels):
         with tf.GradientTape() as tape:
-            if cached is None:
-                outputs = self.model(features, training=True)
-            else:
-                outputs = self._cached_forward(features, cached, tape)
+            outputs = self.model(features, training=True)
             per_example = tf.cast(self.loss_fn(labels, outputs), tf.float32)
             # config.batch_size examples a step: split over the replicas under multiworker
             # and mirrored (whose SUM of these is the mean), one worker's batch under ps.
@@ -165,35 +167,38 @@ class Replica:
             if self.model.losses:  # the layers' regularizers
                 loss += tf.nn.scale_regularization_loss(
                     tf.add_n([tf.cast(x, tf.float32) for x in self.model.losses]))
-        grads = tape.gradient(loss, self.parts if cached is None else cached)
+        grads = tape.gradient(loss, self.parts)
         self.optimizer.apply_gradients(zip(grads, self.parts, strict=True))
         metrics = {name: tf.reduce_mean(tf.cast(fn(labels, outputs), tf.float32))
                    for name, fn in self.metric_fns.items()}
         return loss, metrics
 
-    def _read_parts(self):
-        """The trainable weights' parts, read once onto this worker (--ps-cache-reads)."""
-        return [tf.identity(p) for p in self.parts]
+    def _read(self, var):
+        """A variable's value on this worker; with ps_wire_dtype bfloat16 it is rounded
+        to bfloat16 on the ps, so half the bytes cross the wire."""
+        var = _tf_variable(var)
+        if self.wire_dtype is None or not var.dtype.is_floating:
+            return tf.identity(var)
+        with tf.device(var.device):
+            packed = tf.cast(var, self.wire_dtype)
+        return tf.cast(packed, var.dtype)
 
-    def _cached_forward(self, features, cached, tape):
-        """The model on the worker's copy of its weights (read at the start of the
-        scheduled function, as TF1's caching_device did): the gradient is taken with
-        respect to the copy and applied to the ps's variables. Non-trainable state the
-        call updates (dropout's seed) is written back."""
-        tape.watch(cached)
-        state = self.model.non_trainable_variables
-        outputs, after, _ = self._stateless_forward(features, cached,
-                                                    [v.value for v in state])
-        for var, new in zip(state, after, strict=True):
-            var.assign(new)
-        return outputs
+    def _add(self, var, delta) -> None:
+        """Add a change computed on this worker to a variable on the ps (in bfloat16 on
+        the wire with ps_wire_dtype bfloat16: the change, not the weight, is rounded, so
+        the ps keeps float32 weights and loses under 0.4% of each update)."""
+        var = _tf_variable(var)
+        if self.wire_dtype is not None and var.dtype.is_floating:
+            packed = tf.cast(delta, self.wire_dtype)
+            with tf.device(var.device):
+                delta = tf.cast(packed, var.dtype)
+        var.assign_add(delta)
 
     def _train_chunk(self, iterator, num_steps, stop_flag):
-        cached = (self.strategy.run(self._read_parts),) if self.cache_reads else ()
         # Steps before the last return nothing: fetching values costs a round trip.
         for _ in tf.range(num_steps - 1):
-            self.strategy.run(self._train_step, args=(*next(iterator), *cached))
-        loss, metrics = self.strategy.run(self._train_step, args=(*next(iterator), *cached))
+            self.strategy.run(self._train_step, args=next(iterator))
+        loss, metrics = self.strategy.run(self._train_step, args=next(iterator))
         sum_, mean = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
         stops = stop_flag
         if self.agree_on_stop:  # how many replicas were asked to stop, the same on all
@@ -213,8 +218,8 @@ class Replica:
         moments = [opt._momentums[opt._get_variable_index(p)] for p in self.parts]
         velocities = [opt._velocities[opt._get_variable_index(p)] for p in self.parts]
         state = self.model.non_trainable_variables
-        start = [[tf.identity(v.value if hasattr(v, "value") else v) for v in group]
-                 for group in (self.parts, moments, velocities, state)]
+        start = [[self._read(v) for v in group] for group in (self.parts, moments, velocities)]
+        start.append([tf.identity(_tf_variable(v)) for v in state])
         t0 = tf.identity(opt.iterations)
         lr = tf.cast(opt.learning_rate, tf.float32)
         b1, b2, eps = opt.beta_1, opt.beta_2, opt.epsilon
@@ -247,7 +252,7 @@ class Replica:
         for group, before, after in zip((self.parts, moments, velocities), start, end,
                                         strict=False):
             for var, old, new in zip(group, before, after, strict=True):
-                var.assign_add(new - old)
+                self._add(var, new - old)
         for var, new in zip(state, end[3], strict=True):
             var.assign(new)
         opt.iterations.assign_add(tf.cast(num_steps, opt.iterations.dtype))
@@ -358,6 +363,11 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
     finally:
         writers.close()
         store.close()
+
+
+def _tf_variable(var):
+    """The tf.Variable behind a Keras variable (a shard already is one)."""
+    return var.value if isinstance(var, keras.Variable) else var
 
 
 def _all_replicas_sum(value):

@@ -12,11 +12,11 @@ from tests.support.trainer_runs import FAST, cluster, export_accuracy, lines, re
 
 
 @pytest.mark.slow
-def test_cached_reads_train_sharded_variables_over_two_ps(reaper, tmp_path):
+def test_local_steps_in_bfloat16_train_sharded_variables_over_two_ps(reaper, tmp_path):
     spec = cluster(free_ports(4), workers=1, ps=2)
     args = [*FAST, "--train-steps", "300", "--checkpoint-every", "300", "--eval-every", "300",
             "--log-every", "100", "--job-dir", str(tmp_path / "job"), "--ps-shards", "2",
-            "--ps-cache-reads"]
+            "--ps-local-steps", "--ps-wire-dtype", "bfloat16"]
     servers = [start(reaper, tmp_path / f"ps{i}.log", args, tf_config=tf_config(spec, "ps", i))
                for i in range(2)]
     servers.append(start(reaper, tmp_path / "w0.log", args,
