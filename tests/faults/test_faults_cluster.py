@@ -25,7 +25,7 @@ import signal
 import pytest
 
 from tests.support.common import Reaper
-from tests.support.trainer_runs import read, wait_for
+from tests.support.trainer_runs import export_accuracy, read, wait_for
 
 from tests.support.faults import ACCURACY_POINTS, ARGS, CONFIG, DATA, JOB_TIMEOUT, \
     STEP_TIMEOUT, TOTAL, Job, check_restorable, checkpoint_steps  # noqa: F401
@@ -49,26 +49,13 @@ def baseline(tmp_path_factory) -> float:
         record = job.finish()
         assert set(restarts(record).values()) == {0}
         assert started_steps(job) == [0]
-        return export_accuracy(os.path.join(job.job_dir, "model"))
+        return export_accuracy(os.path.join(job.job_dir, "model"), DATA)
     finally:
         reaper.stop_all()
 
 
-def export_accuracy(model_dir: str) -> float:
-    """Test accuracy of an export on the data's test set, through its serving signature."""
-    import numpy as np
-    import tensorflow as tf
-
-    from trainer import data
-    test = data.load(DATA)
-    serve = tf.saved_model.load(model_dir).signatures["serving_default"]
-    out = serve(image=tf.constant(data.to_float(test.test_images)),
-                key=tf.constant(np.arange(len(test.test_labels), dtype=np.int64)))
-    return float(np.mean(out["classes"].numpy() == test.test_labels))
-
-
 def check_accuracy(job: Job, baseline: float) -> None:
-    accuracy = export_accuracy(os.path.join(job.job_dir, "model"))
+    accuracy = export_accuracy(os.path.join(job.job_dir, "model"), DATA)
     print(f"accuracy: {accuracy:.3f} (undisturbed {baseline:.3f})")
     assert abs(accuracy - baseline) <= ACCURACY_POINTS, (accuracy, baseline)
 

@@ -73,14 +73,15 @@ def lines(path, prefix: str) -> list[str]:
     return [line for line in read(path).splitlines() if line.startswith(prefix)]
 
 
-def export_accuracy(path: str) -> float:
-    """Accuracy of a SavedModel export on the sample's 1,000 test images, loaded with
-    plain tf.saved_model.load (what a single-node server does)."""
+def export_accuracy(path: str, data_dir: str = SAMPLE) -> float:
+    """Accuracy of a SavedModel export on a data dir's test set (the sample's 1,000
+    images unless told), through its serving signature, loaded with plain
+    tf.saved_model.load (what a single-node server does)."""
     import numpy as np
     import tensorflow as tf
 
     from trainer import data
-    test = data.load(SAMPLE)
+    test = data.load(data_dir)
     loaded = tf.saved_model.load(path)
     out = loaded.signatures["serving_default"](
         image=tf.constant(data.to_float(test.test_images)),

@@ -67,3 +67,68 @@ def test_local_steps_with_one_worker_train_as_step_by_step(reaper, tmp_path):
     assert local.keys() == step_by_step.keys() and len(local) >= 8
     for key, value in step_by_step.items():
         np.testing.assert_allclose(local[key], value, rtol=1e-3, atol=1e-5, err_msg=key)
+
+
+def _full_data_job(reaper, tmp_path, name: str, *extra: str) -> str:
+    """chief + 2 workers + 1 ps on the fault tests' undisturbed job (the full data where
+    installed, 1,600 steps at batch 400), with the trainer's own steps per function; the
+    job dir once every replica has exited 0."""
+    from tests.support.faults import ARGS
+    args = list(ARGS)
+    at = args.index("--steps-per-execution")
+    del args[at:at + 2]
+    job = tmp_path / name
+    spec = cluster(free_ports(4), workers=2, ps=1)
+    args += ["--job-dir", str(job), *extra]
+    servers = [start(reaper, tmp_path / f"{name}-{kind}{i}.log", args,
+                     tf_config=tf_config(spec, kind, i))
+               for kind, i in (("ps", 0), ("worker", 0), ("worker", 1))]
+    chief = start(reaper, tmp_path / f"{name}-chief.log", args,
+                  tf_config=tf_config(spec, "chief"))
+    assert wait_exit(chief, 420, tmp_path / f"{name}-chief.log") == 0, \
+        read(tmp_path / f"{name}-chief.log")
+    for proc in servers:
+        proc.send_signal(signal.SIGTERM)
+    for proc in servers:
+        assert wait_exit(proc, 15) == 0
+        assert not pid_alive(proc.pid)
+    return str(job)
+
+
+def _checkpoint_form(job: str) -> dict:
+    """Every saved tensor's name, shape and dtype in the newest checkpoint."""
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(str(tf.train.latest_checkpoint(f"{job}/checkpoints")))
+    dtypes = reader.get_variable_to_dtype_map()
+    return {key: (tuple(shape), dtypes[key].name)
+            for key, shape in reader.get_variable_to_shape_map().items()}
+
+
+def _export_form(job: str) -> dict:
+    """The export's signatures: every input and output's name, shape and dtype."""
+    import tensorflow as tf
+    loaded = tf.saved_model.load(f"{job}/model")
+    return {name: (sorted((k, tuple(v.shape), v.dtype.name) for k, v in
+                          fn.structured_input_signature[1].items()),
+                   sorted((k, tuple(v.shape), v.dtype.name)
+                          for k, v in fn.structured_outputs.items()))
+            for name, fn in loaded.signatures.items()}
+
+
+@pytest.mark.slow
+def test_each_ps_option_reaches_the_step_by_step_accuracy_with_the_same_outputs(
+        reaper, tmp_path):
+    # Same steps, same data, same seed: each option's export is within one point of
+    # step-by-step training's, and its checkpoint and export have the same form.
+    from tests.support.faults import ACCURACY_POINTS, DATA
+    base = _full_data_job(reaper, tmp_path, "steps", "--no-ps-local-steps")
+    base_accuracy = export_accuracy(f"{base}/model", DATA)
+    for name, extra in (("local", ["--ps-local-steps"]),
+                        ("bfloat16", ["--ps-local-steps", "--ps-wire-dtype", "bfloat16"])):
+        job = _full_data_job(reaper, tmp_path, name, *extra)
+        accuracy = export_accuracy(f"{job}/model", DATA)
+        print(f"{name}: {accuracy:.4f} (step by step {base_accuracy:.4f})")
+        assert abs(accuracy - base_accuracy) <= ACCURACY_POINTS, (name, accuracy,
+                                                                  base_accuracy)
+        assert _checkpoint_form(job) == _checkpoint_form(base)
+        assert _export_form(job) == _export_form(base)
