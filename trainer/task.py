@@ -150,9 +150,10 @@ def parser() -> argparse.ArgumentParser:
         "mljob.training.STEPS_PER_EXECUTION)")
     add("--ps-shards", type=_int_type(0, INT32_MAX), default=0,
         help="shards per variable over the ps: 0 automatic, 1 none, N fixed")
-    add("--ps-local-steps", action=argparse.BooleanOptionalAction, default=False,
-        help="under ps: each scheduled function trains a local copy of the weights and "
-        "adds the change to the ps (one read and one write per function)")
+    add("--ps-local-steps", action=argparse.BooleanOptionalAction, default=True,
+        help="under ps (default on): each scheduled function trains a local copy of the "
+        "weights and Adam's state and adds its change, averaged over the workers, to the "
+        "ps (one read and one write per function); --no-ps-local-steps: step by step")
     add("--ps-wire-dtype", choices=WIRE_DTYPES, default="float32",
         help="under ps with --ps-local-steps: bfloat16 halves the "
         "bytes of each read of the weights and write of their change")
@@ -215,6 +216,9 @@ def _check(args: argparse.Namespace, info: cluster_lib.ClusterInfo) -> str | Non
     if bool(args.train_files) != bool(args.eval_files):
         missing = "--eval-files" if args.train_files else "--train-files"
         raise UsageError(f"--train-files and --eval-files go together; add {missing}")
+    if args.ps_wire_dtype != "float32" and not args.ps_local_steps:
+        raise UsageError(f"--ps-wire-dtype {args.ps_wire_dtype} packs what local steps "
+                         "send; leave out --no-ps-local-steps, or --ps-wire-dtype")
     if info.is_single_node:
         return None  # mirrored or single depends on the GPUs TensorFlow sees
     return info.strategy_kind(args.strategy, num_gpus=0)

@@ -45,7 +45,8 @@ class RunConfig:
     ps_shards: int = 0              # 0: automatic, 1: no sharding, N: N shards
     # Under ps: a scheduled function's steps train the worker's copy of the weights and
     # Adam's state, then add the change to the ps (one read, one write per function).
-    ps_local_steps: bool = False
+    # None (default): on for Adam, off for other optimizers; True: on (Adam only).
+    ps_local_steps: bool | None = None
     # Under ps with local steps: "bfloat16" halves the bytes of each read of the
     # weights and write of their change (the ps keeps float32 variables).
     ps_wire_dtype: str = "float32"

@@ -113,17 +113,31 @@ class Replica:
             optimizer=list(self.optimizer.variables), step=self.step)
         self._chunk = tf.function(self._train_chunk)
         self._iterator = None
+        # Under ps, local steps are on unless turned off, for Adam (whose update they
+        # run on the workers); asked for with another optimizer, they are an error.
+        adam = type(self.optimizer) is keras.optimizers.Adam and not self.optimizer.amsgrad
+        if config.ps_local_steps and not adam and coordinator is not None:
+            raise UsageError("ps_local_steps runs Adam's update on the workers: give "
+                             "keras.optimizers.Adam (without amsgrad), or turn it off")
+        self.local_steps = coordinator is not None and config.ps_local_steps is not False \
+            and adam
         # What a read of the ps's weights and a write of their change carry on the wire.
         self.wire_dtype = tf.bfloat16 if config.ps_wire_dtype == "bfloat16" else None
-        if self.wire_dtype is not None and not config.ps_local_steps:
-            raise UsageError("ps_wire_dtype bfloat16 packs the reads and writes of "
-                             "ps_local_steps; turn it on too, or leave ps_wire_dtype "
-                             "float32")
-        if config.ps_local_steps and coordinator is not None:
-            if type(self.optimizer) is not keras.optimizers.Adam or self.optimizer.amsgrad:
-                raise UsageError("ps_local_steps runs Adam's update on the workers: give "
-                                 "keras.optimizers.Adam (without amsgrad), or turn it off")
+        if self.wire_dtype is not None and coordinator is not None and not self.local_steps:
+            raise UsageError("ps_wire_dtype bfloat16 packs the reads and writes of local "
+                             "steps, which are off here (ps_local_steps=False, or not "
+                             "Adam); leave ps_wire_dtype float32")
+        if self.local_steps:
             self._chunk = tf.function(self._local_chunk)
+
+    def ps_updates(self) -> str:
+        """How the workers update the ps, for the chief's started lines."""
+        if not self.local_steps:
+            return "step by step (one read and one update of every variable a step)"
+        wire = "bfloat16" if self.wire_dtype is not None else "float32"
+        return (f"local steps ({self.config.steps_per_execution} a function, averaged "
+                f"over {self.num_workers} worker{'' if self.num_workers == 1 else 's'}, "
+                f"{wire} on the wire)")
 
     def shards(self) -> dict[str, int]:
         return {w.path: len(weight_parts(w)) for w in self.model.weights}
@@ -341,6 +355,7 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
             f"{config.steps_per_execution} " + (f"{rest} " if rest else "")
             + f"job_dir={config.job_dir}")
         if kind == "ps":
+            progress.line(f"ps updates: {replica.ps_updates()}")
             progress.line("variables: " + " ".join(
                 f"{path}={n}" for path, n in replica.shards().items()) + " (shards)")
         if start >= config.train_steps:

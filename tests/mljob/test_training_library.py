@@ -123,6 +123,8 @@ def test_ps_cluster_chief_two_workers_one_ps(reaper, tmp_path, data):
     assert lines(log, "training started:")[0].startswith(
         "training started: strategy=ps step=0 train_steps=300 model=tabular replicas=2 ")
     assert lines(log, "variables: ")  # the ps placed them
+    # Adam: each worker's scheduled function runs local steps (the library's default).
+    assert lines(log, "ps updates: local steps (")
     assert lines(log, "training finished: step=300")
     # The servers serve until stopped, and SIGTERM stops each (exit 0).
     for proc in servers:
@@ -228,9 +230,12 @@ def test_library_usage_errors_name_the_fix(tmp_path, overrides, fragment):
      "train_steps must be an integer of at least 1"),
     (lambda t: t.RunConfig(checkpoint_every=-1).check(), "checkpoint_every must be an integer"),
     (lambda t: t.RunConfig(strategy="horovod").check(), "strategy 'horovod' is not one of auto"),
+    (lambda t: t.RunConfig(ps_wire_dtype="float16").check(),
+     "ps_wire_dtype 'float16' is not one of float32, bfloat16"),
     (lambda t: t.Serving(inputs={}), "Serving needs at least one input"),
     (lambda t: t.Serving(inputs={"key": None}), "the instance key 'key' is also a model input"),
-], ids=["train_steps 0", "negative every", "unknown strategy", "no inputs", "key is an input"])
+], ids=["train_steps 0", "negative every", "unknown strategy", "wire dtype", "no inputs",
+        "key is an input"])
 def test_library_config_errors_name_the_fix(make, fragment):
     from mljob import training
     with pytest.raises(training.UsageError, match=re.escape(fragment)):

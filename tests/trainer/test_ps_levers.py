@@ -26,6 +26,9 @@ def test_local_steps_in_bfloat16_train_sharded_variables_over_two_ps(reaper, tmp
     assert lines(tmp_path / "chief.log", "training finished: step=300")
     # The worker's copy is the whole kernel, put together from the two shards.
     assert "hidden/kernel=2" in lines(tmp_path / "chief.log", "variables:")[0]
+    assert lines(tmp_path / "chief.log", "ps updates:") == [
+        "ps updates: local steps (20 a function, averaged over 1 worker, bfloat16 on the "
+        "wire)"]
     assert export_accuracy(str(tmp_path / "job" / "model")) > 0.6
     for proc in servers:
         proc.send_signal(signal.SIGTERM)

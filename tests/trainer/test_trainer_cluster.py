@@ -79,6 +79,7 @@ def test_two_ps_shard_variables_and_master_is_a_chief(reaper, tmp_path):
     _check_trained(tmp_path, tmp_path / "chief.log", "ps")
     shards = lines(tmp_path / "chief.log", "variables:")[0]
     assert "hidden/kernel=2" in shards and "logits/kernel=2" in shards, shards
+    assert lines(tmp_path / "chief.log", "ps updates: local steps (")  # the default
     # The checkpoint of sharded variables holds the whole, unsharded kernel.
     assert glob.glob(str(tmp_path / "job" / "checkpoints" / "ckpt-300.data-*"))
     for proc in servers:
