@@ -164,7 +164,8 @@ def run_design(label: str, module: str, args: list[str], batch: int, timeout: fl
 
 
 SETUPS = (("mljob ps step by step", "trainer.task", ["--no-ps-local-steps"]),
-          ("mljob ps local steps", "trainer.task", ["--ps-local-steps"]),
+          ("mljob ps local steps", "trainer.task", ["--ps-local-steps", "--ps-wire-dtype",
+                                                     "float32"]),
           ("mljob ps local steps bfloat16 wire", "trainer.task",
            ["--ps-local-steps", "--ps-wire-dtype", "bfloat16"]),
           ("tf1 ps adam", "bench.tf1_baseline", None))

@@ -7,10 +7,12 @@ between-graph replication (`bench/tf1_baseline.py`), side by side in one run.
 
 Setups, each for the MLP (784-100-10) and the CNN, batch 100, periodic evaluation and
 checkpoints outside the timed window: mljob single node; mljob chief + 2 workers + 1 ps
-step by step (`--no-ps-local-steps`, one read and one update on the ps per step) and
-with local steps (each scheduled function trains the worker's copy, one read and one
-write per function), and local steps with bfloat16 on the wire; TF1 master + 2 workers
-+ 1 ps with Adam (the trainer's optimiser) and with plain SGD. Test accuracy after the run is recorded for mljob's setups.
+step by step (`--no-ps-local-steps`, one read and one update on the ps per step), with
+local steps in float32 (each scheduled function trains the worker's copy, one read and
+one write per function), with the defaults (local steps, bfloat16 on the wire), and the
+defaults with one intra-op thread per replica (`TF_NUM_INTRAOP_THREADS=1`: four
+processes share the 2 cores); TF1 master + 2 workers + 1 ps with Adam (the trainer's
+optimiser) and with plain SGD. Test accuracy after the run is recorded for mljob's setups.
 Reported: examples/s after warm-up (from the leader's progress lines), CPU-seconds per
 example across all replicas, and the ratios the goal is stated in: ours over TF1's, and
 ours over our own single node.
@@ -28,22 +30,28 @@ from bench import common
 WORKERS, PS = 2, 1
 
 
+ONE_THREAD = {"TF_NUM_INTRAOP_THREADS": "1"}  # TensorFlow reads it when it starts
+OURS = "mljob ps defaults"  # local steps, bfloat16 on the wire
+
+
 def setups(model: str, steps: int, every: int, batch: int, job_dir: str,
-           extra: list[str]) -> list[tuple[str, str, list[str], int, int]]:
-    """(label, module, args, workers, ps) of every configuration, in run order."""
+           extra: list[str]) -> list[tuple[str, str, list[str], int, int, dict]]:
+    """(label, module, args, workers, ps, env) of every configuration, in run order."""
     # Evaluated once at the end, after the timed window: test accuracy beside speed.
     ours = common.trainer_args(model, steps, every, batch, job_dir, eval_every=steps)
     tf1 = ["--model", model, "--train-steps", str(steps), "--batch-size", str(batch),
            "--log-every", str(every)]
+    local = ours + ["--ps-local-steps", "--ps-wire-dtype", "float32"] + extra
+    wire16 = ours + ["--ps-local-steps", "--ps-wire-dtype", "bfloat16"] + extra
     return [
-        ("mljob single node", "trainer.task", ours, 0, 0),
+        ("mljob single node", "trainer.task", ours, 0, 0, {}),
         ("mljob ps step by step", "trainer.task", ours + ["--no-ps-local-steps"], WORKERS,
-         PS),
-        ("mljob ps", "trainer.task", ours + ["--ps-local-steps"] + extra, WORKERS, PS),
-        ("mljob ps bfloat16 wire", "trainer.task",
-         ours + ["--ps-local-steps", "--ps-wire-dtype", "bfloat16"] + extra, WORKERS, PS),
-        ("tf1 ps adam", "bench.tf1_baseline", tf1 + ["--optimizer", "adam"], WORKERS, PS),
-        ("tf1 ps sgd", "bench.tf1_baseline", tf1 + ["--optimizer", "sgd"], WORKERS, PS),
+         PS, {}),
+        ("mljob ps local steps, float32 wire", "trainer.task", local, WORKERS, PS, {}),
+        (OURS, "trainer.task", wire16, WORKERS, PS, {}),
+        (OURS + ", 1 intra-op thread", "trainer.task", wire16, WORKERS, PS, ONE_THREAD),
+        ("tf1 ps adam", "bench.tf1_baseline", tf1 + ["--optimizer", "adam"], WORKERS, PS, {}),
+        ("tf1 ps sgd", "bench.tf1_baseline", tf1 + ["--optimizer", "sgd"], WORKERS, PS, {}),
     ]
 
 
@@ -75,16 +83,17 @@ def main(argv=None) -> int:
             # Log (and so fetch a result, which waits for that function) rarely enough
             # that several scheduled functions are in flight on the workers at once.
             every = max(100, steps // 10 - (steps // 10) % 20)
-            for label, module, targs, workers, ps in setups(model, steps, every,
-                                                            args.batch_size, "JOB_DIR", extra):
+            for label, module, targs, workers, ps, own_env in setups(
+                    model, steps, every, args.batch_size, "JOB_DIR", extra):
                 if only and label not in only:
                     continue
                 with common.TempJobDir() as job_dir:
                     targs = [job_dir if a == "JOB_DIR" else a for a in targs]
                     record = common.measure(f"{model}: {label}", targs, module=module,
                                             batch_size=args.batch_size, workers=workers,
-                                            ps=ps, timeout=args.timeout, env=env)
-                record.update(model=model, setup=label, train_steps=steps)
+                                            ps=ps, timeout=args.timeout,
+                                            env={**own_env, **env})
+                record.update(model=model, setup=label, train_steps=steps, env=own_env)
                 if record.get("cpu_ms_per_step"):
                     record["cpu_s_per_example"] = round(
                         record["cpu_ms_per_step"] / 1000 / args.batch_size, 7)
@@ -112,7 +121,7 @@ def summarise(runs: list[dict]) -> dict:
     out = {}
     for model in dict.fromkeys(r["model"] for r in runs):
         rate = {r["setup"]: r.get("examples_per_s") for r in runs if r["model"] == model}
-        ours = rate.get("mljob ps")
+        ours = rate.get(OURS)
         row = {}
         for other, name in (("tf1 ps adam", "vs_tf1_adam"), ("tf1 ps sgd", "vs_tf1_sgd"),
                             ("mljob single node", "vs_own_single_node"),
@@ -121,9 +130,9 @@ def summarise(runs: list[dict]) -> dict:
                 row[name] = round(ours / rate[other], 3)
         accuracy = {r["setup"]: r.get("final_test_accuracy") for r in runs
                     if r["model"] == model}
-        if accuracy.get("mljob ps") and accuracy.get("mljob ps step by step"):
+        if accuracy.get(OURS) and accuracy.get("mljob ps step by step"):
             row["accuracy_points_vs_step_by_step"] = round(
-                100 * (accuracy["mljob ps"] - accuracy["mljob ps step by step"]), 2)
+                100 * (accuracy[OURS] - accuracy["mljob ps step by step"]), 2)
         out[model] = row
     return out
 
@@ -135,7 +144,7 @@ def plot(runs: list[dict], name: str) -> None:
     for ax, model in zip(axes[0], models, strict=True):
         rows = [r for r in runs if r["model"] == model]
         ax.bar([r["setup"] for r in rows], [r.get("examples_per_s", 0) for r in rows],
-               color=["#777", "#9ecae1", "#1f77b4", "#2ca02c", "#d62728",
+               color=["#777", "#9ecae1", "#1f77b4", "#2ca02c", "#98df8a", "#d62728",
                       "#ff7f0e"][:len(rows)])
         ax.set_title(f"{model.upper()}: examples/s (chief + {WORKERS} workers + {PS} ps)")
         ax.tick_params(axis="x", labelrotation=20)

@@ -154,9 +154,9 @@ def parser() -> argparse.ArgumentParser:
         help="under ps (default on): each scheduled function trains a local copy of the "
         "weights and Adam's state and adds its change, averaged over the workers, to the "
         "ps (one read and one write per function); --no-ps-local-steps: step by step")
-    add("--ps-wire-dtype", choices=WIRE_DTYPES, default="float32",
-        help="under ps with --ps-local-steps: bfloat16 halves the "
-        "bytes of each read of the weights and write of their change")
+    add("--ps-wire-dtype", choices=WIRE_DTYPES, default=None,
+        help="under ps with local steps: bfloat16 (the default) halves the bytes of each "
+        "read of the weights and write of their change; float32 sends them whole")
     add("--strategy", choices=cluster_lib.STRATEGIES, default="auto")
     add("--data-dir", help="folder with the four IDX files or mnist.npz")
     add("--train-files", help="comma-separated training files (IDX pair or .npz)")
@@ -216,7 +216,7 @@ def _check(args: argparse.Namespace, info: cluster_lib.ClusterInfo) -> str | Non
     if bool(args.train_files) != bool(args.eval_files):
         missing = "--eval-files" if args.train_files else "--train-files"
         raise UsageError(f"--train-files and --eval-files go together; add {missing}")
-    if args.ps_wire_dtype != "float32" and not args.ps_local_steps:
+    if args.ps_wire_dtype == "bfloat16" and not args.ps_local_steps:
         raise UsageError(f"--ps-wire-dtype {args.ps_wire_dtype} packs what local steps "
                          "send; leave out --no-ps-local-steps, or --ps-wire-dtype")
     if info.is_single_node:

@@ -48,8 +48,9 @@ class RunConfig:
     # None (default): on for Adam, off for other optimizers; True: on (Adam only).
     ps_local_steps: bool | None = None
     # Under ps with local steps: "bfloat16" halves the bytes of each read of the
-    # weights and write of their change (the ps keeps float32 variables).
-    ps_wire_dtype: str = "float32"
+    # weights and write of their change (the ps keeps float32 variables); None
+    # (default): bfloat16 when local steps run.
+    ps_wire_dtype: str | None = None
     strategy: str = "auto"          # mljob.cluster.STRATEGIES
     log_every: int = 100
     seed: int | None = None         # the input pipeline's shuffle seed (InputContext.seed)
@@ -62,7 +63,7 @@ class RunConfig:
             _at_least(name, getattr(self, name), 1)
         for name in ("eval_every", "checkpoint_every", "ps_shards"):
             _at_least(name, getattr(self, name), 0)
-        if self.ps_wire_dtype not in WIRE_DTYPES:
+        if self.ps_wire_dtype is not None and self.ps_wire_dtype not in WIRE_DTYPES:
             raise UsageError(f"ps_wire_dtype {self.ps_wire_dtype!r} is not one of "
                              f"{', '.join(WIRE_DTYPES)}")
         if self.strategy not in cluster_lib.STRATEGIES:

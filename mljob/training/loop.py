@@ -121,12 +121,14 @@ class Replica:
                              "keras.optimizers.Adam (without amsgrad), or turn it off")
         self.local_steps = coordinator is not None and config.ps_local_steps is not False \
             and adam
-        # What a read of the ps's weights and a write of their change carry on the wire.
-        self.wire_dtype = tf.bfloat16 if config.ps_wire_dtype == "bfloat16" else None
+        # What each read of the ps's weights and write of their change carries on the
+        # wire: bfloat16 with local steps unless told (wire_dtype None: float32).
+        wire = config.ps_wire_dtype or ("bfloat16" if self.local_steps else "float32")
+        self.wire_dtype = tf.bfloat16 if wire == "bfloat16" else None
         if self.wire_dtype is not None and coordinator is not None and not self.local_steps:
             raise UsageError("ps_wire_dtype bfloat16 packs the reads and writes of local "
                              "steps, which are off here (ps_local_steps=False, or not "
-                             "Adam); leave ps_wire_dtype float32")
+                             "Adam); leave ps_wire_dtype unset or float32")
         if self.local_steps:
             self._chunk = tf.function(self._local_chunk)
 

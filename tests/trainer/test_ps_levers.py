@@ -1,5 +1,6 @@
-"""The parameter-server speed levers (off by default; bench/ps_speed.py measures them):
-each still trains a real cluster to an exported model above chance."""
+"""How workers update the parameter servers (local steps and bfloat16 on the wire, the
+defaults, and step by step; bench/ps_speed.py measures their speed): each trains a real
+cluster as well as step by step, into checkpoints and exports of the same form."""
 from __future__ import annotations
 
 import signal
@@ -65,7 +66,8 @@ def test_local_steps_with_one_worker_train_as_step_by_step(reaper, tmp_path):
     # write: the weights and Adam's moments after 100 steps must be the same training.
     import numpy as np
 
-    local = _ps_run(reaper, tmp_path, "local", "--ps-local-steps")
+    local = _ps_run(reaper, tmp_path, "local", "--ps-local-steps", "--ps-wire-dtype",
+                    "float32")
     step_by_step = _ps_run(reaper, tmp_path, "steps", "--no-ps-local-steps")
     assert local.keys() == step_by_step.keys() and len(local) >= 8
     for key, value in step_by_step.items():
@@ -119,15 +121,16 @@ def _export_form(job: str) -> dict:
 
 
 @pytest.mark.slow
-def test_each_ps_option_reaches_the_step_by_step_accuracy_with_the_same_outputs(
+def test_each_ps_mode_reaches_the_step_by_step_accuracy_with_the_same_outputs(
         reaper, tmp_path):
-    # Same steps, same data, same seed: each option's export is within one point of
-    # step-by-step training's, and its checkpoint and export have the same form.
+    # Same steps, same data, same seed: each mode's export is within one point of
+    # step-by-step training's (the default before local steps), and its checkpoint and
+    # export have the same form.
     from tests.support.faults import ACCURACY_POINTS, DATA
     base = _full_data_job(reaper, tmp_path, "steps", "--no-ps-local-steps")
     base_accuracy = export_accuracy(f"{base}/model", DATA)
-    for name, extra in (("local", ["--ps-local-steps"]),
-                        ("bfloat16", ["--ps-local-steps", "--ps-wire-dtype", "bfloat16"])):
+    for name, extra in (("float32", ["--ps-wire-dtype", "float32"]),
+                        ("default", [])):  # local steps, bfloat16 on the wire
         job = _full_data_job(reaper, tmp_path, name, *extra)
         accuracy = export_accuracy(f"{job}/model", DATA)
         print(f"{name}: {accuracy:.4f} (step by step {base_accuracy:.4f})")
