@@ -29,6 +29,7 @@ from mljob import contracts, storage
 from mljob.procs import free_ports
 
 ORDER = (specs.PS, specs.WORKER, specs.CHIEF, specs.EVALUATOR)  # start order
+INTRAOP_THREADS_ENV = "TF_NUM_INTRAOP_THREADS"  # read by TensorFlow when it starts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +109,8 @@ class JobPlan:
 
 def build(spec: specs.JobSpec, package: Package | None, *, home: str,
           ports: list[int] | None = None, python: str | None = None,
-          source_dir: str | None = None, gpus_available: int = 0) -> JobPlan:
+          source_dir: str | None = None, gpus_available: int = 0,
+          cores: int | None = None, environ: dict | None = None) -> JobPlan:
     """The plan for a staged package (cloud mode) or, with source_dir, the working tree
     (`local train` mode: no staging, the module runs from source_dir)."""
     python = python or sys.executable
@@ -157,6 +159,8 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
         ports = ports[count:]
 
     devices = assign_gpus(spec, gpus_available)
+    threads = intra_op_threads(spec, cores or os.cpu_count() or 1,
+                               os.environ if environ is None else environ)
     replicas = []
     base_env = {"PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1",
                 "GRPC_FAIL_FAST": "use_caller", contracts.JOB_ID_ENV: spec.job_id}
@@ -176,7 +180,7 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
                 command=(python, "-m", spec.module_name, *trainer_args),
                 env={**base_env, "TF_CONFIG": json.dumps(tf_config, sort_keys=True),
                      **({"CUDA_VISIBLE_DEVICES": devices[label]} if label in devices
-                        else {})},
+                        else {}), **threads},
                 tf_config=tf_config, log_file=os.path.join(log_dir, f"{label}.log"),
                 restart_policy=group.restart_policy, max_restarts=group.max_restarts))
     return JobPlan(
@@ -192,6 +196,20 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
         max_wait_time=spec.max_wait_time,
         packages=tuple(staged),
         env_root=env_dir, env_key=env_key)
+
+
+def intra_op_threads(spec: specs.JobSpec, cores: int, environ) -> dict[str, str]:
+    """TF_NUM_INTRAOP_THREADS for every replica when several share this machine's cores:
+    the cores over the replicas that compute (the workers, and the chief unless it only
+    coordinates parameter servers), at least 1. Each TensorFlow process otherwise sizes
+    its pool to every core, and the processes' threads fight over them (one thread each
+    made a chief + 2 workers + 1 ps MLP job 12% faster on 2 cores, the CNN the same;
+    bench/README.md). A value the user set in the environment wins."""
+    computing = spec.count(specs.WORKER) + (0 if spec.count(specs.PS) else
+                                            spec.count(specs.CHIEF))
+    if computing < 2 or INTRAOP_THREADS_ENV in environ:
+        return {}
+    return {INTRAOP_THREADS_ENV: str(max(1, cores // computing))}
 
 
 def assign_gpus(spec: specs.JobSpec, available: int) -> dict[str, str]:

@@ -336,3 +336,30 @@ def test_each_gpu_replica_gets_its_own_devices(tmp_path):
     plan = plans.build(cpu_only, package, home=str(tmp_path), ports=[1],
                        gpus_available=4)
     assert "CUDA_VISIBLE_DEVICES" not in plan.replicas[0].env
+
+
+# --- local CPU threads: replicas sharing the cores split them ---------------------------
+
+def test_replicas_sharing_the_cores_get_their_share_of_intra_op_threads(tmp_path):
+    from submit import plan as plans
+    package = Package(file_name="p-0.1.tar.gz", sha256="0" * 64, top_dir="p-0.1",
+                      url="file:///p-0.1.tar.gz")
+
+    def threads(config, cores, environ=None, ports=4):
+        plan = plans.build(resolve(config), package, home=str(tmp_path),
+                           ports=list(range(1, ports + 1)), cores=cores,
+                           environ=environ or {})
+        return {r.label: r.env.get("TF_NUM_INTRAOP_THREADS") for r in plan.replicas}
+
+    ps_job = {"scaleTier": "CUSTOM", "masterType": "standard", "workerCount": 2,
+              "parameterServerCount": 1}
+    # Under ps the chief only coordinates: the 2 workers share the cores.
+    assert threads(ps_job, 2) == dict.fromkeys(
+        ("ps-replica-0", "worker-replica-0", "worker-replica-1", "master-replica-0"), "1")
+    assert set(threads(ps_job, 16).values()) == {"8"}
+    # Multiworker: the chief trains too (3 replicas on 16 cores: 5 each).
+    multi = {"scaleTier": "CUSTOM", "masterType": "standard", "workerCount": 2}
+    assert set(threads(multi, 16, ports=3).values()) == {"5"}
+    # One replica keeps TensorFlow's own pool; a value the user set wins.
+    assert threads({"scaleTier": "BASIC"}, 2, ports=1) == {"master-replica-0": None}
+    assert set(threads(ps_job, 2, {"TF_NUM_INTRAOP_THREADS": "4"}).values()) == {None}
