@@ -60,8 +60,13 @@ def check_accuracy(job: Job, baseline: float) -> None:
     assert abs(accuracy - baseline) <= ACCURACY_POINTS, (accuracy, baseline)
 
 
-def test_killed_worker_is_restarted_and_the_job_finishes(reaper, tmp_path, baseline):
-    job = Job(reaper, tmp_path, "worker_kill")
+@pytest.mark.parametrize("updates", [
+    (),  # the defaults: local steps, bfloat16 on the wire
+    pytest.param(("--no-ps-local-steps",), marks=pytest.mark.slow, id="step by step"),
+    pytest.param(("--ps-wire-dtype", "float32"), marks=pytest.mark.slow, id="float32 wire"),
+], ids=lambda updates: "defaults" if not updates else None)
+def test_killed_worker_is_restarted_and_the_job_finishes(reaper, tmp_path, baseline, updates):
+    job = Job(reaper, tmp_path, "worker_kill", extra=updates)
     job.wait_step(200)
     first = job.kill("worker-replica-0", signal.SIGKILL)
     # The coordinator goes on with worker 1 by itself ...

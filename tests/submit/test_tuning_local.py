@@ -38,7 +38,8 @@ hopeless = (trial in os.environ.get("TUNE_HOPELESS_TRIALS", "").split(",")
             or x < float(os.environ.get("TUNE_HOPELESS_BELOW", "-inf")))
 steps = int(os.environ.get("TUNE_STEPS", "3"))
 for step in range(1, steps + 1):
-    value = 0.0 if hopeless else 1.0 - (x - 0.3) ** 2 - 0.1 / step
+    # healthy values are at least 1 - 1.3**2 - 0.1 = -0.79: hopeless ones always lose
+    value = -10.0 if hopeless else 1.0 - (x - 0.3) ** 2 - 0.1 / step
     h.report_hyperparameter_tuning_metric(hyperparameter_metric_tag="score",
                                           metric_value=value, global_step=step)
     print(f"step {step} score={value}", flush=True)

@@ -30,7 +30,7 @@ class Job:
     """One submitted job: the launcher's process, and its record and chief log on disk."""
 
     def __init__(self, reaper: Reaper, folder, job_id: str, policy: str = "ExitCode",
-                 max_restarts: int = 3, env: dict | None = None):
+                 max_restarts: int = 3, env: dict | None = None, extra: tuple = ()):
         folder.mkdir(parents=True, exist_ok=True)
         config = folder / "config.yaml"
         config.write_text(CONFIG)
@@ -41,7 +41,7 @@ class Job:
             self.proc = reaper.python(
                 "-m", "submit", job_id, "--scale-tier", "CUSTOM", "--config", str(config),
                 "--job-dir", self.job_dir, "--restart-policy", policy, "--max-restarts",
-                str(max_restarts), "--", *ARGS, stdout=out, stderr=subprocess.STDOUT,
+                str(max_restarts), "--", *ARGS, *extra, stdout=out, stderr=subprocess.STDOUT,
                 env=env, cwd=ROOT)
         self.pids: set[int] = set()
 
