@@ -12,7 +12,9 @@ local steps in float32 (each scheduled function trains the worker's copy, one re
 one write per function), with the defaults (local steps, bfloat16 on the wire), and the
 defaults with one intra-op thread per replica (`TF_NUM_INTRAOP_THREADS=1`: four
 processes share the 2 cores); TF1 master + 2 workers + 1 ps with Adam (the trainer's
-optimiser) and with plain SGD. Test accuracy after the run is recorded for mljob's setups.
+optimiser) and with plain SGD. Opt-in, named with --only: single node and the ps
+defaults under `--mixed-precision mixed_bfloat16` (for CPUs with bfloat16 arithmetic).
+Test accuracy after the run is recorded for mljob's setups.
 Reported: examples/s after warm-up (from the leader's progress lines), CPU-seconds per
 example across all replicas, and the ratios the goal is stated in: ours over TF1's, and
 ours over our own single node.
@@ -32,6 +34,8 @@ WORKERS, PS = 2, 1
 
 ONE_THREAD = {"TF_NUM_INTRAOP_THREADS": "1"}  # TensorFlow reads it when it starts
 OURS = "mljob ps defaults"  # local steps, bfloat16 on the wire
+BF16 = ["--mixed-precision", "mixed_bfloat16"]
+OPT_IN = {"mljob single node mixed bfloat16", OURS + " mixed bfloat16"}  # only with --only
 
 
 def setups(model: str, steps: int, every: int, batch: int, job_dir: str,
@@ -50,6 +54,9 @@ def setups(model: str, steps: int, every: int, batch: int, job_dir: str,
         ("mljob ps local steps float32", "trainer.task", local, WORKERS, PS, {}),
         (OURS, "trainer.task", wire16, WORKERS, PS, {}),
         (OURS + " one intra-op thread", "trainer.task", wire16, WORKERS, PS, ONE_THREAD),
+        # Opt-in, for CPUs with bfloat16 arithmetic (AVX512_BF16, AMX): not in the default run.
+        ("mljob single node mixed bfloat16", "trainer.task", ours + BF16, 0, 0, {}),
+        (OURS + " mixed bfloat16", "trainer.task", wire16 + BF16, WORKERS, PS, {}),
         ("tf1 ps adam", "bench.tf1_baseline", tf1 + ["--optimizer", "adam"], WORKERS, PS, {}),
         ("tf1 ps sgd", "bench.tf1_baseline", tf1 + ["--optimizer", "sgd"], WORKERS, PS, {}),
     ]
@@ -85,7 +92,7 @@ def main(argv=None) -> int:
             every = max(100, steps // 10 - (steps // 10) % 20)
             for label, module, targs, workers, ps, own_env in setups(
                     model, steps, every, args.batch_size, "JOB_DIR", extra):
-                if only and label not in only:
+                if (label not in only) if only else (label in OPT_IN):
                     continue
                 with common.TempJobDir() as job_dir:
                     targs = [job_dir if a == "JOB_DIR" else a for a in targs]
