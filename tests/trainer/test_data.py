@@ -230,6 +230,19 @@ def test_shards_are_disjoint_and_differently_shuffled(sample):
     assert not np.array_equal(per_shard[0] // 2, per_shard[1] // 2)
 
 
+def test_every_epoch_is_a_new_full_shuffle_and_batches_run_across_epochs(sample):
+    # 300 examples, 2 shards of 150, batches of 40: the stream is epoch after epoch of
+    # the shard, each a permutation of its own, cut into batches that straddle epochs.
+    ids = np.arange(300, dtype=np.int64)
+    ds = data.train_dataset(sample.train_images[:300], ids, 40, shard_index=1,
+                            num_shards=2, seed=3)
+    stream = _epoch(ds, 15).ravel()  # 600 examples: four epochs of 150
+    epochs = stream.reshape(4, 150)
+    for epoch in epochs:
+        assert sorted(epoch) == list(range(1, 300, 2))
+    assert len({tuple(epoch) for epoch in epochs}) == 4  # reshuffled every epoch
+
+
 def test_shard_index_may_be_a_tensor_as_in_a_ps_dataset_fn(sample):
     # Under ParameterServerStrategy the chief traces dataset_fn with the worker index as
     # a tensor; the stream must be the one the Python int gives.
