@@ -12,49 +12,48 @@ from tests.support.trainer_runs import FAST, cluster, export_accuracy, lines, re
     tf_config, wait_exit
 
 
-@pytest.mark.slow
-def test_local_steps_in_bfloat16_train_sharded_variables_over_two_ps(reaper, tmp_path):
-    spec = cluster(free_ports(4), workers=1, ps=2)
-    args = [*FAST, "--train-steps", "300", "--checkpoint-every", "300", "--eval-every", "300",
-            "--log-every", "100", "--job-dir", str(tmp_path / "job"), "--ps-shards", "2",
-            "--ps-local-steps", "--ps-wire-dtype", "bfloat16"]
-    servers = [start(reaper, tmp_path / f"ps{i}.log", args, tf_config=tf_config(spec, "ps", i))
-               for i in range(2)]
-    servers.append(start(reaper, tmp_path / "w0.log", args,
-                         tf_config=tf_config(spec, "worker", 0)))
-    chief = start(reaper, tmp_path / "chief.log", args, tf_config=tf_config(spec, "chief"))
-    assert wait_exit(chief, 300, tmp_path / "chief.log") == 0, read(tmp_path / "chief.log")
-    assert lines(tmp_path / "chief.log", "training finished: step=300")
-    # The worker's copy is the whole kernel, put together from the two shards.
-    assert "hidden/kernel=2" in lines(tmp_path / "chief.log", "variables:")[0]
-    assert lines(tmp_path / "chief.log", "ps updates:") == [
-        "ps updates: local steps (20 a function, averaged over 1 worker, bfloat16 on the "
-        "wire)"]
-    assert export_accuracy(str(tmp_path / "job" / "model")) > 0.6
+
+def _train(reaper, tmp_path, name: str, args: list[str], *, workers: int, ps: int,
+           timeout: float = 300) -> str:
+    """A chief + workers + ps cluster of the trainer with args, run to the chief's exit
+    0, then every server stopped by SIGTERM (exit 0, PID gone); the chief's log path."""
+    spec = cluster(free_ports(1 + workers + ps), workers=workers, ps=ps)
+    servers = [start(reaper, tmp_path / f"{name}-{kind}{i}.log", args,
+                     tf_config=tf_config(spec, kind, i))
+               for kind, count in (("ps", ps), ("worker", workers)) for i in range(count)]
+    log = tmp_path / f"{name}-chief.log"
+    chief = start(reaper, log, args, tf_config=tf_config(spec, "chief"))
+    assert wait_exit(chief, timeout, log) == 0, read(log)
     for proc in servers:
         proc.send_signal(signal.SIGTERM)
     for proc in servers:
         assert wait_exit(proc, 15) == 0
         assert not pid_alive(proc.pid)
+    return log
+
+@pytest.mark.slow
+def test_local_steps_in_bfloat16_train_sharded_variables_over_two_ps(reaper, tmp_path):
+    args = [*FAST, "--train-steps", "300", "--checkpoint-every", "300", "--eval-every", "300",
+            "--log-every", "100", "--job-dir", str(tmp_path / "job"), "--ps-shards", "2",
+            "--ps-local-steps", "--ps-wire-dtype", "bfloat16"]
+    log = _train(reaper, tmp_path, "sharded", args, workers=1, ps=2)
+    assert lines(log, "training finished: step=300")
+    # The worker's copy is the whole kernel, put together from the two shards.
+    assert "hidden/kernel=2" in lines(log, "variables:")[0]
+    assert lines(log, "ps updates:") == [
+        "ps updates: local steps (20 a function, averaged over 1 worker, bfloat16 on the "
+        "wire)"]
+    assert export_accuracy(str(tmp_path / "job" / "model")) > 0.6
 
 
 def _ps_run(reaper, tmp_path, name: str, *extra: str) -> dict:
     """chief + 1 worker + 1 ps, the MLP for 100 steps; the final checkpoint's weights."""
     import tensorflow as tf
 
-    spec = cluster(free_ports(3), workers=1, ps=1)
     job = tmp_path / name
     args = [*FAST, "--train-steps", "100", "--checkpoint-every", "100", "--eval-every", "0",
             "--log-every", "20", "--job-dir", str(job), *extra]
-    servers = [start(reaper, tmp_path / f"{name}-{kind}.log", args,
-                     tf_config=tf_config(spec, kind)) for kind in ("ps", "worker")]
-    chief = start(reaper, tmp_path / f"{name}-chief.log", args,
-                  tf_config=tf_config(spec, "chief"))
-    assert wait_exit(chief, 300, tmp_path / f"{name}-chief.log") == 0, \
-        read(tmp_path / f"{name}-chief.log")
-    for proc in servers:
-        proc.send_signal(signal.SIGTERM)
-        assert wait_exit(proc, 15) == 0
+    _train(reaper, tmp_path, name, args, workers=1, ps=1)
     reader = tf.train.load_checkpoint(str(job / "checkpoints" / "ckpt-100"))
     return {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()
             if "model" in key or "optimizer" in key}
@@ -83,20 +82,8 @@ def _full_data_job(reaper, tmp_path, name: str, *extra: str) -> str:
     at = args.index("--steps-per-execution")
     del args[at:at + 2]
     job = tmp_path / name
-    spec = cluster(free_ports(4), workers=2, ps=1)
     args += ["--job-dir", str(job), *extra]
-    servers = [start(reaper, tmp_path / f"{name}-{kind}{i}.log", args,
-                     tf_config=tf_config(spec, kind, i))
-               for kind, i in (("ps", 0), ("worker", 0), ("worker", 1))]
-    chief = start(reaper, tmp_path / f"{name}-chief.log", args,
-                  tf_config=tf_config(spec, "chief"))
-    assert wait_exit(chief, 420, tmp_path / f"{name}-chief.log") == 0, \
-        read(tmp_path / f"{name}-chief.log")
-    for proc in servers:
-        proc.send_signal(signal.SIGTERM)
-    for proc in servers:
-        assert wait_exit(proc, 15) == 0
-        assert not pid_alive(proc.pid)
+    _train(reaper, tmp_path, name, args, workers=2, ps=1, timeout=420)
     return str(job)
 
 
