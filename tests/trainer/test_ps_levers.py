@@ -12,7 +12,6 @@ from tests.support.trainer_runs import FAST, cluster, export_accuracy, lines, re
     tf_config, wait_exit
 
 
-
 def _train(reaper, tmp_path, name: str, args: list[str], *, workers: int, ps: int,
            timeout: float = 300) -> str:
     """A chief + workers + ps cluster of the trainer with args, run to the chief's exit
@@ -30,6 +29,7 @@ def _train(reaper, tmp_path, name: str, args: list[str], *, workers: int, ps: in
         assert wait_exit(proc, 15) == 0
         assert not pid_alive(proc.pid)
     return log
+
 
 @pytest.mark.slow
 def test_local_steps_in_bfloat16_train_sharded_variables_over_two_ps(reaper, tmp_path):
