@@ -27,7 +27,8 @@ from mljob import cluster as cluster_lib
 from mljob import storage
 from mljob.contracts import AIP_MODEL_DIR
 from mljob.errors import too_many_digits
-from mljob.training.config import STEPS_PER_EXECUTION, WIRE_DTYPES, RunConfig
+from mljob.training.config import MERGE_RULES, STEPS_PER_EXECUTION, WIRE_DTYPES, \
+    RunConfig
 from mljob.training.outputs import DEFAULT_JOBS_DIR, Outputs, resolve_outputs
 from trainer.errors import EXIT_FAILED, EXIT_USAGE, TrainerError, UsageError
 
@@ -152,11 +153,16 @@ def parser() -> argparse.ArgumentParser:
         help="shards per variable over the ps: 0 automatic, 1 none, N fixed")
     add("--ps-local-steps", action=argparse.BooleanOptionalAction, default=True,
         help="under ps (default on): each scheduled function trains a local copy of the "
-        "weights and Adam's state and adds its change, averaged over the workers, to the "
-        "ps (one read and one write per function); --no-ps-local-steps: step by step")
+        "weights and Adam's state and adds its change to the ps (the weights' summed "
+        "over sqrt(workers), the moments' averaged; one read and one write per "
+        "function); --no-ps-local-steps: step by step")
     add("--ps-wire-dtype", choices=WIRE_DTYPES, default=None,
         help="under ps with local steps: bfloat16 (the default) halves the bytes of each "
         "read of the weights and write of their change; float32 sends them whole")
+    add("--ps-merge", choices=MERGE_RULES, default=None,
+        help="under ps with local steps, what the ps adds of N workers' weight changes: "
+        "sqrt (the default) their sum over sqrt(N), or mean (the rule before); Adam's "
+        "moments always take the mean")
     add("--strategy", choices=cluster_lib.STRATEGIES, default="auto")
     add("--data-dir", help="folder with the four IDX files or mnist.npz")
     add("--train-files", help="comma-separated training files (IDX pair or .npz)")
@@ -192,6 +198,7 @@ def config_from(args: argparse.Namespace, outputs: Outputs) -> RunConfig:
         steps_per_execution=args.steps_per_execution or STEPS_PER_EXECUTION,
         ps_shards=args.ps_shards,
         ps_local_steps=args.ps_local_steps, ps_wire_dtype=args.ps_wire_dtype,
+        ps_merge=args.ps_merge,
         strategy=args.strategy,
         log_every=args.log_every, seed=args.seed)
 
@@ -219,6 +226,9 @@ def _check(args: argparse.Namespace, info: cluster_lib.ClusterInfo) -> str | Non
     if args.ps_wire_dtype == "bfloat16" and not args.ps_local_steps:
         raise UsageError(f"--ps-wire-dtype {args.ps_wire_dtype} packs what local steps "
                          "send; leave out --no-ps-local-steps, or --ps-wire-dtype")
+    if args.ps_merge is not None and not args.ps_local_steps:
+        raise UsageError(f"--ps-merge {args.ps_merge} merges what local steps send; leave "
+                         "out --no-ps-local-steps, or --ps-merge")
     if info.is_single_node:
         return None  # mirrored or single depends on the GPUs TensorFlow sees
     return info.strategy_kind(args.strategy, num_gpus=0)

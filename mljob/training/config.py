@@ -24,6 +24,9 @@ from mljob.training.outputs import resolve_outputs
 # while a log line still comes every few chunks. bench/ tunes it.
 STEPS_PER_EXECUTION = 20
 WIRE_DTYPES = ("float32", "bfloat16")  # RunConfig.ps_wire_dtype
+# RunConfig.ps_merge: what the ps adds of N workers' weight changes under local steps:
+# their sum over sqrt(N), or their mean; Adam's moments always take the mean.
+MERGE_RULES = ("sqrt", "mean")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +54,8 @@ class RunConfig:
     # weights and write of their change (the ps keeps float32 variables); None
     # (default): bfloat16 when local steps run.
     ps_wire_dtype: str | None = None
+    # Under ps with local steps: MERGE_RULES; None (default): "sqrt".
+    ps_merge: str | None = None
     strategy: str = "auto"          # mljob.cluster.STRATEGIES
     log_every: int = 100
     seed: int | None = None         # the input pipeline's shuffle seed (InputContext.seed)
@@ -66,6 +71,9 @@ class RunConfig:
         if self.ps_wire_dtype is not None and self.ps_wire_dtype not in WIRE_DTYPES:
             raise UsageError(f"ps_wire_dtype {self.ps_wire_dtype!r} is not one of "
                              f"{', '.join(WIRE_DTYPES)}")
+        if self.ps_merge is not None and self.ps_merge not in MERGE_RULES:
+            raise UsageError(f"ps_merge {self.ps_merge!r} is not one of "
+                             f"{', '.join(MERGE_RULES)}")
         if self.strategy not in cluster_lib.STRATEGIES:
             raise UsageError(f"strategy {self.strategy!r} is not one of "
                              f"{', '.join(cluster_lib.STRATEGIES)}")

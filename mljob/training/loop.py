@@ -129,6 +129,11 @@ class Replica:
             raise UsageError("ps_wire_dtype bfloat16 packs the reads and writes of local "
                              "steps, which are off here (ps_local_steps=False, or not "
                              "Adam); leave ps_wire_dtype unset or float32")
+        self.merge = config.ps_merge or "sqrt"
+        if config.ps_merge is not None and coordinator is not None and not self.local_steps:
+            raise UsageError(f"ps_merge {config.ps_merge} merges the changes of local "
+                             "steps, which are off here (ps_local_steps=False, or not "
+                             "Adam); leave ps_merge unset")
         if self.local_steps:
             self._chunk = tf.function(self._local_chunk)
 
@@ -137,9 +142,11 @@ class Replica:
         if not self.local_steps:
             return "step by step (one read and one update of every variable a step)"
         wire = "bfloat16" if self.wire_dtype is not None else "float32"
-        return (f"local steps ({self.config.steps_per_execution} a function, averaged "
-                f"over {self.num_workers} worker{'' if self.num_workers == 1 else 's'}, "
-                f"{wire} on the wire)")
+        workers = f"{self.num_workers} worker{'' if self.num_workers == 1 else 's'}"
+        weights = {"sqrt": f"summed / sqrt({self.num_workers})", "mean": "averaged"}[
+            self.merge]
+        return (f"local steps ({self.config.steps_per_execution} a function, {workers}: "
+                f"weight changes {weights}, moments averaged, {wire} on the wire)")
 
     def shards(self) -> dict[str, int]:
         return {w.path: len(weight_parts(w)) for w in self.model.weights}
@@ -227,14 +234,17 @@ class Replica:
     def _local_chunk(self, iterator, num_steps, stop_flag):
         """ps_local_steps: the scheduled function reads the weights and Adam's state
         from the ps once, runs its num_steps steps on this worker's copy (Adam exactly as
-        Keras computes it), then adds the change of each, divided by the number of
-        workers, to the ps. With one worker this is the same training as one step at a
-        time. With N, the workers' functions overlap (they start from nearly the same
-        weights), and the ps takes the average of their moves, as model averaging does:
-        adding each whole change moved the weights N times as far as any one worker's
-        Adam would, from weights up to a function old (bench/ps_speed.py measured the
-        MLP 4 to 24 points worse that way, 0.4 to 0.7 points from step by step this
-        way)."""
+        Keras computes it), then adds its change to the ps: the weights' change divided
+        by sqrt(N) for N workers, Adam's moments' divided by N. With one worker this is
+        the same training as one step at a time. With N, the workers' functions overlap
+        (they start from nearly the same weights), so their mean change is one step on
+        an N times larger batch, and Adam's square-root rule scales such a step by
+        sqrt(N): the ps moves by the sum of the changes over sqrt(N). The moments are
+        averages, so they take the mean of the workers' (summing them made the MLP
+        collapse to 22-81%). bench/ps_merge.py measures the rules: with 2, 4 and 8
+        workers sqrt(N) stayed within 0.11 points of step by step, the weights' mean
+        (1/N, --ps-merge mean) ended 0.9 to 2.5 points below, and their sum diverged
+        with 4 workers."""
         opt = self.optimizer
         moments = [opt._momentums[opt._get_variable_index(p)] for p in self.parts]
         velocities = [opt._velocities[opt._get_variable_index(p)] for p in self.parts]
@@ -270,9 +280,10 @@ class Replica:
         zero = {name: tf.constant(0.0) for name in self.metric_fns}
         _, *end, loss, metrics = tf.while_loop(
             lambda i, *_: i < num_steps, step, (tf.constant(0), *start, tf.constant(0.0), zero))
-        share = 1.0 / self.num_workers
-        for group, before, after in zip((self.parts, moments, velocities), start, end,
-                                        strict=False):
+        weights = self.num_workers ** (-0.5 if self.merge == "sqrt" else -1.0)
+        shares = (weights, 1.0 / self.num_workers, 1.0 / self.num_workers)
+        for group, share, before, after in zip((self.parts, moments, velocities), shares,
+                                               start, end, strict=False):
             for var, old, new in zip(group, before, after, strict=True):
                 self._merge(var, (new - old) * share)
         for var, new in zip(state, end[3], strict=True):

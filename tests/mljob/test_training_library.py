@@ -232,9 +232,10 @@ def test_library_usage_errors_name_the_fix(tmp_path, overrides, fragment):
     (lambda t: t.RunConfig(strategy="horovod").check(), "strategy 'horovod' is not one of auto"),
     (lambda t: t.RunConfig(ps_wire_dtype="float16").check(),
      "ps_wire_dtype 'float16' is not one of float32, bfloat16"),
+    (lambda t: t.RunConfig(ps_merge="sum").check(), "ps_merge 'sum' is not one of sqrt, mean"),
     (lambda t: t.Serving(inputs={}), "Serving needs at least one input"),
     (lambda t: t.Serving(inputs={"key": None}), "the instance key 'key' is also a model input"),
-], ids=["train_steps 0", "negative every", "unknown strategy", "wire dtype", "no inputs",
+], ids=["train_steps 0", "negative every", "unknown strategy", "wire dtype", "merge rule", "no inputs",
         "key is an input"])
 def test_library_config_errors_name_the_fix(make, fragment):
     from mljob import training

@@ -41,8 +41,8 @@ def test_local_steps_in_bfloat16_train_sharded_variables_over_two_ps(reaper, tmp
     # The worker's copy is the whole kernel, put together from the two shards.
     assert "hidden/kernel=2" in lines(log, "variables:")[0]
     assert lines(log, "ps updates:") == [
-        "ps updates: local steps (20 a function, averaged over 1 worker, bfloat16 on the "
-        "wire)"]
+        "ps updates: local steps (20 a function, 1 worker: weight changes summed / "
+        "sqrt(1), moments averaged, bfloat16 on the wire)"]
     assert export_accuracy(str(tmp_path / "job" / "model")) > 0.6
 
 
@@ -113,18 +113,20 @@ def test_each_ps_mode_reaches_the_step_by_step_accuracy_with_the_same_outputs(
     # Same steps, same data, same seed: each mode's export is within one point of
     # step-by-step training's (the default before local steps), and its checkpoint and
     # export have the same form (float32 variables and signatures, even when the layers
-    # compute in bfloat16).
+    # compute in bfloat16). The weights' mean (--ps-merge mean, the rule before sqrt)
+    # ends 0.8 to 1.1 points lower with 2 workers (bench/ps_merge.py): within two.
     from tests.support.faults import ACCURACY_POINTS, DATA
     base = _full_data_job(reaper, tmp_path, "steps", "--no-ps-local-steps")
     base_accuracy = export_accuracy(f"{base}/model", DATA)
     for name, extra in (("float32", ["--ps-wire-dtype", "float32"]),
                         ("default", []),  # local steps, bfloat16 on the wire
                         # the defaults computing in bfloat16 (opt-in; bench/README.md)
-                        ("mixed", ["--mixed-precision", "mixed_bfloat16"])):
+                        ("mixed", ["--mixed-precision", "mixed_bfloat16"]),
+                        ("mean", ["--ps-merge", "mean"])):
         job = _full_data_job(reaper, tmp_path, name, *extra)
         accuracy = export_accuracy(f"{job}/model", DATA)
         print(f"{name}: {accuracy:.4f} (step by step {base_accuracy:.4f})")
-        assert abs(accuracy - base_accuracy) <= ACCURACY_POINTS, (name, accuracy,
-                                                                  base_accuracy)
+        points = 2 * ACCURACY_POINTS if name == "mean" else ACCURACY_POINTS
+        assert abs(accuracy - base_accuracy) <= points, (name, accuracy, base_accuracy)
         assert _checkpoint_form(job) == _checkpoint_form(base)
         assert _export_form(job) == _export_form(base)

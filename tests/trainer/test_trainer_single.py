@@ -114,6 +114,9 @@ def test_export_loads_and_predicts(trained):
     (["--ps-wire-dtype", "float16"], "--ps-wire-dtype"),
     (["--ps-wire-dtype", "bfloat16", "--no-ps-local-steps"],
      "--ps-wire-dtype bfloat16 packs what local steps send"),
+    (["--ps-merge", "sum"], "--ps-merge"),
+    (["--ps-merge", "mean", "--no-ps-local-steps"],
+     "--ps-merge mean merges what local steps send"),
 ])
 def test_usage_errors_exit_2_with_one_line(capsys, argv, words):
     assert task.main(argv) == 2
