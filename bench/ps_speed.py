@@ -35,7 +35,8 @@ WORKERS, PS = 2, 1
 ONE_THREAD = {"TF_NUM_INTRAOP_THREADS": "1"}  # TensorFlow reads it when it starts
 OURS = "mljob ps defaults"  # local steps, bfloat16 on the wire
 BF16 = ["--mixed-precision", "mixed_bfloat16"]
-OPT_IN = {"mljob single node mixed bfloat16", OURS + " mixed bfloat16"}  # only with --only
+OPT_IN = {"mljob single node mixed bfloat16", OURS + " mixed bfloat16",  # only with --only
+          OURS + " mixed bfloat16 one intra-op thread"}
 
 
 def setups(model: str, steps: int, every: int, batch: int, job_dir: str,
@@ -57,6 +58,8 @@ def setups(model: str, steps: int, every: int, batch: int, job_dir: str,
         # Opt-in, for CPUs with bfloat16 arithmetic (AVX512_BF16, AMX): not in the default run.
         ("mljob single node mixed bfloat16", "trainer.task", ours + BF16, 0, 0, {}),
         (OURS + " mixed bfloat16", "trainer.task", wire16 + BF16, WORKERS, PS, {}),
+        (OURS + " mixed bfloat16 one intra-op thread", "trainer.task", wire16 + BF16,
+         WORKERS, PS, ONE_THREAD),
         ("tf1 ps adam", "bench.tf1_baseline", tf1 + ["--optimizer", "adam"], WORKERS, PS, {}),
         ("tf1 ps sgd", "bench.tf1_baseline", tf1 + ["--optimizer", "sgd"], WORKERS, PS, {}),
     ]
@@ -66,7 +69,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.ps_speed", allow_abbrev=False)
     p.add_argument("--model", choices=("mlp", "cnn"), action="append")
     p.add_argument("--train-steps", type=int, default=None,
-                   help="default: 3000 for the MLP, 300 for the CNN")
+                   help="default: 3000 for the MLP, 1000 for the CNN")
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--extra", default="", help="flags added to mljob's ps run")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
@@ -84,7 +87,7 @@ def main(argv=None) -> int:
     runs = []
     try:
         for model in models:
-            steps = args.train_steps or (3000 if model == "mlp" else 300)
+            steps = args.train_steps or (3000 if model == "mlp" else 1000)
             if args.quick:
                 steps //= 5
             # Log (and so fetch a result, which waits for that function) rarely enough
