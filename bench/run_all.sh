@@ -18,10 +18,24 @@ python -m bench.throughput "${quick[@]}" --repeats 2 --name throughput_core \
   --only "trainer (defaults),keras fit (defaults),keras mixed_bfloat16,keras float-once"
 python -m bench.overhead "${quick[@]}"
 python -m bench.scaling "${quick[@]}"
+python -m bench.tuning "${quick[@]}"
+if [[ ${#quick[@]} -eq 0 ]]; then
+  python -m bench.serving_bench
+  python -m bench.input_pipeline
+  python -m bench.local_update
+else
+  python -m bench.serving_bench --seconds 2
+  python -m bench.input_pipeline --batches 500
+  python -m bench.local_update --functions 3
+fi
+python -m bench.ps_speed "${quick[@]}"
+# Needs root, ip netns, tc and gcc; exit 2 with the reason when they are missing.
+python -m bench.ps_links "${quick[@]}" || echo "bench.ps_links did not run (see above)"
 if [[ ${#quick[@]} -eq 0 ]]; then
   # The long runs: CNN on the full Fashion-MNIST to >= 90% (tens of minutes each).
   python -m bench.time_to_accuracy --setup single --timeout 1800
   python -m bench.time_to_accuracy --setup ps --timeout 1800
+  python -m bench.ps_merge
 fi
 python -m bench.memory
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
