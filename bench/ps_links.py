@@ -150,7 +150,12 @@ def run_design(label: str, module: str, args: list[str], batch: int, timeout: fl
         record["error"] = "failed" if rc is not None else f"timeout {timeout:.0f} s"
         print(f"   {record['error']}: see {logs}", flush=True)
         return record
-    record.update(common.throughput(lines, batch))
+    try:
+        record.update(common.throughput(lines, batch))
+    except ValueError as exc:  # too few progress lines: recorded, the other runs go on
+        record["error"] = str(exc)
+        print(f"   {exc}", flush=True)
+        return record
     first, last = record["window_steps"]
     if first in counters and last in counters:
         record["bytes_per_example"] = round((counters[last] - counters[first])
@@ -176,7 +181,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", choices=("mlp", "cnn"), action="append")
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--train-steps", type=int, default=None,
-                   help="default: 3000 for the MLP, 300 for the CNN")
+                   help="default: 3000 for the MLP, 600 for the CNN")
     p.add_argument("--ps", type=int, default=1, help="parameter-server hosts")
     p.add_argument("--delay-ms", type=float, default=1.0,
                    help="one-way delay of every link (0: rate-shaped only)")
@@ -196,7 +201,7 @@ def main(argv=None) -> int:
     try:
         relay = build_relay(build) if args.delay_ms > 0 else None
         for model in args.model or ["mlp", "cnn"]:
-            steps = args.train_steps or (3000 if model == "mlp" else 300)
+            steps = args.train_steps or (3000 if model == "mlp" else 600)
             steps //= 5 if args.quick else 1
             every = max(100, steps // 10 - (steps // 10) % 20)  # see bench/ps_speed.py
             tf1 = ["--model", model, "--train-steps", str(steps), "--batch-size",

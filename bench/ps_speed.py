@@ -148,16 +148,25 @@ def summarise(runs: list[dict]) -> dict:
 
 
 def plot(runs: list[dict], name: str) -> None:
+    """Horizontal bars of examples/s per setup, one panel per model: single nodes grey,
+    mljob's ps setups blue (green: the defaults), TF1 orange."""
     plt = common.pyplot()
     models = list(dict.fromkeys(r["model"] for r in runs))
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    rows_max = max(sum(r["model"] == m for r in runs) for m in models)
+    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 0.45 * rows_max + 1.2),
+                             squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
-        rows = [r for r in runs if r["model"] == model]
-        ax.bar([r["setup"] for r in rows], [r.get("examples_per_s", 0) for r in rows],
-               color=["#777", "#9ecae1", "#1f77b4", "#2ca02c", "#98df8a", "#d62728",
-                      "#ff7f0e"][:len(rows)])
-        ax.set_title(f"{model.upper()}: examples/s (chief + {WORKERS} workers + {PS} ps)")
-        ax.tick_params(axis="x", labelrotation=20)
+        rows = [r for r in runs if r["model"] == model][::-1]
+        colors = ["#999" if "single node" in r["setup"] else "#ff7f0e"
+                  if r["setup"].startswith("tf1") else "#2ca02c"
+                  if r["setup"].startswith(OURS) else "#1f77b4" for r in rows]
+        values = [r.get("examples_per_s", 0) for r in rows]
+        ax.barh([r["setup"] for r in rows], values, color=colors)
+        for y, value in enumerate(values):
+            ax.text(value, y, f" {value:,.0f}", va="center", fontsize=8)
+        ax.set_xlim(0, 1.18 * max(values))
+        ax.set_title(f"{model.upper()}: examples/s")
+    fig.suptitle(f"ps setups: chief + {WORKERS} workers + {PS} ps")
     fig.tight_layout()
     common.save_figure(fig, name)
 
