@@ -277,8 +277,8 @@ class Replica:
         zero = {name: tf.constant(0.0) for name in self.metric_fns}
         _, *end, loss, metrics = tf.while_loop(
             lambda i, *_: i < num_steps, step, (tf.constant(0), *start, tf.constant(0.0), zero))
-        weights = self.num_workers ** (-0.5 if self.merge == "sqrt" else -1.0)
-        shares = (weights, 1.0 / self.num_workers, 1.0 / self.num_workers)
+        weight_share = self.num_workers ** (-0.5 if self.merge == "sqrt" else -1.0)
+        shares = (weight_share, 1.0 / self.num_workers, 1.0 / self.num_workers)
         for group, share, before, after in zip((self.parts, moments, velocities), shares,
                                                start, end, strict=False):
             for var, old, new in zip(group, before, after, strict=True):
@@ -401,8 +401,8 @@ def _adam_step(weights, ms, vs, grads, alpha, b1, b2, eps):
     """Keras's Adam update of local steps' copies (lists of tensors): (weights, first
     moments, second moments) after one step with step size alpha. XLA fuses each
     tensor's update into one pass over it; run op by op, the tensors' twelve passes cost
-    the CNN's worker 54 CPU-ms a step in mixed bfloat16 against 36 fused, and Keras's own
-    single-node step 39 (bench/README.md, section 7)."""
+    the CNN's worker 58 CPU-ms a step in mixed bfloat16 against 37 fused, and Keras's own
+    single-node step 40 (bench/local_update.py)."""
     ms = [m + (g - m) * (1 - b1) for m, g in zip(ms, grads, strict=True)]
     vs = [v + (tf.square(g) - v) * (1 - b2) for v, g in zip(vs, grads, strict=True)]
     weights = [w - m * alpha / (tf.sqrt(v) + eps)
