@@ -73,11 +73,7 @@ def _one(model_name: str, precision: str, variant: str, functions: int) -> dict:
     def sgd(weights, grads):
         return [w - 0.001 * g for w, g in zip(weights, grads, strict=True)]
 
-    def op_by_op(weights, ms, vs, grads, alpha):
-        ms = [m + (g - m) * (1 - b1) for m, g in zip(ms, grads, strict=True)]
-        vs = [v + (tf.square(g) - v) * (1 - b2) for v, g in zip(vs, grads, strict=True)]
-        return ([w - m * alpha / (tf.sqrt(v) + eps) for w, m, v in zip(weights, ms, vs,
-                                                                        strict=True)], ms, vs)
+    op_by_op = _adam_step.python_function  # the same update, traced without XLA
 
     @tf.function
     def local_steps():
@@ -98,7 +94,7 @@ def _one(model_name: str, precision: str, variant: str, functions: int) -> dict:
             if variant == "local fused":
                 weights, ms, vs = _adam_step(weights, ms, vs, grads, alpha, b1, b2, eps)
             elif variant == "local op by op":
-                weights, ms, vs = op_by_op(weights, ms, vs, grads, alpha)
+                weights, ms, vs = op_by_op(weights, ms, vs, grads, alpha, b1, b2, eps)
             else:
                 weights = sgd(weights, grads)
             return i + 1, weights, ms, vs, values, loss

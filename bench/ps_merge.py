@@ -23,7 +23,7 @@ import sys
 from bench import common
 
 STEPS, BATCH = 1600, 400
-JOB = ["--model", "mlp", "--seed", "1", "--learning-rate", "0.0005"]
+JOB = ["--seed", "1", "--learning-rate", "0.0005"]  # the MLP, as trainer_args says
 SETUPS = (("step by step", ["--no-ps-local-steps"]),
           ("sqrt", ["--ps-merge", "sqrt"]),
           ("mean", ["--ps-merge", "mean"]))
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
                 for setup, flags in SETUPS:
                     with common.TempJobDir() as job_dir:
                         targs = common.trainer_args("mlp", STEPS, 400, BATCH, job_dir,
-                                                    *JOB[2:], *flags, eval_every=STEPS)
+                                                    *JOB, *flags, eval_every=STEPS)
                         record = common.measure(f"{workers} workers: {setup}", targs,
                                                 batch_size=BATCH, workers=workers, ps=1,
                                                 timeout=args.timeout)

@@ -401,8 +401,8 @@ def _adam_step(weights, ms, vs, grads, alpha, b1, b2, eps):
     """Keras's Adam update of local steps' copies (lists of tensors): (weights, first
     moments, second moments) after one step with step size alpha. XLA fuses each
     tensor's update into one pass over it; run op by op, the tensors' twelve passes cost
-    the CNN's worker 58 CPU-ms a step in mixed bfloat16 against 37 fused, and Keras's own
-    single-node step 40 (bench/local_update.py)."""
+    the CNN's worker 45-58 CPU-ms a step in mixed bfloat16 against 34-37 fused, and
+    Keras's own single-node step 40 (bench/local_update.py)."""
     ms = [m + (g - m) * (1 - b1) for m, g in zip(ms, grads, strict=True)]
     vs = [v + (tf.square(g) - v) * (1 - b2) for v, g in zip(vs, grads, strict=True)]
     weights = [w - m * alpha / (tf.sqrt(v) + eps)
