@@ -4,6 +4,7 @@ between-graph replication (`bench/tf1_baseline.py`), side by side in one run.
     python -m bench.ps_speed                      # MLP and CNN, every setup
     python -m bench.ps_speed --model mlp --quick
     python -m bench.ps_speed --extra="--steps-per-execution 50"   # ours with a lever
+    python -m bench.ps_speed --model cnn --repeats 3   # every setup 3 times, interleaved
 
 Setups, each for the MLP (784-100-10) and the CNN, batch 100, periodic evaluation and
 checkpoints outside the timed window: mljob single node; mljob chief + 2 workers + 1 ps
@@ -17,7 +18,10 @@ defaults under `--mixed-precision mixed_bfloat16` (for CPUs with bfloat16 arithm
 Test accuracy after the run is recorded for mljob's setups.
 Reported: examples/s after warm-up (from the leader's progress lines), CPU-seconds per
 example across all replicas, and the ratios the goal is stated in: ours over TF1's, and
-ours over our own single node.
+ours over our own single node. With --repeats N each repeat runs every setup once, in
+turn, so that a drift in the machine's speed touches every setup alike; the ratios are
+taken between medians of examples/s, and test accuracy is the mean of the repeats (one
+1,000-step CNN run moves by a point or more).
 
 Writes bench/results/ps_speed_<models>.json and .png (ps_speed_mlp_cnn by default).
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import statistics
 import sys
 
 from bench import common
@@ -76,6 +81,8 @@ def main(argv=None) -> int:
                    help="set in every replica's environment (e.g. TF_NUM_INTRAOP_THREADS=1)")
     p.add_argument("--only", default="", help="comma-separated setup labels to run")
     p.add_argument("--name", default="", help="results file name (default ps_speed_<models>)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run every setup this many times, interleaved (default 1)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--timeout", type=float, default=900)
     args = p.parse_args(argv)
@@ -93,21 +100,23 @@ def main(argv=None) -> int:
             # Log (and so fetch a result, which waits for that function) rarely enough
             # that several scheduled functions are in flight on the workers at once.
             every = max(100, steps // 10 - (steps // 10) % 20)
-            for label, module, targs, workers, ps, own_env in setups(
-                    model, steps, every, args.batch_size, "JOB_DIR", extra):
-                if (label not in only) if only else (label in OPT_IN):
-                    continue
-                with common.TempJobDir() as job_dir:
-                    targs = [job_dir if a == "JOB_DIR" else a for a in targs]
-                    record = common.measure(f"{model}: {label}", targs, module=module,
-                                            batch_size=args.batch_size, workers=workers,
-                                            ps=ps, timeout=args.timeout,
-                                            env={**own_env, **env})
-                record.update(model=model, setup=label, train_steps=steps, env=own_env)
-                if record.get("cpu_ms_per_step"):
-                    record["cpu_s_per_example"] = round(
-                        record["cpu_ms_per_step"] / 1000 / args.batch_size, 7)
-                runs.append(record)
+            for repeat in range(args.repeats):
+                for label, module, targs, workers, ps, own_env in setups(
+                        model, steps, every, args.batch_size, "JOB_DIR", extra):
+                    if (label not in only) if only else (label in OPT_IN):
+                        continue
+                    with common.TempJobDir() as job_dir:
+                        targs = [job_dir if a == "JOB_DIR" else a for a in targs]
+                        record = common.measure(f"{model}: {label}", targs, module=module,
+                                                batch_size=args.batch_size, workers=workers,
+                                                ps=ps, timeout=args.timeout,
+                                                env={**own_env, **env})
+                    record.update(model=model, setup=label, train_steps=steps, env=own_env,
+                                  repeat=repeat)
+                    if record.get("cpu_ms_per_step"):
+                        record["cpu_s_per_example"] = round(
+                            record["cpu_ms_per_step"] / 1000 / args.batch_size, 7)
+                    runs.append(record)
     except KeyboardInterrupt:
         print("interrupted; every process stopped", file=sys.stderr)
         return 130
@@ -115,61 +124,100 @@ def main(argv=None) -> int:
     # One file per model set: runs do not overwrite.
     name = args.name or "ps_speed_" + "_".join(models)
     common.write_json(name, {"batch_size": args.batch_size, "extra": extra, "env": env,
-                                   "quick": args.quick, "runs": runs, "ratios": ratios},
+                             "quick": args.quick, "repeats": args.repeats, "runs": runs,
+                             "setups": setups_summary(runs), "ratios": ratios},
                       load_before)
     plot(runs, name)
     for r in runs:
         print(f"{r['label']:28s} {r.get('examples_per_s', 'failed')!s:>10} examples/s  "
               f"{r.get('cpu_s_per_example', '-')} CPU-s/example")
-    for model, row in ratios.items():
-        print(f"{model}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
+    for model, rows in ratios.items():
+        for setup, row in rows.items():
+            print(f"{model}: {setup}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
     return 0
 
 
+def setups_summary(runs: list[dict]) -> dict:
+    """{model: {setup: median examples/s, mean test accuracy, and each repeat's}}."""
+    out: dict = {}
+    for r in runs:
+        row = out.setdefault(r["model"], {}).setdefault(
+            r["setup"], {"examples_per_s": [], "test_accuracy": []})
+        if r.get("examples_per_s"):
+            row["examples_per_s"].append(r["examples_per_s"])
+        if r.get("final_test_accuracy") is not None:
+            row["test_accuracy"].append(r["final_test_accuracy"])
+    for rows in out.values():
+        for row in rows.values():
+            if row["examples_per_s"]:
+                row["median_examples_per_s"] = round(statistics.median(row["examples_per_s"]))
+            if row["test_accuracy"]:
+                row["mean_test_accuracy"] = round(statistics.mean(row["test_accuracy"]), 4)
+    return out
+
+
 def summarise(runs: list[dict]) -> dict:
-    """Per model: ours over TF1 (Adam, SGD) and ours over our single node."""
+    """Per model, for each of mljob's ps setups: its median examples/s over TF1's (Adam,
+    SGD), over our single node computing in the same precision, and over step by step;
+    its mean test accuracy in points from step by step's."""
     out = {}
-    for model in dict.fromkeys(r["model"] for r in runs):
-        rate = {r["setup"]: r.get("examples_per_s") for r in runs if r["model"] == model}
-        ours = rate.get(OURS)
-        row = {}
-        for other, name in (("tf1 ps adam", "vs_tf1_adam"), ("tf1 ps sgd", "vs_tf1_sgd"),
-                            ("mljob single node", "vs_own_single_node"),
-                            ("mljob ps step by step", "vs_step_by_step")):
-            if ours and rate.get(other):
-                row[name] = round(ours / rate[other], 3)
-        accuracy = {r["setup"]: r.get("final_test_accuracy") for r in runs
-                    if r["model"] == model}
-        if accuracy.get(OURS) and accuracy.get("mljob ps step by step"):
-            row["accuracy_points_vs_step_by_step"] = round(
-                100 * (accuracy[OURS] - accuracy["mljob ps step by step"]), 2)
-        out[model] = row
+    for model, rows in setups_summary(runs).items():
+        rate = {s: v.get("median_examples_per_s") for s, v in rows.items()}
+        accuracy = {s: v.get("mean_test_accuracy") for s, v in rows.items()}
+        base = accuracy.get("mljob ps step by step")
+        out[model] = {}
+        for setup in rows:
+            ours = rate.get(setup)
+            if not setup.startswith("mljob ps") or not ours:
+                continue
+            single = ("mljob single node mixed bfloat16" if "mixed bfloat16" in setup
+                      else "mljob single node")
+            row = {}
+            for other, name in (("tf1 ps adam", "vs_tf1_adam"), ("tf1 ps sgd", "vs_tf1_sgd"),
+                                (single, "vs_own_single_node"),
+                                ("mljob single node", "vs_own_single_node_float32"),
+                                ("mljob ps step by step", "vs_step_by_step")):
+                if rate.get(other) and other != setup and name not in row:
+                    row[name] = round(ours / rate[other], 3)
+            if (base is not None and accuracy.get(setup) is not None
+                    and setup != "mljob ps step by step"):
+                row["accuracy_points_vs_step_by_step"] = round(
+                    100 * (accuracy[setup] - base), 2)
+            if row:
+                out[model][setup] = row
     return out
 
 
 def plot(runs: list[dict], name: str) -> None:
-    """Horizontal bars of examples/s per setup, one panel per model: single nodes grey,
+    """Horizontal bars of median examples/s per setup (whiskers: the repeats' range), one
+    panel per model, each bar labelled with its mean test accuracy: single nodes grey,
     mljob's ps setups blue (green: the defaults), TF1 orange."""
     plt = common.pyplot()
-    models = list(dict.fromkeys(r["model"] for r in runs))
-    rows_max = max(sum(r["model"] == m for r in runs) for m in models)
-    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 0.45 * rows_max + 1.2),
+    summary = setups_summary(runs)
+    rows_max = max(len(rows) for rows in summary.values())
+    fig, axes = plt.subplots(1, len(summary), figsize=(9 * len(summary), 0.45 * rows_max + 1.2),
                              squeeze=False)
-    for ax, model in zip(axes[0], models, strict=True):
-        rows = [r for r in runs if r["model"] == model][::-1]
-        colors = ["#999" if "single node" in r["setup"] else "#ff7f0e"
-                  if r["setup"].startswith("tf1") else "#2ca02c"
-                  if r["setup"].startswith(OURS) else "#1f77b4" for r in rows]
-        values = [r.get("examples_per_s", 0) for r in rows]
-        ax.barh([r["setup"] for r in rows], values, color=colors)
-        for y, value in enumerate(values):
-            ax.text(value, y, f" {value:,.0f}", va="center", fontsize=8)
-        ax.set_xlim(0, 1.18 * max(values))
-        ax.set_title(f"{model.upper()}: examples/s")
+    for ax, (model, rows) in zip(axes[0], summary.items(), strict=True):
+        setups = list(rows)[::-1]
+        colors = ["#999" if "single node" in s else "#ff7f0e" if s.startswith("tf1")
+                  else "#2ca02c" if s.startswith(OURS) else "#1f77b4" for s in setups]
+        values = [rows[s].get("median_examples_per_s", 0) for s in setups]
+        spread = [rows[s]["examples_per_s"] or [v] for s, v in zip(setups, values, strict=True)]
+        low = [max(0, v - min(each)) for v, each in zip(values, spread, strict=True)]
+        high = [max(0, max(each) - v) for v, each in zip(values, spread, strict=True)]
+        ax.barh(setups, values, color=colors, xerr=[low, high], capsize=3)
+        for y, (setup, value) in enumerate(zip(setups, values, strict=True)):
+            accuracy = rows[setup].get("mean_test_accuracy")
+            label = f" {value:,.0f}" + (f"  ({100 * accuracy:.1f}%)" if accuracy else "")
+            ax.text(value + high[y], y, label, va="center", fontsize=8)
+        ax.set_xlim(0, 1.35 * max(values))
+        ax.locator_params(axis="x", nbins=4)
+        repeats = max(len(v["examples_per_s"]) for v in rows.values())
+        ax.set_title(f"{model.upper()}: examples/s"
+                     + (f", median of {repeats} (test accuracy: mean)" if repeats > 1 else ""))
     fig.suptitle(f"ps setups: chief + {WORKERS} workers + {PS} ps")
     fig.tight_layout()
     common.save_figure(fig, name)
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,6 +5,7 @@ ParameterServerStrategy cluster (chief + 2 workers + 1 ps), all on this machine.
     python -m bench.time_to_accuracy --setup single      # ~8 min on 2 idle cores
     python -m bench.time_to_accuracy --setup ps          # ~10-15 min on 2 cores
     python -m bench.time_to_accuracy --plot-only         # redraw from the JSON files
+    python -m bench.time_to_accuracy --setup ps --extra="--no-ps-local-steps" --name-suffix _x
 
 The trainer evaluates on the whole test split every --eval-every steps and prints
 `eval step=... loss=... accuracy=...`; those lines, timestamped on arrival, are the
@@ -17,6 +18,7 @@ give the README's final accuracies (single node >= 91%, PS cluster >= 90%).
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from bench import common
@@ -36,13 +38,14 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", default=None, help="default: the trainer's default data")
     p.add_argument("--plot-only", action="store_true")
     p.add_argument("--name-suffix", default="", help="e.g. -check for trial runs")
+    p.add_argument("--extra", default="", help="flags added to the trainer's command")
     args = p.parse_args(argv)
     if args.plot_only:
         plot(args.name_suffix)
         return 0
     workers, ps = SETUPS[args.setup]
     steps = args.train_steps or DEFAULT_STEPS[args.setup]
-    extra = ["--data-dir", args.data_dir] if args.data_dir else []
+    extra = (["--data-dir", args.data_dir] if args.data_dir else []) + shlex.split(args.extra)
     load_before = common.load_average()
     try:
         with common.TempJobDir() as job_dir:
