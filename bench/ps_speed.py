@@ -14,7 +14,8 @@ one write per function), with the defaults (local steps, bfloat16 on the wire), 
 defaults with one intra-op thread per replica (`TF_NUM_INTRAOP_THREADS=1`: four
 processes share the 2 cores); TF1 master + 2 workers + 1 ps with Adam (the trainer's
 optimiser) and with plain SGD. Opt-in, named with --only: single node and the ps
-defaults under `--mixed-precision mixed_bfloat16` (for CPUs with bfloat16 arithmetic).
+defaults under `--mixed-precision mixed_bfloat16` (for CPUs with bfloat16 arithmetic),
+and with oneDNN's bfloat16 math mode for float32 (`TF_SET_ONEDNN_FPMATH_MODE=BF16`).
 Test accuracy after the run is recorded for mljob's setups.
 Reported: examples/s after warm-up (from the leader's progress lines), CPU-seconds per
 example across all replicas, and the ratios the goal is stated in: ours over TF1's, and
@@ -40,8 +41,12 @@ WORKERS, PS = 2, 1
 ONE_THREAD = {"TF_NUM_INTRAOP_THREADS": "1"}  # TensorFlow reads it when it starts
 OURS = "mljob ps defaults"  # local steps, bfloat16 on the wire
 BF16 = ["--mixed-precision", "mixed_bfloat16"]
+# oneDNN computing float32 convolutions and matrix products from bfloat16 inputs, with
+# float32 sums, the model and its activations staying float32 (TensorFlow reads it once).
+ONEDNN_BF16 = {"TF_SET_ONEDNN_FPMATH_MODE": "BF16"}
 OPT_IN = {"mljob single node mixed bfloat16", OURS + " mixed bfloat16",  # only with --only
-          OURS + " mixed bfloat16 one intra-op thread"}
+          OURS + " mixed bfloat16 one intra-op thread", "mljob single node onednn bf16 math",
+          OURS + " onednn bf16 math"}
 
 
 def setups(model: str, steps: int, every: int, batch: int, job_dir: str,
@@ -65,6 +70,8 @@ def setups(model: str, steps: int, every: int, batch: int, job_dir: str,
         (OURS + " mixed bfloat16", "trainer.task", wire16 + BF16, WORKERS, PS, {}),
         (OURS + " mixed bfloat16 one intra-op thread", "trainer.task", wire16 + BF16,
          WORKERS, PS, ONE_THREAD),
+        ("mljob single node onednn bf16 math", "trainer.task", ours, 0, 0, ONEDNN_BF16),
+        (OURS + " onednn bf16 math", "trainer.task", wire16, WORKERS, PS, ONEDNN_BF16),
         ("tf1 ps adam", "bench.tf1_baseline", tf1 + ["--optimizer", "adam"], WORKERS, PS, {}),
         ("tf1 ps sgd", "bench.tf1_baseline", tf1 + ["--optimizer", "sgd"], WORKERS, PS, {}),
     ]

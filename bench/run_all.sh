@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every benchmark, one after another (about 75 minutes on 2 cores), then the memory
+# Every benchmark, one after another (about 2 hours on 2 cores), then the memory
 # summary. Each writes bench/results/<name>.json and .png and stops every process it
 # started, on Ctrl-C too. Run from anywhere: bash bench/run_all.sh [--quick]
 set -euo pipefail
@@ -29,12 +29,22 @@ else
   python -m bench.local_update --functions 3
 fi
 python -m bench.ps_speed "${quick[@]}"
+# The CNN's ps setups four times over, interleaved, with the opt-in bfloat16 ones (their
+# accuracy after the same steps is a mean: one run moves by a point or more).
+python -m bench.ps_speed "${quick[@]}" --model cnn --repeats 4 --name ps_speed_cnn_repeats \
+  --only "mljob single node,mljob ps step by step,mljob ps defaults,mljob single node mixed bfloat16,mljob ps defaults mixed bfloat16,mljob ps defaults mixed bfloat16 one intra-op thread,tf1 ps adam,tf1 ps sgd"
 # Needs root, ip netns, tc and gcc; exit 2 with the reason when they are missing.
 python -m bench.ps_links "${quick[@]}" || echo "bench.ps_links did not run (see above)"
 if [[ ${#quick[@]} -eq 0 ]]; then
   # The long runs: CNN on the full Fashion-MNIST to >= 90% (tens of minutes each).
   python -m bench.time_to_accuracy --setup single --timeout 1800
   python -m bench.time_to_accuracy --setup ps --timeout 1800
+  # Each way of updating the ps for 4,000 steps, then their accuracy by step on one plot.
+  python -m bench.time_to_accuracy --setup ps --extra="--no-ps-local-steps" --name-suffix _step_by_step
+  python -m bench.time_to_accuracy --setup ps --name-suffix _defaults
+  python -m bench.time_to_accuracy --setup ps --extra="--mixed-precision mixed_bfloat16" \
+    --name-suffix _defaults_mixed_bfloat16
+  python -m bench.time_to_accuracy --compare _step_by_step,_defaults,_defaults_mixed_bfloat16
   python -m bench.ps_merge
 fi
 python -m bench.memory

@@ -6,6 +6,7 @@ ParameterServerStrategy cluster (chief + 2 workers + 1 ps), all on this machine.
     python -m bench.time_to_accuracy --setup ps          # ~10-15 min on 2 cores
     python -m bench.time_to_accuracy --plot-only         # redraw from the JSON files
     python -m bench.time_to_accuracy --setup ps --extra="--no-ps-local-steps" --name-suffix _x
+    python -m bench.time_to_accuracy --compare _x,_y     # ps runs' test accuracy by step
 
 The trainer evaluates on the whole test split every --eval-every steps and prints
 `eval step=... loss=... accuracy=...`; those lines, timestamped on arrival, are the
@@ -39,7 +40,12 @@ def main(argv=None) -> int:
     p.add_argument("--plot-only", action="store_true")
     p.add_argument("--name-suffix", default="", help="e.g. -check for trial runs")
     p.add_argument("--extra", default="", help="flags added to the trainer's command")
+    p.add_argument("--compare", default="", metavar="SUFFIX,...",
+                   help="plot the ps runs of these name suffixes against the step")
     args = p.parse_args(argv)
+    if args.compare:
+        compare([s.strip() for s in args.compare.split(",")], args.name_suffix)
+        return 0
     if args.plot_only:
         plot(args.name_suffix)
         return 0
@@ -134,14 +140,39 @@ def plot(suffix: str = "") -> None:
     ax_loss.set_ylim(0, 1.0)
     ax_loss.set_title("CNN on Fashion-MNIST: loss against wall time", fontsize=10)
     ax_loss.legend(fontsize=7)
-    ax_acc.axhline(TARGET, color="grey", linestyle="--", linewidth=0.8)
-    ax_acc.set_xlabel("wall time (minutes, from process start)")
-    ax_acc.set_ylabel("test accuracy (10,000 images)")
-    ax_acc.set_ylim(0.8, 0.95)
-    ax_acc.set_title("test accuracy against wall time", fontsize=10)
-    ax_acc.legend(fontsize=7, loc="lower right")
+    _accuracy_axis(ax_acc, "wall time (minutes, from process start)",
+                   "test accuracy against wall time", legend_size=7)
     common.save_figure(fig, f"time_to_accuracy{suffix}")
     plt.close(fig)
+
+
+def compare(suffixes: list[str], name_suffix: str = "") -> None:
+    """Test accuracy against the step of the ps runs with these name suffixes (each run
+    with its own trainer flags), on one axis: the same steps, whatever the speed."""
+    plt = common.pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for suffix in suffixes:
+        r = common.read_json(f"time_to_accuracy_ps{suffix}")
+        if not r:
+            raise SystemExit(f"no results file time_to_accuracy_ps{suffix}.json; run "
+                             f"--setup ps --name-suffix {suffix} first")
+        flags = r["command"].split("--seed 1", 1)[-1].strip() or "the defaults"
+        ax.plot([e["step"] for e in r["evals"]], [e["accuracy"] for e in r["evals"]],
+                "o-", markersize=3, label=f"{flags} (last: {r['final_test_accuracy']:.4f})")
+    _accuracy_axis(ax, "step (100 examples each)",
+                   "CNN, chief + 2 workers + 1 ps: test accuracy by step", legend_size=8)
+    common.save_figure(fig, f"time_to_accuracy_ps_compare{name_suffix}")
+    plt.close(fig)
+
+
+def _accuracy_axis(ax, xlabel: str, title: str, legend_size: int) -> None:
+    """Test accuracy from 80% to 95%, the target dashed."""
+    ax.axhline(TARGET, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("test accuracy (10,000 images)")
+    ax.set_ylim(0.8, 0.95)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=legend_size, loc="lower right")
 
 
 if __name__ == "__main__":
