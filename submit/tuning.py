@@ -51,11 +51,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from mljob import contracts, hypertune, procs, storage
-from mljob.procs import SignalFlag, free_ports
+from mljob import contracts, hypertune, storage
+from mljob.procs import free_ports
 from submit import jobs, logs
 from submit.errors import UsageError
-from submit.mirror import Mirror
+from submit.joblife import JobLife
 from submit.package import mljob_home
 from submit.plan import JobPlan
 from submit.runners.local import LocalRunner
@@ -179,61 +179,29 @@ class Trial:
     start_time: float = dataclasses.field(default_factory=time.time)
 
 
-class Tuner:
+class Tuner(JobLife):
     """Runs a tuning job's trials to the end; `run()` returns the job's final state."""
 
     def __init__(self, plan: JobPlan, record: jobs.JobRecord, *,
                  terminal: logs.Terminal | None = None, seed: int | None = None,
                  publish=jobs.save, grace: float | None = None):
-        self.plan = plan
-        self.record = record
+        super().__init__(plan, record, publish=publish, terminal=terminal)
         self.spec = parse(plan.training_input["hyperparameters"], job_dir=plan.job_dir or "")
-        self.terminal = terminal or logs.Terminal(stream=False)
         self.seed = seed
-        self.publish = publish
         self.grace = grace
         self.dir = hp_dir(plan)
-        self.mirrors = [Mirror(local, url) for local, url in plan.mirrors]
         self.running: list[Trial] = []
         self.failures = 0
-        self._cancel = SignalFlag()  # set by the signal handler: never an Event
-        self._lock = threading.RLock()
-
-    def cancel(self, *_):
-        self._cancel.set()
 
     # --- the job ---------------------------------------------------------------------
 
-    def run(self) -> str:
-        previous = procs.handle_stop_signals(self.cancel)
-        try:
-            self._set(jobs.PREPARING)
-            self.record.replicas = []
-            self._prepare()
-            self.study = self._study()
-            self._publish_output()
-            self._set(jobs.RUNNING)
-            state, error = self._loop()
-            if state == jobs.CANCELLED:
-                self._set(jobs.CANCELLING)
-            return self._finish(state, error)
-        except BaseException as exc:
-            self._stop_trials()
-            if isinstance(exc, KeyboardInterrupt):
-                return self._finish(jobs.CANCELLED, None)
-            self._finish(jobs.FAILED, str(exc) or type(exc).__name__)
-            raise
-        finally:
-            self._stop_trials()
-            procs.restore_signals(previous)
-            self.terminal.close()
-
-    def _prepare(self) -> None:
-        for mirror in self.mirrors:
-            shutil.rmtree(mirror.local_dir, ignore_errors=True)
-            mirror.seed()
-        for folder in (self.dir, self.plan.run_dir, self.plan.log_dir):
-            os.makedirs(folder, exist_ok=True)
+    def _live(self) -> tuple[str, str | None]:
+        self.record.replicas = []
+        self._prepare_folders(self.dir, self.plan.run_dir, self.plan.log_dir)
+        self.study = self._study()
+        self._publish_output()
+        self._set(jobs.RUNNING)
+        return self._loop()
 
     def _study(self):
         import optuna
@@ -415,7 +383,7 @@ class Tuner:
             self.record.replicas = list(mine.values())
             self._save()
 
-    def _stop_trials(self) -> None:
+    def _stop_everything(self) -> None:
         for trial in list(self.running):
             trial.runner.cancel()
         for trial in list(self.running):
@@ -436,8 +404,7 @@ class Tuner:
                 self.study, self.spec, running={t.trial_id for t in self.running})
             self._save()
 
-    def _finish(self, state: str, error: str | None) -> str:
-        self._stop_trials()
+    def _wind_up(self) -> None:
         if getattr(self, "study", None) is not None:
             try:
                 self._publish_output()
@@ -445,15 +412,13 @@ class Tuner:
                            self.spec)
             except Exception as exc:  # a plot must not fail the job
                 log.warning("could not plot the study: %s", exc)
-        try:
-            self._mirror(final=True)
-            self._copy_study()
-        except Exception as exc:  # any storage failure fails the job
-            if state == jobs.SUCCEEDED:
-                state, error = jobs.FAILED, f"cannot copy the job dir: {exc}"
-            else:
-                log.warning("could not copy the job dir after the job ended: %s", exc)
-        self._set(state, error)
+
+    def _copy_out(self) -> None:
+        super()._copy_out()
+        self._copy_study()
+
+    def _finish(self, state: str, error: str | None) -> str:
+        state = super()._finish(state, error)
         if shutil.which("optuna-dashboard"):
             self.terminal.note(f"Open the study with: optuna-dashboard "
                                f"{os.path.join(self.dir, JOURNAL)}")
@@ -469,28 +434,6 @@ class Tuner:
             if os.path.exists(path):
                 with open(path, "rb") as f:
                     storage.write_bytes(storage.join(job_dir, HP_DIR, name), f.read())
-
-    def _mirror(self, *, final: bool) -> None:
-        for mirror in self.mirrors:
-            try:
-                mirror.sync()
-            except Exception as exc:
-                if final:
-                    raise
-                log.warning("mirroring %s failed, will retry: %s", mirror.url, exc)
-
-    def _set(self, state: str, error: str | None = None) -> None:
-        with self._lock:
-            self.record.set_state(state, error)
-            self.terminal.state(state)
-            self._save()
-
-    def _save(self) -> None:
-        try:
-            self.publish(self.record)
-        except Exception as exc:  # a record write must not orphan trials
-            log.warning("cannot save the job record: %s", exc)
-
 
 
 # --- parameters as Optuna sees them ----------------------------------------------------

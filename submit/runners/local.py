@@ -33,7 +33,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -47,7 +46,7 @@ from mljob.errors import EXIT_PREEMPTED
 from submit import jobs, logs
 from submit import plan as plans
 from submit.errors import SubmitError, UsageError
-from submit.mirror import Mirror
+from submit.joblife import JobLife
 from submit.package import Package, ensure_environment, mljob_home
 from submit.plan import JobPlan, ReplicaPlan
 from submit.runners.engine import EngineOptions, EngineStatus, Rendered, ReplicaStatus, \
@@ -164,7 +163,7 @@ def _die_with_parent(parent_pid: int) -> Callable[[], None]:
     return preexec
 
 
-class LocalRunner:
+class LocalRunner(JobLife):
     """Runs a JobPlan to its end; `publish(record)` is called after each change."""
 
     name = "local"
@@ -172,63 +171,28 @@ class LocalRunner:
     def __init__(self, plan: JobPlan, record: jobs.JobRecord, *,
                  publish: Callable[[jobs.JobRecord], None],
                  terminal: logs.Terminal | None = None, grace: float = STOP_GRACE_S):
-        self.plan = plan
-        self.record = record
-        self.publish = publish
-        self.terminal = terminal or logs.Terminal(stream=False)
+        super().__init__(plan, record, publish=publish, terminal=terminal)
         self.grace = grace
         self.replicas = [Replica(r, self.terminal) for r in plan.replicas]
-        self.mirrors = [Mirror(local, url) for local, url in plan.mirrors]
-        self._cancel = procs.SignalFlag()  # set by the signal handler: never an Event
 
-    def cancel(self, *_):
-        self._cancel.set()
-
-    def run(self) -> str:
-        """Prepare, start, supervise and stop; returns the final state."""
-        previous = procs.handle_stop_signals(self.cancel)
-        try:
-            self._set(jobs.PREPARING)
-            self._prepare()
-            if self._cancel.is_set():
-                self._set(jobs.CANCELLING)
-                return self._finish(jobs.CANCELLED, None)
-            waited = time.time() - self.record.create_time
-            if self.plan.max_wait_time is not None and waited > self.plan.max_wait_time:
-                return self._finish(jobs.FAILED, (
-                    f"The job did not start running within its maximum wait time of "
-                    f"{self.plan.max_wait_time:g}s (trainingInput.scheduling.maxWaitTime); "
-                    f"it waited {waited:.0f}s."))
-            for replica in self.replicas:
-                replica.start(self.plan.cwd, os.getpid())
-                self._note_replica(replica, "RUNNING")
-            self._set(jobs.RUNNING)
-            state, error = self._supervise()
-            if state == jobs.CANCELLED:
-                self._set(jobs.CANCELLING)
-            return self._finish(state, error)
-        except BaseException as exc:
-            self._stop_all()
-            if isinstance(exc, KeyboardInterrupt):
-                return self._finish(jobs.CANCELLED, None)
-            self._finish(jobs.FAILED, str(exc) or type(exc).__name__)
-            raise
-        finally:
-            self._stop_all()
-            for replica in self.replicas:
-                replica.close()
-            procs.restore_signals(previous)
-            self.terminal.close()
+    def _live(self) -> tuple[str, str | None]:
+        self._prepare()
+        if self._cancel.is_set():
+            return jobs.CANCELLED, None
+        waited = time.time() - self.record.create_time
+        if self.plan.max_wait_time is not None and waited > self.plan.max_wait_time:
+            return jobs.FAILED, (
+                f"The job did not start running within its maximum wait time of "
+                f"{self.plan.max_wait_time:g}s (trainingInput.scheduling.maxWaitTime); "
+                f"it waited {waited:.0f}s.")
+        for replica in self.replicas:
+            replica.start(self.plan.cwd, os.getpid())
+            self._note_replica(replica, "RUNNING")
+        self._set(jobs.RUNNING)
+        return self._supervise()
 
     def _prepare(self) -> None:
-        # A mirrored folder starts as a copy of its URL: what an earlier job of the same
-        # id left locally must not leak into this one (stale checkpoints would be
-        # resumed), while a job dir's own checkpoints must be there to resume from.
-        for mirror in self.mirrors:
-            shutil.rmtree(mirror.local_dir, ignore_errors=True)
-            mirror.seed()
-        for folder in (self.plan.run_dir, self.plan.log_dir, self.plan.cwd):
-            os.makedirs(folder, exist_ok=True)
+        self._prepare_folders(self.plan.run_dir, self.plan.log_dir, self.plan.cwd)
         if self.plan.mode == "cloud":
             # Before any replica starts: a package that cannot be installed fails the job.
             key = self.plan.env_key
@@ -324,45 +288,10 @@ class LocalRunner:
                 rec.state = "STOPPED" if r in stopped else "EXITED"
                 rec.exit_code = exit_status(proc.returncode)
 
-    def _stop_all(self) -> None:
+    def _stop_everything(self) -> None:
         self._stop(self.replicas)
-
-    def _finish(self, state: str, error: str | None) -> str:
-        self._stop_all()
         for replica in self.replicas:
-            replica.close()  # all output is in the log files before the last mirror
-        if state == jobs.SUCCEEDED:
-            try:
-                self._mirror(final=True)
-            except Exception as exc:  # any storage failure fails the job
-                state, error = jobs.FAILED, f"cannot copy the job dir: {exc}"
-        else:
-            try:
-                self._mirror(final=True)
-            except Exception as exc:  # keep the job's own failure reason
-                log.warning("could not copy the job dir after the job ended: %s", exc)
-        self._set(state, error)
-        return state
-
-    def _mirror(self, *, final: bool) -> None:
-        for mirror in self.mirrors:
-            try:
-                mirror.sync()
-            except Exception as exc:
-                if final:
-                    raise
-                log.warning("mirroring %s failed, will retry: %s", mirror.url, exc)
-
-    def _set(self, state: str, error: str | None = None) -> None:
-        self.record.set_state(state, error)
-        self.terminal.state(state)
-        self._publish()
-
-    def _publish(self) -> None:
-        try:
-            self.publish(self.record)
-        except Exception as exc:  # a record write must not orphan replicas
-            log.warning("cannot save the job record: %s", exc)
+            replica.close()  # all output is in the log files before the last copy
 
     def _note_replica(self, replica: Replica, state: str, status: int | None = None) -> None:
         rec = self.record.replica(replica.plan.label)
@@ -370,7 +299,7 @@ class LocalRunner:
         if state == "RUNNING" and replica.proc:
             rec.stamp = procs.stamp(replica.proc.pid)
         rec.state, rec.exit_code, rec.restarts = state, status, replica.restarts
-        self._publish()
+        self._save()
 
 
 
