@@ -184,7 +184,7 @@ def summarise(runs: list[dict]) -> dict:
                                 (single, "vs_own_single_node"),
                                 ("mljob single node", "vs_own_single_node_float32"),
                                 ("mljob ps step by step", "vs_step_by_step")):
-                if rate.get(other) and other != setup and name not in row:
+                if rate.get(other) and other != setup:
                     row[name] = round(ours / rate[other], 3)
             if (base is not None and accuracy.get(setup) is not None
                     and setup != "mljob ps step by step"):
@@ -225,6 +225,7 @@ def plot(runs: list[dict], name: str) -> None:
     fig.suptitle(f"ps setups: chief + {WORKERS} workers + {PS} ps")
     fig.tight_layout()
     common.save_figure(fig, name)
+
 
 if __name__ == "__main__":
     sys.exit(main())
