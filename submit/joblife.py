@@ -54,8 +54,7 @@ class JobLife:
             if state == jobs.CANCELLED:
                 self._set(jobs.CANCELLING)
             return self._finish(state, error)
-        except BaseException as exc:
-            self._stop_everything()
+        except BaseException as exc:  # _finish stops everything first
             if isinstance(exc, KeyboardInterrupt):
                 return self._finish(jobs.CANCELLED, None)
             self._finish(jobs.FAILED, str(exc) or type(exc).__name__)
