@@ -214,6 +214,9 @@ def jobs_describe(job_id):
     if record.training_output.get("trials"):
         from submit import tuning
         click.echo("\nTrials, best first:\n" + tuning.trials_table(record.training_output))
+    from submit import usage
+    if cost := usage.summary_of(record):
+        click.echo("\nCPU (cores in use) and memory per replica:\n" + usage.table(cost))
     click.echo(f"\nView the logs:\n  python -m submit jobs stream-logs {job_id}")
     if record.job_dir:
         logdir = record.job_dir

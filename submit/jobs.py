@@ -64,6 +64,8 @@ class JobRecord:
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     # Cloud ML's trainingOutput; for a tuning job its trials, best first (submit/tuning.py)
     training_output: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # CPU and memory per replica, peak and mean, sampled by the local supervisor
+    usage: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def done(self) -> bool:

@@ -43,7 +43,7 @@ from typing import TextIO
 
 from mljob import contracts, procs, storage
 from mljob.errors import EXIT_PREEMPTED
-from submit import jobs, logs
+from submit import jobs, logs, usage
 from submit import plan as plans
 from submit.errors import SubmitError, UsageError
 from submit.joblife import JobLife
@@ -174,6 +174,8 @@ class LocalRunner(JobLife):
         super().__init__(plan, record, publish=publish, terminal=terminal)
         self.grace = grace
         self.replicas = [Replica(r, self.terminal) for r in plan.replicas]
+        self.usage = usage.Sampler(os.path.join(plan.run_dir, usage.FILE), lambda: {
+            r.plan.label: r.proc.pid for r in self.replicas if r.proc and r.running})
 
     def _live(self) -> tuple[str, str | None]:
         self._prepare()
@@ -189,6 +191,7 @@ class LocalRunner(JobLife):
             replica.start(self.plan.cwd, os.getpid())
             self._note_replica(replica, "RUNNING")
         self._set(jobs.RUNNING)
+        self.usage.start()
         return self._supervise()
 
     def _prepare(self) -> None:
@@ -289,6 +292,7 @@ class LocalRunner(JobLife):
                 rec.exit_code = exit_status(proc.returncode)
 
     def _stop_everything(self) -> None:
+        self.record.usage = self.usage.stop() or self.record.usage
         self._stop(self.replicas)
         for replica in self.replicas:
             replica.close()  # all output is in the log files before the last copy

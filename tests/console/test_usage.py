@@ -1,0 +1,74 @@
+"""Each replica's CPU and memory, sampled by the local supervisor (psutil): a chief that
+keeps a core busy and holds 200 MiB beside a worker that sleeps, told apart by the record's
+summary, `jobs describe` and the samples file the console draws."""
+from __future__ import annotations
+
+import json
+import os
+
+from submit import jobs as records
+from submit import usage
+from submit.package import mljob_home
+from tests.support.submit_cli import run as submit_in_process, write_package
+
+BUSY_TASK = r'''
+import json, os, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+if task["type"] in ("chief", "master"):
+    held = bytearray(200 * 1024 * 1024)       # resident: every page written
+    for i in range(0, len(held), 4096):
+        held[i] = 1
+    end = time.time() + float(os.environ.get("BUSY_S", "4"))
+    while time.time() < end:                  # one core busy
+        sum(range(10000))
+    sys.exit(0)
+time.sleep(600)
+'''
+
+
+def test_describe_shows_each_replicas_peak_and_mean(capsys, tmp_path):
+    config = tmp_path / "custom.yaml"
+    config.write_text("trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"
+                      "  workerCount: 1\n")
+    pkg = write_package(tmp_path / "pkg", BUSY_TASK)
+    status, _, err = submit_in_process(
+        capsys, "busy", "--config", str(config), "--job-dir", str(tmp_path / "job"),
+        "--package-path", pkg, "--module-name", "fakejob.task")
+    assert status == 0, err
+    record = records.load("busy")
+    chief, worker = record.usage["master-replica-0"], record.usage["worker-replica-0"]
+    assert chief["samples"] >= 2 and worker["samples"] >= 2
+    assert chief["cpuPeak"] >= 0.4, chief               # a busy core, on a loaded machine
+    assert chief["cpuMean"] > 5 * worker["cpuMean"], (chief, worker)
+    assert worker["cpuPeak"] < 0.3, worker                # asleep
+    assert 200 <= chief["memoryPeakMiB"] < 1024, chief    # the 200 MiB it held
+    assert worker["memoryPeakMiB"] < 100, worker
+    assert chief["memoryMeanMiB"] <= chief["memoryPeakMiB"]
+    # the samples over time, as the console reads them
+    samples = list(usage.read(os.path.join(mljob_home(), "runs", "busy")))
+    assert {s["label"] for s in samples} == {"master-replica-0", "worker-replica-0"}
+    times = [s["t"] for s in samples if s["label"] == "master-replica-0"]
+    assert times == sorted(times) and times[-1] - times[0] >= 1.0
+    assert usage.summarize(samples) == record.usage
+
+    status, out, err = submit_in_process(capsys, "jobs", "describe", "busy")
+    assert status == 0, err
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.startswith(("master-replica-0 ", "worker-replica-0 "))}
+    assert float(rows["master-replica-0"][1]) == chief["cpuPeak"]
+    assert float(rows["master-replica-0"][3]) == chief["memoryPeakMiB"]
+    assert float(rows["worker-replica-0"][2]) == worker["cpuMean"]
+    assert "cpuPeak" in out  # the record's own copy, in the YAML
+
+
+def test_damaged_sample_lines_are_skipped(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    good = {"t": 1.0, "label": "master-replica-0", "cpu": 0.5, "rss": 1048576}
+    (run_dir / usage.FILE).write_text(
+        json.dumps(good) + "\n{not json\n" + json.dumps({"t": "x", "label": 1}) + "\n"
+        + json.dumps({**good, "t": 2.0, "cpu": 1.5}) + "\n")
+    summary = usage.summarize(list(usage.read(str(run_dir))))
+    assert summary == {"master-replica-0": {"cpuPeak": 1.5, "cpuMean": 1.0,
+                                            "memoryPeakMiB": 1.0, "memoryMeanMiB": 1.0,
+                                            "samples": 2}}
