@@ -245,6 +245,18 @@ def jobs_cancel(job_id):
     return EXIT_OK
 
 
+@cli.command("console")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 shows your jobs to the network).")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to listen on (0 picks a free one).")
+def console_command(host, port):
+    """The jobs of the local index in a browser: states, replicas, live logs, trials,
+    CPU and memory, cancel."""
+    from submit import console
+    return console.serve(host, port, _echo)
+
+
 def _iso(timestamp: float) -> str:
     return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime(
         "%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,238 @@
+"""The console's web application (Starlette): pages from the job index, logs as
+server-sent events, cancel as a POST.
+
+Everything it shows comes from what the CLI reads: the index (`submit.jobs`), the filter
+of `jobs list` (`submit.listing`), each runner's `refresh`, `logs` and `cancel_job`
+(`submit.submission.runner_for`), and the local runner's log follower (`submit.logs`).
+
+Only this console's own pages can cancel a job: a POST must carry the token its job page
+was rendered with (made fresh each time the console starts, compared in constant time)
+and an Origin (or, without one, a Referer) naming the console itself; a Host header that
+names neither the bound address nor localhost is refused outright (DNS rebinding). Pages
+may not be framed, and load scripts and styles only from the console.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import secrets
+import threading
+from collections.abc import Iterator
+from urllib.parse import parse_qs, urlsplit
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from mljob.errors import first_line
+from submit import jobs, listing, logs
+from submit.console import assets, pages
+from submit.errors import JobNotFoundError, SubmitError, UsageError
+from submit.submission import runner_for
+
+KEEPALIVE_S = 15.0
+MAX_FORM_BYTES = 4096
+HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                                      "frame-ancestors 'none'; form-action 'self'",
+           "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
+           "Referrer-Policy": "same-origin", "Cache-Control": "no-store"}
+
+
+def _html(text: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(text, status_code=status, headers=HEADERS)
+
+
+class Console:
+    """The application, bound to the host and port it serves (for the Host check)."""
+
+    def __init__(self, host: str, port: int):
+        self.token = secrets.token_urlsafe(32)
+        loopback = {"127.0.0.1", "localhost", "::1", "[::1]"}
+        self.hosts = None if host in ("0.0.0.0", "::") else {
+            f"{h}:{port}" for h in loopback | {host if ":" not in host else f"[{host}]"}}
+        self.app = Starlette(routes=[
+            Route("/", self.jobs_list), Route("/rows", self.rows),
+            Route("/jobs/{job_id}", self.job), Route("/jobs/{job_id}/live", self.live),
+            Route("/jobs/{job_id}/logs", self.logs),
+            Route("/jobs/{job_id}/cancel", self.cancel, methods=["POST"]),
+            Route("/static/console.css", lambda _: Response(
+                assets.CSS, media_type="text/css", headers=HEADERS)),
+            Route("/static/console.js", lambda _: Response(
+                assets.JS, media_type="text/javascript", headers=HEADERS))])
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.hosts is not None:
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            if host not in self.hosts:
+                response = Response(f"refused: Host {host[:80]!r} is not this console; "
+                                    "open it at the address it printed", status_code=421,
+                                    media_type="text/plain")
+                return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+    # --- pages -----------------------------------------------------------------------
+
+    def _select(self, request: Request) -> tuple[list[jobs.JobRecord], str, str | None]:
+        text = request.query_params.get("filter", "")
+        try:
+            return listing.select(jobs.list_all(), filter_text=text or None), text, None
+        except UsageError as exc:
+            return [], text, str(exc)
+
+    async def jobs_list(self, request: Request) -> Response:
+        chosen, text, error = self._select(request)
+        return _html(pages.list_page(chosen, text, error), 400 if error else 200)
+
+    async def rows(self, request: Request) -> Response:
+        chosen, _, error = self._select(request)
+        return _html(pages.jobs_rows(chosen), 400 if error else 200)
+
+    async def _record(self, job_id: str) -> tuple[jobs.JobRecord, str | None]:
+        """The job's record, refreshed by its runner (an engine is asked for its status);
+        a runner that cannot answer leaves the record as the index has it, with why."""
+        record = jobs.load(job_id)
+        try:
+            return await run_in_threadpool(runner_for(record).refresh, record), None
+        except Exception as exc:  # an engine's SDK or API: show the index's copy
+            return record, f"cannot ask the {record.runner} runner: {first_line(exc)}"
+
+    async def job(self, request: Request) -> Response:
+        try:
+            record, note = await self._record(request.path_params["job_id"])
+        except SubmitError as exc:
+            return _not_found(exc)
+        return _html(pages.job_page(record, self.token, note))
+
+    async def live(self, request: Request) -> Response:
+        try:
+            record, note = await self._record(request.path_params["job_id"])
+        except SubmitError as exc:
+            return _not_found(exc)
+        return _html(pages.live(record, note))
+
+    # --- logs ------------------------------------------------------------------------
+
+    async def logs(self, request: Request) -> Response:
+        try:
+            record = jobs.load(request.path_params["job_id"])
+        except SubmitError as exc:
+            return _not_found(exc)
+        task = request.query_params.get("task") or None
+        labels = [r.label for r in record.replicas]
+        if task is not None and task not in labels:
+            return Response(f"task {task[:60]!r} names no replica of job {record.job_id}; "
+                            f"use one of {', '.join(labels) or 'its replicas'}",
+                            status_code=400, media_type="text/plain")
+        resume = request.headers.get("last-event-id", "")
+        skip = int(resume) if resume.isdigit() and len(resume) < 12 else 0
+        return StreamingResponse(self._events(record, task, skip),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store",
+                                          "X-Accel-Buffering": "no"})
+
+    async def _events(self, record: jobs.JobRecord, task: str | None, skip: int):
+        """Each log line as an event numbered from 1 (a reconnecting browser sends the
+        last number it saw), `note` events for a runner's error, and `end` with the
+        job's final state. The reading thread stops when the browser goes away."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        stop = threading.Event()
+
+        def put(item) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def read() -> None:
+            try:
+                for line in _lines(record, task, stop):
+                    put(("line", line))
+                    if stop.is_set():
+                        return
+            except Exception as exc:  # a runner that cannot read logs: say why
+                put(("note", f"cannot read the logs: {first_line(exc)}"))
+            finally:
+                put(("end", None))
+
+        threading.Thread(target=read, daemon=True, name="console-logs").start()
+        count = 0
+        try:
+            while True:
+                try:
+                    kind, value = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                except TimeoutError:
+                    yield ": keep-alive\n\n"
+                    continue
+                if kind == "line":
+                    count += 1
+                    if count > skip:
+                        yield f"id: {count}\ndata: {_one_line(value)}\n\n"
+                elif kind == "note":
+                    yield f"event: note\ndata: {_one_line(value)}\n\n"
+                else:
+                    state = await run_in_threadpool(_final_state, record.job_id)
+                    yield f"event: end\ndata: {state}\n\n"
+                    return
+        finally:
+            stop.set()
+
+    # --- cancel ----------------------------------------------------------------------
+
+    async def cancel(self, request: Request) -> Response:
+        host = request.headers.get("host", "")
+        origin = request.headers.get("origin")
+        if origin is None and request.headers.get("referer"):
+            parts = urlsplit(request.headers["referer"])
+            origin = f"{parts.scheme}://{parts.netloc}"
+        if not origin or origin != f"{request.url.scheme}://{host}":
+            return _html(pages.message_page(
+                "Refused", "a cancel must come from this console's own page (the request "
+                           f"came from {origin or 'an unknown origin'})"), 403)
+        body = await request.body()
+        fields = parse_qs(body[:MAX_FORM_BYTES].decode("utf-8", "replace"))
+        token = (fields.get("csrf") or [""])[0]
+        if len(body) > MAX_FORM_BYTES or not hmac.compare_digest(token.encode(),
+                                                                 self.token.encode()):
+            return _html(pages.message_page(
+                "Refused", "the form's token is missing or stale; reload the job page "
+                           "and cancel from there"), 403)
+        try:
+            record = jobs.load(request.path_params["job_id"])
+            await run_in_threadpool(runner_for(record).cancel_job, record)
+        except JobNotFoundError as exc:
+            return _not_found(exc)
+        except SubmitError as exc:  # already ended, or the runner refused
+            return _html(pages.message_page("Cannot cancel", str(exc)), 409)
+        return RedirectResponse(f"/jobs/{record.job_id}", status_code=303)
+
+
+def _lines(record: jobs.JobRecord, task: str | None, stop: threading.Event) -> Iterator[str]:
+    """The job's log lines until it ends (or the browser leaves): a local job's files
+    through the follower `jobs stream-logs` uses, an engine's through its runner."""
+    if record.runner == "local" and record.log_dir:
+        job_id = record.job_id
+
+        def done() -> bool:
+            if stop.is_set():
+                return True
+            current = jobs.load(job_id)
+            return current.done or not current.supervisor_alive()
+
+        return logs.follow(record.log_dir, task_name=task, done=done)
+    return runner_for(record).logs(record.engine, task_name=task, follow=True)
+
+
+def _final_state(job_id: str) -> str:
+    try:
+        return pages.state_of(jobs.load(job_id))
+    except SubmitError:
+        return "UNKNOWN"
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", " ").replace("\n", " ")
+
+
+def _not_found(exc: SubmitError) -> Response:
+    status = 404 if isinstance(exc, (JobNotFoundError, UsageError)) else 500
+    return _html(pages.message_page("No such job", str(exc)), status)

@@ -1,0 +1,73 @@
+"""A real browser for the console's tests: Playwright driving Debian's Chromium (never a
+browser Playwright downloads), a fresh profile each time, and the console itself started
+as `python -m submit console` on a free port."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import time
+import urllib.request
+
+from tests.support.common import ROOT, free_ports
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+DOC_IMAGES = os.path.join(ROOT, "docs", "images")
+
+
+def skip_reason() -> str | None:
+    if not os.path.exists(CHROMIUM):
+        return "Debian's chromium is not installed (.ci/setup installs it)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (the test extra)"
+    return None
+
+
+def start_console(reaper, log_path) -> str:
+    """`python -m submit console` on a free port; its URL once it answers."""
+    port = free_ports(1)[0]
+    with open(log_path, "wb") as log:
+        proc = reaper.python("-m", "submit", "console", "--port", str(port), cwd=ROOT,
+                             stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/", timeout=2).read()
+            return url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the console did not start: " + open(
+                    log_path, errors="replace").read()[-2000:]) from None
+            time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def chromium(profile_dir):
+    """A page in headless Chromium with a fresh profile; closed (every process) after."""
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(profile_dir), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900})
+        try:
+            yield context.new_page()
+        finally:
+            context.close()
+
+
+def screenshot(page, tmp_path, name: str) -> str:
+    """A full-page screenshot kept with the test's files, and its copy for the docs."""
+    path = os.path.join(tmp_path, "screenshots", name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    page.screenshot(path=path, full_page=True)
+    if os.path.isdir(DOC_IMAGES) and os.environ.get("MLJOB_DOC_SCREENSHOTS"):
+        shutil.copy(path, os.path.join(DOC_IMAGES, name))
+    print(f"screenshot: {path}", file=sys.stderr)
+    return path
