@@ -35,8 +35,9 @@ setup(
         # the cluster engines' SDKs (`--runner kubeflow`, `--runner vertex`)
         "kubeflow": ["kubernetes>=29", "kubeflow-training>=1.8,<2"],
         "vertex": ["google-cloud-aiplatform>=1.60"],
-        # hyperparameter tuning on the local runner: the study and its plot
-        "tuning": ["optuna>=4.0", "matplotlib>=3.8"],
+        # hyperparameter tuning on the local runner: the study, its plot, and TensorBoard's
+        # HParams summaries (written with tensorboard's protos, no TensorFlow)
+        "tuning": ["optuna>=4.0", "matplotlib>=3.8", "tensorboard>=2.12"],
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",

@@ -53,7 +53,7 @@ from typing import Any
 
 from mljob import contracts, hypertune, storage
 from mljob.procs import free_ports
-from submit import jobs, logs
+from submit import hparams, jobs, logs
 from submit.errors import UsageError
 from submit.joblife import JobLife
 from submit.package import mljob_home
@@ -199,6 +199,9 @@ class Tuner(JobLife):
         self.record.replicas = []
         self._prepare_folders(self.dir, self.plan.run_dir, self.plan.log_dir)
         self.study = self._study()
+        self.board = hparams.Board(self.spec, self.plan.replica_job_dir or
+                                   os.path.join(self.dir, "tensorboard"))
+        self.board.start()
         self._publish_output()
         self._set(jobs.RUNNING)
         return self._loop()
@@ -362,6 +365,10 @@ class Tuner(JobLife):
             self.failures += 1
             outcome = f"FAILED: {why}"
         self.terminal.note(f"trial {trial.trial_id} {outcome}")
+        self.board.trial(trial.trial_id, trial.plan.replica_job_dir, trial.params, reports,
+                         succeeded=bool(reports) and not outcome.startswith(("FAILED",
+                                                                             "CANCELLED")),
+                         start_time=trial.start_time)
         self._publish_output()
 
     def _tell(self, trial, *args, **kwargs) -> None:
