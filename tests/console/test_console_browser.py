@@ -1,5 +1,6 @@
 """The console in a real browser (Playwright driving Debian's Chromium) against real jobs:
-the bundled trainer's MLP watched to SUCCEEDED with its logs arriving while it runs; a
+the bundled trainer's MLP watched to SUCCEEDED with its logs arriving while it runs (slow:
+TensorFlow's start); a
 cluster cancelled from its page with every process checked dead by PID; a tuning job's
 trials and plots. Screenshots of each page are kept under the test's tmp dir
 (MLJOB_DOC_SCREENSHOTS=1 also copies them to docs/images/)."""
@@ -63,6 +64,7 @@ def stop_supervisor(job_id):
         os.kill(record.supervisor_pid, signal.SIGTERM)
 
 
+@pytest.mark.slow  # TensorFlow's start and 1,500 steps: about 30 s on two idle cores
 def test_a_training_job_watched_to_succeeded_with_live_logs(tmp_path, reaper):
     url = start_console(reaper, tmp_path / "console.log")
     record = submit_async("web01", "--job-dir", str(tmp_path / "web01"), "--labels",

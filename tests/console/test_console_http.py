@@ -149,3 +149,63 @@ def test_console_command_errors_are_one_line():
     out = _console("--host", "no-such-host.invalid", "--port", "0")
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     assert out.stderr.startswith("error: no-such-host.invalid:0 cannot be used")
+
+
+VERTEX_NAME = "projects/123456789/locations/us-central1/customJobs/7200000000000000001"
+VERTEX_HANDLE = {"project": "mljob-test", "region": "us-central1",
+                 "parent": "projects/mljob-test/locations/us-central1",
+                 "display_name": "vx01", "name": VERTEX_NAME,
+                 "id": VERTEX_NAME.rsplit("/", 1)[1]}
+
+
+def _entry(n: int, task: str, text: str) -> dict:
+    return {"insertId": f"id{n:04d}", "timestamp": f"2026-03-01T12:00:{n:02d}.{n:06d}Z",
+            "severity": "INFO", "textPayload": text,
+            "resource": {"type": "ml_job", "labels": {"job_id": VERTEX_HANDLE["id"],
+                                                      "task_name": task,
+                                                      "project_id": "mljob-test"}}}
+
+
+def test_an_engine_job_is_shown_through_its_runner(tmp_path, reaper, monkeypatch,
+                                                   gcs_emulator):
+    """A Vertex AI job: its state from the engine's API, its logs from Cloud Logging (both
+    through the official clients, against a recording endpoint on 127.0.0.1), its record
+    kept in its gs:// job dir (the GCS emulator)."""
+    from submit.runners import vertex
+    from tests.support.api_edge import ApiEdge
+    for name in vertex.PROJECT_ENVS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    with ApiEdge() as api:
+        monkeypatch.setenv(vertex.VERTEX_ENDPOINT_ENV, api.url)
+        monkeypatch.setenv(vertex.LOGGING_ENDPOINT_ENV, api.url)
+        api.route("GET", f"/v1/{VERTEX_NAME}", 200,
+                  {"name": VERTEX_NAME, "state": "JOB_STATE_SUCCEEDED"})
+        api.route("POST", "/v2/entries:list", 200, {"entries": [
+            _entry(1, "workerpool0-0", "step 20/20 loss=0.4 accuracy=0.9"),
+            _entry(2, "workerpool1-0", "worker done")]})
+        missing = "projects/123456789/locations/us-central1/customJobs/404"
+        api.route("GET", f"/v1/{missing}", 404, {"error": {
+            "code": 404, "status": "NOT_FOUND", "message": "CustomJob not found."}})
+        for job_id, name in (("vx01", VERTEX_NAME), ("vx02", missing)):
+            records.save(records.JobRecord(
+                job_id=job_id, runner="vertex", state=records.RUNNING,
+                job_dir=f"gs://mljob-test/vertex/{job_id}",
+                engine={**VERTEX_HANDLE, "display_name": job_id, "name": name}))
+        url = start_console(reaper, tmp_path / "console.log")
+        with httpx.Client(base_url=url, timeout=60) as client:
+            page = client.get("/jobs/vx01")
+            assert page.status_code == 200
+            assert 'data-done="1">SUCCEEDED</strong>' in page.text
+            assert records.load("vx01").state == records.SUCCEEDED  # refreshed and kept
+            assert "tensorboard --logdir gs://mljob-test/vertex/vx01" in page.text
+            with client.stream("GET", "/jobs/vx01/logs") as answer:
+                text = answer.read().decode()
+            assert "\tmaster-replica-0\tstep 20/20 loss=0.4 accuracy=0.9" in text
+            assert "\tworker-replica-0\tworker done" in text
+            assert text.rstrip().endswith("event: end\ndata: SUCCEEDED")
+            # an engine that cannot answer: the index's copy, and why
+            page = client.get("/jobs/vx02")
+            assert page.status_code == 200 and ">RUNNING</strong>" in page.text
+            assert "cannot ask the vertex runner: Vertex AI refused to describe job vx02" \
+                in page.text
