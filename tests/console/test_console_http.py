@@ -100,6 +100,15 @@ def test_foreign_hosts_and_hostile_requests(tmp_path, console):
         assert answer.status_code == 404, job_id
         assert "Traceback" not in answer.text
     assert client.get("/jobs/nosuch/logs").status_code == 404
+    # a batch prediction job's progress, from Cloud ML's predictionOutput (int64 strings)
+    records.save(records.JobRecord(job_id="batch01", state=records.RUNNING, runner="local",
+                                   training_output={"predictionOutput": {
+                                       "processedCount": "30", "errorCount": "2",
+                                       "totalCount": "120", "outputPath": "/out/<b>"}}))
+    page = client.get("/jobs/batch01").text
+    assert '<progress max="120" value="30"></progress> 30 of 120' in page
+    assert "<th>errorCount</th><td>2</td>" in page and "/out/&lt;b&gt;" in page
+    assert "<progress" not in client.get("/jobs/fake01").text
     bad = client.get("/jobs/fake01/logs", params={"task": "chief-replica-9"})
     assert bad.status_code == 400
     assert "names no replica of job fake01; use one of master-replica-0" in bad.text
