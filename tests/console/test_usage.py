@@ -18,9 +18,10 @@ if task["type"] in ("chief", "master"):
     held = bytearray(200 * 1024 * 1024)       # resident: every page written
     for i in range(0, len(held), 4096):
         held[i] = 1
-    end = time.time() + float(os.environ.get("BUSY_S", "4"))
+    end = time.time() + float(os.environ.get("BUSY_S", "6"))
     while time.time() < end:                  # one core busy
         sum(range(10000))
+    print(f"cpu_seconds {time.process_time()}", flush=True)
     sys.exit(0)
 time.sleep(600)
 '''
@@ -38,9 +39,10 @@ def test_describe_shows_each_replicas_peak_and_mean(capsys, tmp_path):
     record = records.load("busy")
     chief, worker = record.usage["master-replica-0"], record.usage["worker-replica-0"]
     assert chief["samples"] >= 2 and worker["samples"] >= 2
-    assert chief["cpuPeak"] >= 0.4, chief               # a busy core, on a loaded machine
+    # as busy as the machine lets it be (other tests share its two cores), never idle
+    assert chief["cpuPeak"] >= 0.1, chief
+    assert worker["cpuPeak"] < 0.1, worker                # asleep
     assert chief["cpuMean"] > 5 * worker["cpuMean"], (chief, worker)
-    assert worker["cpuPeak"] < 0.3, worker                # asleep
     assert 200 <= chief["memoryPeakMiB"] < 1024, chief    # the 200 MiB it held
     assert worker["memoryPeakMiB"] < 100, worker
     assert chief["memoryMeanMiB"] <= chief["memoryPeakMiB"]
@@ -50,6 +52,15 @@ def test_describe_shows_each_replicas_peak_and_mean(capsys, tmp_path):
     times = [s["t"] for s in samples if s["label"] == "master-replica-0"]
     assert times == sorted(times) and times[-1] - times[0] >= 1.0
     assert usage.summarize(samples) == record.usage
+    # the samples add up to the CPU time the chief itself counted: each second's share is
+    # measured, whatever the load (the first second is the baseline, so some is missing)
+    log = open(os.path.join(tmp_path, "job", "logs", "master-replica-0.log")).read()
+    used = float(log.split("cpu_seconds ")[1].split()[0])
+    chief_samples = [s for s in samples if s["label"] == "master-replica-0"]
+    sampled = chief_samples[0]["cpu"] * usage.EVERY_S + sum(
+        b["cpu"] * (b["t"] - a["t"])
+        for a, b in zip(chief_samples[:-1], chief_samples[1:], strict=True))
+    assert 0.5 * used <= sampled <= 1.1 * used + 0.1, (sampled, used)
 
     status, out, err = submit_in_process(capsys, "jobs", "describe", "busy")
     assert status == 0, err
