@@ -157,8 +157,10 @@ def table(summary: Mapping[str, Mapping]) -> str:
 
 
 def summary_of(record) -> dict[str, dict]:
-    """A job's summary: from its samples while they are on this machine, else as its
-    record kept it."""
+    """A job's summary: as its record kept it when it ended, else from its samples while
+    they are on this machine (a running job, a tuning job's trials)."""
+    if record.done and record.usage:
+        return dict(record.usage)
     from submit.package import mljob_home
     run_dir = os.path.join(mljob_home(), "runs", record.job_id)
     return summarize(list(read(run_dir))) or dict(record.usage or {})
