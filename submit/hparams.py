@@ -2,19 +2,20 @@
 
 TensorBoard compares trials by parameter when it finds the HParams plugin's summaries:
 the experiment (every parameter's domain and the metric) in the study's root folder, and
-in each trial's folder that trial's session (its parameter values, start, end and
-status) with the metric as scalars under its tag. The tuner writes them with the
+in each trial's folder that trial's session: its parameter values when it starts, then
+the metric as scalars under its tag, its end and status when it ends. The tuner writes them with the
 plugin's own protos (`tensorboard.plugins.hparams`, no TensorFlow), each as one whole
 event file (`events.out.tfevents.<time>.mljob-hparams`) through `mljob.storage`, so a
 gs:// job dir gets them as a local one does:
 
     <job-dir>/events.out.tfevents...           the experiment: domains and the metric
-    <job-dir>/<trialId>/events.out.tfevents... trial <trialId>: values, metric, status
+    <job-dir>/<trialId>/events.out.tfevents... trial <trialId>: its values (at its start)
+    <job-dir>/<trialId>/events.out.tfevents... trial <trialId>: metric, status (at its end)
 
 `tensorboard --logdir <job-dir>` then lists every trial in its HParams tab, with the
-trainer's own curves beside them (`<trialId>/summaries/...`). A trial appears when it
-ends. Without the `tensorboard` package (the `tuning` extra installs it) nothing is
-written and the tuner says so once.
+trainer's own curves beside them (`<trialId>/summaries/...`). A trial is listed from its
+start, and compared once it has ended. Without the `tensorboard` package (the `tuning`
+extra installs it) nothing is written and the tuner says so once.
 """
 from __future__ import annotations
 
@@ -81,16 +82,22 @@ def experiment(spec: TuningSpec) -> bytes:
     return _events([(0, config)])
 
 
-def trial(spec: TuningSpec, trial_id: str, params: Mapping[str, object],
-          reports: Sequence[hypertune.Report], *, succeeded: bool, start_time: float,
-          end_time: float) -> bytes:
-    """A trial's event file: its session, each reported metric value, and its end."""
-    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+def session_start(spec: TuningSpec, trial_id: str, params: Mapping[str, object],
+                  start_time: float) -> bytes:
+    """A trial's first event file: its session (the parameter values), so TensorBoard
+    lists it while it runs."""
     from tensorboard.plugins.hparams import summary_v2 as hp
-    from tensorboard.plugins.scalar.summary_v2 import scalar_pb
-    from tensorboard.compat.proto import summary_pb2
     values = {p.name: _value(p, params[p.name]) for p in spec.params if p.name in params}
-    start = hp.hparams_pb(values, trial_id=trial_id, start_time_secs=start_time)
+    return _events([(0, hp.hparams_pb(values, trial_id=trial_id,
+                                      start_time_secs=start_time))])
+
+
+def session_end(spec: TuningSpec, reports: Sequence[hypertune.Report], *, succeeded: bool,
+                end_time: float) -> bytes:
+    """A trial's last event file: each value of the metric it reported, and its end."""
+    from tensorboard.compat.proto import summary_pb2
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+    from tensorboard.plugins.scalar.summary_v2 import scalar_pb
     status = api_pb2.STATUS_SUCCESS if succeeded else api_pb2.STATUS_FAILURE
     end = summary_pb2.Summary()
     end.value.add(tag=metadata.SESSION_END_INFO_TAG, tensor=metadata.NULL_TENSOR,
@@ -100,7 +107,7 @@ def trial(spec: TuningSpec, trial_id: str, params: Mapping[str, object],
                               status=status, end_time_secs=end_time))))
     metrics = [(r.step, scalar_pb(spec.metric_tag, float(r.value))) for r in reports]
     last = max([r.step for r in reports] + [0])
-    return _events([(0, start), *metrics, (last, end)])
+    return _events([*metrics, (last, end)])
 
 
 def _value(p: Parameter, value: object) -> object:
@@ -129,12 +136,15 @@ class Board:
     def start(self) -> None:
         self._write(self.root, lambda: experiment(self.spec))
 
-    def trial(self, trial_id: str, folder: str | None, params: Mapping[str, object],
-              reports: Sequence[hypertune.Report], *, succeeded: bool,
-              start_time: float) -> None:
-        self._write(folder or storage.join(self.root, trial_id), lambda: trial(
-            self.spec, trial_id, params, reports, succeeded=succeeded,
-            start_time=start_time, end_time=time.time()))
+    def started(self, trial_id: str, folder: str | None, params: Mapping[str, object],
+                start_time: float) -> None:
+        self._write(folder or storage.join(self.root, trial_id),
+                    lambda: session_start(self.spec, trial_id, params, start_time))
+
+    def ended(self, trial_id: str, folder: str | None,
+              reports: Sequence[hypertune.Report], *, succeeded: bool) -> None:
+        self._write(folder or storage.join(self.root, trial_id), lambda: session_end(
+            self.spec, reports, succeeded=succeeded, end_time=time.time()))
 
     def _write(self, folder: str, data) -> None:
         if not self.on:

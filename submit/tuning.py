@@ -53,7 +53,7 @@ from typing import Any
 
 from mljob import contracts, hypertune, storage
 from mljob.procs import free_ports
-from submit import hparams, jobs, logs
+from submit import hparams, jobs, logs, usage
 from submit.errors import UsageError
 from submit.joblife import JobLife
 from submit.package import mljob_home
@@ -301,6 +301,7 @@ class Tuner(JobLife):
         flags = " ".join(p.flag(params[p.name]) for p in self.spec.params)
         self.terminal.note(f"trial {trial_id} started: {flags}")
         trial.thread.start()
+        self.board.started(trial_id, plan.replica_job_dir, params, trial.start_time)
         self._publish_output()
 
     def _run_trial(self, trial: Trial) -> None:
@@ -365,10 +366,9 @@ class Tuner(JobLife):
             self.failures += 1
             outcome = f"FAILED: {why}"
         self.terminal.note(f"trial {trial.trial_id} {outcome}")
-        self.board.trial(trial.trial_id, trial.plan.replica_job_dir, trial.params, reports,
+        self.board.ended(trial.trial_id, trial.plan.replica_job_dir, reports,
                          succeeded=bool(reports) and not outcome.startswith(("FAILED",
-                                                                             "CANCELLED")),
-                         start_time=trial.start_time)
+                                                                             "CANCELLED")))
         self._publish_output()
 
     def _tell(self, trial, *args, **kwargs) -> None:
@@ -412,6 +412,7 @@ class Tuner(JobLife):
             self._save()
 
     def _wind_up(self) -> None:
+        self.record.usage = usage.summarize(list(usage.read(self.plan.run_dir)))
         if getattr(self, "study", None) is not None:
             try:
                 self._publish_output()

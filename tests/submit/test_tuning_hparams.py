@@ -63,7 +63,7 @@ def ask(url, route, body, timeout=60.0):
         answer = httpx.post(f"{url}/data/plugin/hparams/{route}", content=json.dumps(body),
                             headers={"X-XSRF-Protected": "1"}, timeout=30)
         if answer.status_code == 200 and answer.json() and (
-                route != "session_groups" or answer.json().get("totalSize", 0) >= 4):
+                route != "session_groups" or answer.json().get("totalSize", 0) >= 5):
             return answer.json()
         assert time.monotonic() < deadline, (answer.status_code, answer.text[:500])
         time.sleep(1)
@@ -85,6 +85,14 @@ def test_tensorboard_hparams_lists_and_compares_the_trials(tmp_path, reaper, mon
     trials = {t["trialId"]: t for t in records.load("hp01").training_output["trials"]}
     assert trials["4"]["state"] == "FAILED"
 
+    # a trial still running, as the tuner writes it when it starts: listed, no metric yet
+    from submit import hparams
+    from submit.tuning_spec import parse
+    spec = parse(yaml.safe_load(config.read_text())["trainingInput"]["hyperparameters"],
+                 job_dir=str(job_dir))
+    hparams.Board(spec, str(job_dir)).started("5", None, {
+        "lr": 0.01, "layers": 2, "opt": "sgd", "batch": 16.0}, time.time())
+
     url = tensorboard(reaper, job_dir, tmp_path / "tensorboard.log")
     experiment = ask(url, "experiment", {"experimentName": ""})
     infos = {h["name"]: h for h in experiment["hparamInfos"]}
@@ -104,7 +112,11 @@ def test_tensorboard_hparams_lists_and_compares_the_trials(tmp_path, reaper, mon
                       {"metric": {"tag": "accuracy", "group": ""},
                        "includeInResult": True, "order": "ORDER_DESC"}]})
     sessions = {g["name"]: g for g in groups["sessionGroups"]}
-    assert sorted(sessions) == ["1", "2", "3", "4"]
+    assert sorted(sessions) == ["1", "2", "3", "4", "5"]
+    running = sessions.pop("5")
+    assert running["hparams"] == {"lr": 0.01, "layers": 2, "opt": "sgd", "batch": 16}
+    assert running["sessions"][0]["status"] == "STATUS_UNKNOWN"
+    assert not running.get("metricValues")
     for trial_id, group in sessions.items():
         trial = trials[trial_id]
         session = group["sessions"][0]
