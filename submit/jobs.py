@@ -64,6 +64,9 @@ class JobRecord:
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     # Cloud ML's trainingOutput; for a tuning job its trials, best first (submit/tuning.py)
     training_output: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # a batch prediction job's Cloud ML predictionInput and predictionOutput
+    prediction_input: dict[str, Any] = dataclasses.field(default_factory=dict)
+    prediction_output: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def done(self) -> bool:
