@@ -98,6 +98,8 @@ def resolve(job_id: str, *, model_dir=None, model=None, version=None, input_path
         raise UsageError("--output-path is required: the folder for prediction.results-* "
                          "and prediction.errors_stats-*")
     output = specs._normalise_url(output_path, "--output-path")
+    if not data_format:
+        raise UsageError(f"--data-format is required: one of {', '.join(DATA_FORMATS)}")
     if data_format not in DATA_FORMATS:
         raise UsageError(f"--data-format {data_format!r:.40} is not one of "
                          f"{', '.join(DATA_FORMATS)}")
