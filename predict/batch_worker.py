@@ -83,7 +83,11 @@ class Worker:
             if not line.strip():
                 continue
             index = int(line)
+            started = time.time()
             summary = self.predict(index)
+            ended = time.time()
+            print(f"shard {index} published: {summary.line()} in {ended - started:.3f} s "
+                  f"(from {started:.3f} to {ended:.3f})", file=sys.stderr, flush=True)
             self._emit({"done": index, "instances": summary.instances,
                         "predicted": summary.predicted, "failed": summary.failed})
 

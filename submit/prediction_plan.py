@@ -20,6 +20,12 @@ def build_plan(spec: prediction_spec.PredictionSpec, *, resume: bool) -> Predict
     from predict import batch, shards
     from predict.errors import PredictError
     home = mljob_home()
+    for flag, url in [("--input-paths", p) for p in spec.input_paths] + [
+            ("--output-path", spec.output_path), ("--model-dir", spec.model_dir or "")]:
+        if url.startswith("memory://"):
+            raise UsageError(f"{flag} {url}: a memory:// store lives in one process and "
+                             "the job's workers are processes of their own; use a path "
+                             "or gs:// URL")
     _check_job_id(spec, resume)
     model_dir = prediction_spec.local_model_dir(spec, home)
     run_dir = os.path.join(home, "runs", spec.job_id)

@@ -46,6 +46,8 @@ CASES = [  # (flags changed, words the one-line error holds)
     ({"--input-paths": "SELF/in/*.nothing"}, "no input file matched"),
     ({"--input-paths": "SELF/in/a\n.json"}, "control character"),
     ({"--input-paths": "s3://bucket/x"}, "unknown URL scheme"),
+    ({"--input-paths": "memory://in/*.json"}, "memory:// store lives in one process"),
+    ({"--output-path": "memory://out"}, "memory:// store lives in one process"),
     ({"--output-path": None}, "--output-path is required"),
     ({"--output-path": "SELF/in/a.json"}, "is a file"),
     ({"--output-path": "SELF/theirs"}, "holds the output of job 'other'"),

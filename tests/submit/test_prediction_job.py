@@ -2,6 +2,7 @@
 text split at line boundaries, real gzip TFRecords, a killed worker, cancel and resume."""
 import glob
 import gzip
+import io
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from mljob import storage
 from predict import records
 from submit import jobs
 from tests.support.common import ROOT
@@ -104,41 +106,54 @@ def test_text_job_splits_a_large_file_at_lines_and_agrees_with_predict_batch(
     assert status == 2 and "holds the output of job 'j'" in one_error_line(err)
 
 
-def _gzip_tfrecords(path, payloads):
-    with gzip.open(path, "wb") as f:
+def _gzip_tfrecords(payloads) -> bytes:
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb") as f:
         records.write_tfrecords(f, payloads)
+    return buffer.getvalue()
 
 
-def test_gzip_tfrecords_json_and_examples_damage_is_an_error_line(export_dir, tmp_path,
-                                                                  capsys):
+def test_gzip_tfrecords_on_gcs_json_and_examples_damage_is_an_error_line(
+        export_dir, capsys, gcs_emulator):
     import tensorflow as tf
     imgs = images(6, seed=3)
-    inputs = tmp_path / "in"
-    inputs.mkdir()
-    _gzip_tfrecords(inputs / "a.tfrecord.gz",
-                    [json.dumps({"image": img.tolist(), "key": k}).encode()
-                     for k, img in enumerate(imgs[:3])])
-    _gzip_tfrecords(inputs / "b.tfrecord.gz", [tf.train.Example(features=tf.train.Features(
-        feature={"image": tf.train.Feature(float_list=tf.train.FloatList(value=img)),
-                 "key": tf.train.Feature(int64_list=tf.train.Int64List(value=[k]))}))
-        .SerializeToString() for k, img in zip((3, 4, 5), imgs[3:], strict=True)])
-    whole = (inputs / "a.tfrecord.gz").read_bytes()
-    (inputs / "c.tfrecord.gz").write_bytes(whole[:40])  # cut short, inside record 1
-    with open(inputs / "d.tfrecord.gz", "wb") as f:                     # not gzip at all
-        records.write_tfrecords(f, [b'{"image": [0.5], "key": 1}'])
-    out = tmp_path / "out"
-    status, stdout, err = run(capsys, *flags(export_dir, str(inputs / "*.gz"), out,
-                                             "tf-record-gzip", "--async"))
+    base = "gs://mljob-test/prediction-job"
+    whole = _gzip_tfrecords([json.dumps({"image": img.tolist(), "key": k}).encode()
+                             for k, img in enumerate(imgs[:3])])
+    storage.write_bytes(f"{base}/in/a.tfrecord.gz", whole)
+    storage.write_bytes(f"{base}/in/b.tfrecord.gz", _gzip_tfrecords([tf.train.Example(
+        features=tf.train.Features(feature={
+            "image": tf.train.Feature(float_list=tf.train.FloatList(value=img)),
+            "key": tf.train.Feature(int64_list=tf.train.Int64List(value=[k]))}))
+        .SerializeToString() for k, img in zip((3, 4, 5), imgs[3:], strict=True)]))
+    storage.write_bytes(f"{base}/in/c.tfrecord.gz", whole[:40])  # cut inside record 1
+    plain = io.BytesIO()
+    records.write_tfrecords(plain, [b'{"image": [0.5], "key": 1}'])
+    storage.write_bytes(f"{base}/in/d.tfrecord.gz", plain.getvalue())  # not gzip at all
+    out = f"{base}/out"
+    status, stdout, err = run(capsys, *flags(export_dir, f"{base}/in/*.gz", out,
+                                             "tf-record-gzip", "--async",
+                                             "--max-worker-count", "2"))
     assert status == 0, err
     try:
         record = wait_for(lambda: (r := jobs.load("j")).done and r, JOB_TIMEOUT, "the job")
     finally:
         _stop_supervisor("j")
     assert record.state == jobs.SUCCEEDED, record.error_message
-    assert [r["key"] for r in results(out)] == [0, 1, 2, 3, 4, 5]
-    errs = errors(out)
-    assert [os.path.basename(e["input"]) for e in errs] == ["c.tfrecord.gz",
-                                                            "d.tfrecord.gz"]
+    fs, path = storage.filesystem(out)
+    fs.invalidate_cache()
+    names = sorted(os.path.basename(p) for p in fs.ls(path))
+    assert names == [".mljob-job.json"] + [f"prediction.{kind}-0000{i}-of-00004"
+                                           for kind in ("errors_stats", "results")
+                                           for i in range(4)]
+
+    def lines(kind):
+        return [json.loads(line) for i in range(4) for line in storage.read_bytes(
+            f"{out}/prediction.{kind}-0000{i}-of-00004").decode().splitlines()]
+    assert [r["key"] for r in lines("results")] == [0, 1, 2, 3, 4, 5]
+    errs = lines("errors_stats")
+    assert [e["input"].rsplit("/", 1)[1] for e in errs] == ["c.tfrecord.gz",
+                                                           "d.tfrecord.gz"]
     assert all("damaged gzip data" in e["error"] for e in errs)
     assert record.prediction_output["predictionCount"] == "6"
     assert record.prediction_output["errorCount"] == "2"
