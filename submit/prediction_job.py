@@ -10,7 +10,9 @@ shards one at a time on its stdin, so a fast worker takes more of them; it publi
 each shard's files itself and says so on stdout. A worker that dies takes its shard
 with it: the shard goes back to the queue and a new worker starts, up to
 MAX_SHARD_ATTEMPTS tries a shard; then the job fails, naming the shard and the worker's
-last words. A bad instance is only an error line.
+last error line. A worker that exits with status 2 (an export that cannot load, an
+input it may not read) fails the job at once: no retry mends that. A bad instance is
+only an error line.
 
 The output path is claimed with a marker (`.mljob-job.json`, the job id) before any
 shard is written: a path holding another job's predictions is refused, and `--resume`
@@ -33,6 +35,7 @@ from typing import Any, cast
 import psutil
 
 from mljob import contracts, procs, storage
+from mljob.errors import EXIT_USAGE
 from predict.batch_worker import published, shard_names
 from submit import jobs, logs
 from submit.joblife import JobLife
@@ -156,8 +159,8 @@ class _Worker:
         with open(self.log_file, "a", encoding="utf-8", buffering=1) as out:
             for raw in iter(proc.stderr.readline, b""):
                 text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                if text.strip():
-                    self.last_words = text
+                if logs.ERROR_LINE.search(text):
+                    self.last_words = text  # the reason a worker gives when it fails
                 line = logs.format_line(self.label, text, logs.severity(text, "stderr"))
                 out.write(line + "\n")
                 self.terminal.line(self.label, text, line)
@@ -261,6 +264,11 @@ class PredictionJob(JobLife):
                     continue
                 attempts[lost] += 1
                 said = f": {worker.last_words}" if worker.last_words else ""
+                if status == EXIT_USAGE:  # the export or a file refused: no retry mends it
+                    self._note_worker(worker, "EXITED", status)
+                    return jobs.FAILED, (f"shard {lost} cannot be predicted; "
+                                         f"{worker.label} exited with status "
+                                         f"{status}{said}")
                 if attempts[lost] >= MAX_SHARD_ATTEMPTS:
                     self._note_worker(worker, "EXITED", status)
                     return jobs.FAILED, (f"shard {lost} failed {attempts[lost]} times; "

@@ -234,3 +234,20 @@ def test_cancel_then_resume_skips_published_shards(export_dir, tmp_path, reaper,
     assert record.prediction_output["predictionCount"] == "320"
     log = open(os.path.join(record.log_dir, "service.log")).read()
     assert f"resuming: {len(done)} of 8 shards already published are skipped" in log
+
+
+def test_an_export_that_cannot_load_fails_the_job_at_once_in_one_line(tmp_path, capsys):
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "saved_model.pb").write_bytes(b"not a SavedModel")
+    (tmp_path / "in.json").write_text('{"image": [0.5], "key": 1}\n')
+    status, out, err = run(capsys, *flags(str(export), str(tmp_path / "in.json"),
+                                          tmp_path / "out"))
+    assert status == 1
+    line = one_error_line(err)
+    assert ("job j failed: shard 0 cannot be predicted; worker-replica-0 exited with "
+            "status 2: error: ") in line
+    assert "saved_model.pb is not a SavedModel" in line  # the worker's own reason
+    assert jobs.load("j").replicas[0].restarts == 0
+    assert jobs.load("j").state == jobs.FAILED
+    assert [n for n in os.listdir(tmp_path / "out")] == [".mljob-job.json"]
