@@ -101,6 +101,12 @@ def test_text_job_splits_a_large_file_at_lines_and_agrees_with_predict_batch(
     assert "predictionCount: '125'" in described and "shardsDone: " in described
     log = open(os.path.join(record.log_dir, "service.log")).read()
     assert "with 2 workers" in log and "progress: 127 of ~127 instances (100.0%)" in log
+    status, streamed, err = run(capsys, "jobs", "stream-logs", "j")
+    assert status == 0, err
+    assert "\tservice\tprogress: 127 of ~127" in streamed
+    assert "\tworker-replica-1\tshard " in streamed
+    status, listed, _ = run(capsys, "jobs", "list", "--filter", "state=SUCCEEDED")
+    assert listed.splitlines()[1].split()[:2] == ["j", "SUCCEEDED"]
     # a second job never writes over this one's output
     status, _, err = run(capsys, *flags(export_dir, str(inputs / "*.json"), out, job="k"))
     assert status == 2 and "holds the output of job 'j'" in one_error_line(err)
