@@ -22,6 +22,7 @@ retried twice (`backoffLimitPerIndex`), and one shard failing for good fails the
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -185,7 +186,6 @@ def _submit_vertex(spec, project, image, dry_run, echo) -> int:
     from google.protobuf import json_format
 
     from submit.runners import vertex
-    import os
     project = project or next((os.environ[k] for k in vertex.PROJECT_ENVS
                                if os.environ.get(k)), None)
     if not project:
