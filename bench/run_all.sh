@@ -21,10 +21,12 @@ python -m bench.scaling "${quick[@]}"
 python -m bench.tuning "${quick[@]}"
 if [[ ${#quick[@]} -eq 0 ]]; then
   python -m bench.serving_bench
+  python -m bench.batch_predict
   python -m bench.input_pipeline
   python -m bench.local_update
 else
   python -m bench.serving_bench --seconds 2
+  python -m bench.batch_predict --cnn-instances 300 --tabular-instances 3000 --seconds 1
   python -m bench.input_pipeline --batches 500
   python -m bench.local_update --functions 3
 fi

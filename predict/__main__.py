@@ -66,9 +66,10 @@ def local(model_dir, json_instances, json_request, text_instances, signature_nam
 @MODEL_DIR
 @click.option("--input-paths", required=True, metavar="URL_GLOB",
               help="Input files: a glob or a comma-separated list of globs (any fsspec URL).")
-@click.option("--data-format", required=True, type=click.Choice(["text", "tf-record"]),
+@click.option("--data-format", required=True,
+              type=click.Choice(["text", "tf-record", "tf-record-gzip"]),
               help="text: JSON lines; tf-record: TFRecord files of JSON instances or "
-                   "tf.train.Example records.")
+                   "tf.train.Example records; tf-record-gzip: the same, gzip-compressed.")
 @click.option("--output-path", required=True, metavar="URL",
               help="Folder for prediction.results-* and prediction.errors_stats-* files.")
 @click.option("--batch-size", type=click.IntRange(1, 256), default=64, show_default=True)

@@ -22,7 +22,7 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 
-from predict import decode, instances, loop, records
+from predict import decode, loop, shards
 from predict.errors import InstanceError, UsageError
 from predict.model import Model
 from mljob import storage
@@ -79,8 +79,8 @@ def run(model: Model, files: list, data_format: str, output_path: str, *,
             results, errors = f"prediction.results-{shard}", f"prediction.errors_stats-{shard}"
             with open(os.path.join(scratch, results), "w") as res, \
                     open(os.path.join(scratch, errors), "w") as err:
-                _predict_file(model, sig, url, data_format, batch_size, res, err, summary,
-                              progress)
+                predict_shard(model, sig, shards.Reader(shards.Shard(url, data_format), sig),
+                              batch_size, res, err, summary, progress)
             names += [results, errors]
         progress.done()
         for name in names:
@@ -94,12 +94,15 @@ def run(model: Model, files: list, data_format: str, output_path: str, *,
     return summary
 
 
-def _predict_file(model, sig, url, data_format, batch_size, res, err, summary, progress):
-    pending = []  # (label, decoded instance)
+def predict_shard(model, sig, reader: shards.Reader, batch_size, res, err, summary,
+                  progress=None):
+    """Predict one shard's instances into the open results and errors files."""
+    url = reader.shard.url
+    pending: list = []  # (label, decoded instance)
 
     def fail(label, reason):
-        err.write(json.dumps({"input": url, label.split()[0]: int(label.split()[1]),
-                              "error": reason}) + "\n")
+        kind, number = label.split()
+        err.write(json.dumps({"input": url, kind: int(number), "error": reason}) + "\n")
         summary.failed += 1
 
     def flush():
@@ -116,9 +119,10 @@ def _predict_file(model, sig, url, data_format, batch_size, res, err, summary, p
                 res.write(json.dumps(row) + "\n")
             summary.predicted += len(pending)
         pending.clear()
-        progress.update(summary)
+        if progress is not None:
+            progress.update(summary)
 
-    for label, raw in _read(url, data_format, sig):
+    for label, raw in reader:
         summary.instances += 1
         try:
             value = raw() if callable(raw) else raw
@@ -128,70 +132,6 @@ def _predict_file(model, sig, url, data_format, batch_size, res, err, summary, p
         if len(pending) >= batch_size:
             flush()
     flush()
-
-
-def _read(url: str, data_format: str, sig):
-    """(label, instance or a thunk that parses it) for each record of one file; parsing
-    is deferred so that a malformed record fails alone."""
-    try:
-        f = storage.open_input(url)
-    except storage.StorageError as exc:  # a device, pipe or link loop the glob matched
-        raise UsageError(first_line(exc)) from None
-    with f:
-        if data_format == "text":
-            for number, raw in enumerate(_lines(f, instances.MAX_LINE_BYTES), start=1):
-                if raw is None:
-                    yield f"line {number}", (lambda: _raise(_line_too_long()))
-                    return
-                yield f"line {number}", (lambda b=raw: _json_line(b))
-            return
-        number = 0
-        try:
-            for number, record in enumerate(records.read_tfrecords(f), start=1):
-                yield f"record {number}", (lambda r=record: records.to_instance(r, sig))
-        except records.CorruptRecordError as exc:
-            yield f"record {number + 1}", (lambda e=exc: _raise(e))
-
-
-def _lines(f, limit: int, chunk_size: int = 1 << 20):
-    """Each line's bytes (newline kept), or None for a line longer than `limit`, after
-    which nothing more is read (fsspec's files have no readline(size))."""
-    buffer = b""
-    while True:
-        chunk = f.read(chunk_size)
-        buffer += chunk
-        start = 0
-        while (end := buffer.find(b"\n", start)) >= 0:
-            if end - start >= limit:
-                yield None
-                return
-            yield buffer[start:end + 1]
-            start = end + 1
-        buffer = buffer[start:]
-        if len(buffer) > limit:
-            yield None
-            return
-        if not chunk:
-            if buffer:
-                yield buffer
-            return
-
-
-def _line_too_long() -> InstanceError:
-    return InstanceError(f"line longer than {instances.MAX_LINE_BYTES} bytes; the rest of "
-                         "the file was skipped (one instance a line)")
-
-
-def _json_line(raw: bytes):
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InstanceError("not valid UTF-8 text") from None
-    return instances.parse_json(text.rstrip("\r\n"))
-
-
-def _raise(exc: Exception):
-    raise exc
 
 
 class _Progress:
@@ -230,4 +170,4 @@ def _protocols(fs) -> tuple:
     return fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
 
 
-__all__ = ["Summary", "expand_inputs", "run"]
+__all__ = ["Summary", "expand_inputs", "predict_shard", "run"]

@@ -87,9 +87,19 @@ class SavedModel(Model):
         import tensorflow as tf
         from tensorflow.core.protobuf import saved_model_pb2
 
+        from google.protobuf.message import DecodeError
+
         proto = saved_model_pb2.SavedModel()
         with open(os.path.join(local_dir, SAVED_MODEL_MARKER), "rb") as f:
-            proto.ParseFromString(f.read())
+            try:
+                proto.ParseFromString(f.read())
+            except DecodeError:
+                raise ModelLoadError(f"{source}/{SAVED_MODEL_MARKER} is not a SavedModel "
+                                     "(damaged or another file); export the model again")\
+                    from None
+        if not proto.meta_graphs:
+            raise ModelLoadError(f"{source}/{SAVED_MODEL_MARKER} holds no graph; export "
+                                 "the model again")
         defs = proto.meta_graphs[0].signature_def
         signatures = {name: _from_signature_def(name, sig) for name, sig in defs.items()
                       if not name.startswith("__")}

@@ -26,6 +26,7 @@ import yaml
 from mljob import storage
 from submit import jobs as records
 from submit import listing, package, plan as plans, runners, spec as specs, submission
+from submit import cmd_prediction
 from submit.errors import EXIT_OK, EXIT_USAGE, JobCancelled, SubmitError, UsageError
 from submit.runners import local
 from submit.runners.engine import EngineOptions
@@ -315,6 +316,9 @@ def local_train(ctx, package_path, module_name, job_dir, distributed, worker_cou
     rendered = runner.render(spec, None)
     return submission.start(runner, rendered, runner.new_record(spec, None, rendered),
                             _echo, stream=True)
+
+
+cmd_prediction.register(cli, jobs_group)  # `jobs submit prediction`
 
 
 def main(argv=None, standalone_mode: bool = True):

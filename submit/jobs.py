@@ -66,6 +66,9 @@ class JobRecord:
     training_output: dict[str, Any] = dataclasses.field(default_factory=dict)
     # CPU and memory per replica, peak and mean, sampled by the local supervisor
     usage: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # a batch prediction job's Cloud ML predictionInput and predictionOutput
+    prediction_input: dict[str, Any] = dataclasses.field(default_factory=dict)
+    prediction_output: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def done(self) -> bool:

@@ -99,6 +99,7 @@ class EngineStatus:
     message: str | None = None
     replicas: tuple[ReplicaStatus, ...] = ()
     training_output: Mapping[str, Any] | None = None  # a tuning job's trials (Cloud ML's)
+    prediction_output: Mapping[str, Any] | None = None  # a batch prediction job's
 
 
 class Runner(abc.ABC):
@@ -211,6 +212,8 @@ class Runner(abc.ABC):
             record.error_message = status.message
         if status.training_output is not None:
             record.training_output = dict(status.training_output)
+        if status.prediction_output is not None:
+            record.prediction_output = dict(status.prediction_output)
         if status.replicas:
             record.replicas = [records.ReplicaRecord(r.label, state=r.state,
                                                      exit_code=r.exit_code,

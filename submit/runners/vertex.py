@@ -46,6 +46,7 @@ DEFAULT_REGION = "us-central1"
 # The job id as submitted. Not CLOUD_ML_JOB_ID: Vertex sets that one itself, to the
 # CustomJob's numeric id, and its own tools (the TensorBoard profiler) read it.
 JOB_ID_ENV = contracts.MLJOB_JOB_ID_ENV
+BATCH_KIND = "batchPredictionJob"        # a batch prediction job (prediction_render)
 TUNING_KIND = "hyperparameterTuningJob"  # the handle's kind when it is one, else CustomJob
 # The newest TensorFlow prebuilt training images Vertex lists (TF 2.17, Python 3.10).
 IMAGE = "{registry}-docker.pkg.dev/vertex-ai/training/tf-{kind}.2-17.py310:latest"
@@ -198,11 +199,17 @@ class VertexEngine(ClusterEngine):
         return handle
 
     def status(self, handle: Mapping[str, Any]) -> EngineStatus:
+        predicted = None
         with api_errors(f"describe job {handle.get('display_name')}", handle):
             client = _job_client(handle["region"])
-            get = (client.get_hyperparameter_tuning_job if handle.get("kind") == TUNING_KIND
-                   else client.get_custom_job)
-            job = get(name=handle["name"], timeout=CALL_TIMEOUT_S)
+            if handle.get("kind") == BATCH_KIND:
+                job = client.get_batch_prediction_job(name=handle["name"],
+                                                      timeout=CALL_TIMEOUT_S)
+                predicted = prediction_output(job)
+            else:
+                get = (client.get_hyperparameter_tuning_job
+                       if handle.get("kind") == TUNING_KIND else client.get_custom_job)
+                job = get(name=handle["name"], timeout=CALL_TIMEOUT_S)
         state_name = getattr(job.state, "name", str(job.state))  # an int if unknown
         state, message = STATES.get(state_name, (jobs.RUNNING, None))
         if state == jobs.FAILED and job.error.message:
@@ -210,13 +217,17 @@ class VertexEngine(ClusterEngine):
         output = None
         if handle.get("kind") == TUNING_KIND:
             output = training_output(job)
-        return EngineStatus(state=state, message=message, training_output=output)
+        return EngineStatus(state=state, message=message, training_output=output,
+                            prediction_output=predicted)
 
     def cancel(self, handle: Mapping[str, Any]) -> str:
         with api_errors(f"cancel job {handle.get('display_name')}", handle):
             client = _job_client(handle["region"])
             cancel = (client.cancel_hyperparameter_tuning_job
-                      if handle.get("kind") == TUNING_KIND else client.cancel_custom_job)
+                      if handle.get("kind") == TUNING_KIND else
+                      client.cancel_batch_prediction_job
+                      if handle.get("kind") == BATCH_KIND
+                      else client.cancel_custom_job)
             cancel(name=handle["name"], timeout=CALL_TIMEOUT_S)
         return jobs.CANCELLING
 
@@ -239,6 +250,16 @@ def _pool(spec: JobSpec, group: specs.ReplicaGroup, package: Package, image: str
             python_module=spec.module_name,
             args=list(spec.trainer_args),
             env=[aiplatform_v1.EnvVar(name=JOB_ID_ENV, value=spec.job_id)]))
+
+
+def prediction_output(job: aiplatform_v1.BatchPredictionJob) -> dict:
+    """A BatchPredictionJob's outcome as Cloud ML's predictionOutput."""
+    stats = job.completion_stats
+    return {"outputPath": job.output_info.gcs_output_directory
+            or job.output_config.gcs_destination.output_uri_prefix,
+            "predictionCount": str(stats.successful_count),
+            "errorCount": str(stats.failed_count),
+            "nodeHours": job.resources_consumed.replica_hours}
 
 
 TRIAL_STATES = {"SUCCEEDED": jobs.SUCCEEDED, "INFEASIBLE": jobs.FAILED,

@@ -133,3 +133,16 @@ def test_batch_agrees_with_a_direct_model_call(export_dir, tmp_path, capsys):
         image=tf.constant(imgs), key=tf.range(5, dtype=tf.int64))
     np.testing.assert_allclose([r["scores"] for r in rows], direct["scores"].numpy(),
                                rtol=1e-5, atol=1e-7)
+
+
+def test_gzip_tfrecords(export_dir, tmp_path, capsys):
+    import gzip
+    imgs = images(3, seed=9)
+    with gzip.open(tmp_path / "in.tfrecord.gz", "wb") as f:
+        records.write_tfrecords(f, [example(img, k) for k, img in enumerate(imgs)])
+    assert main(["batch", "--model-dir", export_dir, "--input-paths",
+                 str(tmp_path / "*.gz"), "--data-format", "tf-record-gzip",
+                 "--output-path", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.strip() == "3 instances: 3 predicted, 0 failed"
+    rows = read_jsonl(tmp_path / "out" / "prediction.results-00000-of-00001")
+    assert [r["key"] for r in rows] == [0, 1, 2]

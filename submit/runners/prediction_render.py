@@ -1,0 +1,220 @@
+"""A batch prediction job on the engines: Vertex AI's BatchPredictionJob, or a Kubernetes
+Indexed Job whose completions are the shards.
+
+Vertex (`--runner vertex`): a `CreateBatchPredictionJobRequest` built from
+`aiplatform_v1`'s own types. `--model M [--version V]` is the Model resource
+(`projects/P/locations/R/models/M`, `@V` for a version); `--model-dir gs://...` is an
+`unmanagedContainerModel` whose `artifactUri` is the export, served by Vertex's prebuilt
+TensorFlow prediction container (or `--image`). Inputs are `jsonl` (text), `tf-record`
+or `tf-record-gzip`; predictions are `jsonl` under `--output-path`;
+`--max-worker-count` is `dedicatedResources.maxReplicaCount`, `--batch-size`
+`manualBatchTuningParameters.batchSize`. Vertex has no signature choice for TensorFlow
+models: `--signature-name` other than serving_default is refused.
+
+Kubernetes (`--runner kubeflow`): a ConfigMap holding the job's shard plan (as the local
+runner plans it) and a `batch/v1` Job with `completionMode: Indexed`, `completions` the
+shard count and `parallelism` `--max-worker-count`; each pod runs
+`python -m predict.batch_worker --job-file /etc/mljob/prediction.json` and predicts the
+shard `$JOB_COMPLETION_INDEX` names (skipped when already published). A shard's pod is
+retried twice (`backoffLimitPerIndex`), and one shard failing for good fails the Job
+(`maxFailedIndexes: 0`). Both are checked against the kubernetes client's models.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import yaml
+
+from submit import jobs, spec as specs
+from submit.errors import UsageError
+from submit.prediction_spec import PredictionSpec
+
+VERTEX_FORMATS = {"text": "jsonl", "tf-record": "tf-record", "tf-record-gzip": "tf-record-gzip"}
+# Vertex's prebuilt TensorFlow prediction images (CPU), per registry.
+PREDICTION_IMAGE = "{registry}-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"
+VERTEX_MACHINE = "n1-standard-4"
+K8S_IMAGE_HINT = "an image with mljob installed (see `python -m submit JOB --runner " \
+                 "kubeflow --dry-run`'s Dockerfile)"
+PLAN_MOUNT = "/etc/mljob"
+MAX_CONFIGMAP_BYTES = 1000 * 1024  # Kubernetes refuses ConfigMaps over 1 MiB
+SHARD_RETRIES = 2                  # each shard tried three times, as on the local runner
+
+
+def vertex_request(spec: PredictionSpec, project: str, image: str | None = None):
+    """The CreateBatchPredictionJobRequest, built from aiplatform_v1's types."""
+    from google.cloud import aiplatform_v1 as v1
+    _require_gs(spec)
+    if spec.signature_name not in (None, "serving_default"):
+        raise UsageError(f"--signature-name {spec.signature_name!r:.60}: Vertex AI serves "
+                         "a TensorFlow model's serving_default signature only; export the "
+                         "signature you want as serving_default, or use the local runner")
+    parent = f"projects/{project}/locations/{spec.region}"
+    job = v1.BatchPredictionJob(
+        display_name=spec.job_id,
+        input_config=v1.BatchPredictionJob.InputConfig(
+            instances_format=VERTEX_FORMATS[spec.data_format],
+            gcs_source=v1.GcsSource(uris=list(spec.input_paths))),
+        output_config=v1.BatchPredictionJob.OutputConfig(
+            predictions_format="jsonl",
+            gcs_destination=v1.GcsDestination(output_uri_prefix=spec.output_path)),
+        dedicated_resources=v1.BatchDedicatedResources(
+            machine_spec=v1.MachineSpec(machine_type=VERTEX_MACHINE),
+            starting_replica_count=1, max_replica_count=spec.max_worker_count),
+        manual_batch_tuning_parameters=v1.ManualBatchTuningParameters(
+            batch_size=spec.batch_size),
+        labels={**spec.labels, "mljob-job-id": spec.job_id.lower()})
+    if spec.model:
+        name = spec.model if "/" in spec.model else f"{parent}/models/{spec.model}"
+        job.model = f"{name}@{spec.version}" if spec.version else name
+    else:
+        registry = next((r for p, r in (("europe", "europe"), ("asia", "asia"),
+                                        ("australia", "asia")) if spec.region.startswith(p)),
+                        "us")
+        job.unmanaged_container_model = v1.UnmanagedContainerModel(
+            artifact_uri=spec.model_dir,
+            container_spec=v1.ModelContainerSpec(
+                image_uri=image or PREDICTION_IMAGE.format(registry=registry)))
+    return v1.CreateBatchPredictionJobRequest(parent=parent, batch_prediction_job=job)
+
+
+def _require_gs(spec: PredictionSpec) -> None:
+    given = [("--input-paths", p) for p in spec.input_paths] + [
+        ("--output-path", spec.output_path)] + (
+        [("--model-dir", spec.model_dir)] if spec.model_dir else [])
+    for flag, url in given:
+        if not url.startswith("gs://"):
+            raise UsageError(f"{flag} {url} cannot be read by the engine's workers; use a "
+                             "gs://BUCKET/PATH URL with --runner vertex or kubeflow")
+
+
+def k8s_name(job_id: str) -> str:
+    name = job_id.lower().replace("_", "-")[:52].rstrip("-")
+    return name
+
+
+def k8s_objects(spec: PredictionSpec, plan: dict, image: str, namespace: str) -> list[dict]:
+    """The ConfigMap of the shard plan and the Indexed Job, as plain dicts."""
+    name = k8s_name(spec.job_id)
+    labels = {**spec.labels, "app.kubernetes.io/managed-by": "mljob",
+              "mljob/job-id": spec.job_id.lower()}
+    text = json.dumps(plan, sort_keys=True)
+    if len(text) > MAX_CONFIGMAP_BYTES:
+        raise UsageError(f"the job's {len(plan['shards'])} shards make a plan of "
+                         f"{len(text)} bytes, more than a Kubernetes ConfigMap holds; "
+                         "give fewer, larger input files")
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap",
+                  "metadata": {"name": f"{name}-plan", "namespace": namespace,
+                               "labels": labels},
+                  "data": {"prediction.json": text}}
+    count = len(plan["shards"])
+    container = {
+        "name": "predict", "image": image,
+        "command": ["python", "-m", "predict.batch_worker", "--job-file",
+                    f"{PLAN_MOUNT}/prediction.json", "--threads", "1"],
+        "env": [{"name": "CLOUD_ML_JOB_ID", "value": spec.job_id}],
+        "resources": {"requests": {"cpu": "1", "memory": "2Gi"},
+                      "limits": {"memory": "2Gi"}},
+        "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}]}
+    job = {"apiVersion": "batch/v1", "kind": "Job",
+           "metadata": {"name": name, "namespace": namespace, "labels": labels},
+           "spec": {"completionMode": "Indexed", "completions": count,
+                    "parallelism": min(spec.max_worker_count, count),
+                    "backoffLimitPerIndex": SHARD_RETRIES, "maxFailedIndexes": 0,
+                    "template": {"metadata": {"labels": labels}, "spec": {
+                        "restartPolicy": "Never", "containers": [container],
+                        "volumes": [{"name": "plan", "configMap": {
+                            "name": f"{name}-plan"}}]}}}}
+    return [config_map, job]
+
+
+def submit(spec: PredictionSpec, runner: str, *, project, image, namespace, dry_run,
+           echo) -> int:
+    """Render (and unless dry_run, create) the job on an engine."""
+    if runner == "vertex":
+        return _submit_vertex(spec, project, image, dry_run, echo)
+    _require_gs(spec)
+    if not image:
+        raise UsageError(f"--runner kubeflow needs --image: {K8S_IMAGE_HINT}")
+    specs.check_text(image, "--image")
+    if namespace is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
+                                                  namespace):
+        raise UsageError(f"--namespace {namespace!r:.60} is not a Kubernetes namespace "
+                         "name; use lower-case letters, digits and '-'")
+    from submit.prediction_plan import build_plan
+    if spec.model:
+        raise UsageError("--runner kubeflow takes --model-dir gs://...: a cluster has no "
+                         "model registry")
+    plan = json.loads(build_plan(spec, resume=True).to_json())
+    plan["run_dir"] = plan["log_dir"] = ""
+    objects = k8s_objects(spec, plan, image, namespace or "default")
+    text = yaml.safe_dump_all(objects, sort_keys=False)
+    if dry_run:
+        echo(text.rstrip())
+        return 0
+    return _create_k8s(objects, image, namespace, echo)
+
+
+def _create_k8s(objects: list[dict], image: str, namespace: str | None, echo) -> int:
+    """Create the ConfigMap, then the Job, with the kubeconfig's credentials. Kubernetes
+    keeps the Job; it is followed with kubectl (the local index keeps training jobs)."""
+    import kubernetes
+
+    from submit.runners import kubeflow
+    from submit.runners.engine import EngineOptions
+    engine = kubeflow.KubeflowEngine(EngineOptions(image=image, namespace=namespace))
+    config_map, job = objects
+    ns = job["metadata"]["namespace"]
+    handle = {"name": job["metadata"]["name"], "namespace": ns, "kind": "Job"}
+    client = engine._client(handle)
+    with kubeflow._api_errors(handle, "create the Job's plan ConfigMap"):
+        kubernetes.client.CoreV1Api(client).create_namespaced_config_map(
+            ns, config_map, _request_timeout=kubeflow.TIMEOUT_S)
+    with kubeflow._api_errors(handle, "create the Job"):
+        kubernetes.client.BatchV1Api(client).create_namespaced_job(
+            ns, job, _request_timeout=kubeflow.TIMEOUT_S)
+    name = handle["name"]
+    echo(f"Job [{name}] submitted successfully to kubeflow (namespace {ns}).\n"
+         f"Follow it with:\n  kubectl get job {name} -n {ns}\n"
+         f"  kubectl logs -n {ns} -l job-name={name} --prefix -f")
+    return 0
+
+
+def _submit_vertex(spec, project, image, dry_run, echo) -> int:
+    from google.protobuf import json_format
+
+    from submit.runners import vertex
+    project = project or next((os.environ[k] for k in vertex.PROJECT_ENVS
+                               if os.environ.get(k)), None)
+    if not project:
+        raise UsageError("--runner vertex needs a Google Cloud project; pass --project "
+                         "PROJECT_ID (or set GOOGLE_CLOUD_PROJECT)")
+    if not vertex._PROJECT.fullmatch(project):
+        raise UsageError(f"--project {project!r:.60} is not a Google Cloud project id")
+    if image is not None:
+        specs.check_text(image, "--image")
+    request = vertex_request(spec, project, image)
+    text = json_format.MessageToJson(type(request).pb(request), sort_keys=True, indent=2)
+    if dry_run:
+        echo(text)
+        return 0
+    handle: dict[str, Any] = {"project": project, "region": spec.region,
+                              "parent": request.parent, "display_name": spec.job_id,
+                              "kind": vertex.BATCH_KIND}
+    from submit.runners.google_api import CALL_TIMEOUT_S, api_errors
+    with api_errors(f"create batch prediction job {spec.job_id}", handle):
+        created = vertex._job_client(spec.region).create_batch_prediction_job(
+            request=request, timeout=CALL_TIMEOUT_S)
+    handle["name"] = created.name
+    handle["id"] = created.name.rsplit("/", 1)[-1]
+    record = jobs.JobRecord(job_id=spec.job_id, runner="vertex", engine=handle,
+                            labels=dict(spec.labels), mode="prediction",
+                            prediction_input=spec.prediction_input())
+    jobs.save(record)
+    echo(f"Job [{spec.job_id}] submitted successfully to vertex ({created.name}).")
+    return 0
+
+
+__all__ = ["vertex_request", "k8s_objects", "submit"]
