@@ -221,19 +221,20 @@ def _float(x: Any) -> float | None:
 
 def prediction_section(record: jobs.JobRecord) -> str:
     """A batch prediction job's progress, from Cloud ML's predictionOutput when the
-    record has one (processedCount, errorCount, and the total when known)."""
+    record has one (its counts, and the instances done of the estimated total)."""
     output = getattr(record, "prediction_output", None) or \
         (record.training_output or {}).get("predictionOutput")
     if not isinstance(output, dict) or not output:
         return ""
-    done = _float(output.get("processedCount"))
-    total = _float(output.get("totalCount") or output.get("instanceCount"))
+    progress = output.get("progress") if isinstance(output.get("progress"), dict) else {}
+    done = _float(progress.get("instancesDone"))
+    total = _float(progress.get("instancesTotal"))
     bar = ""
     if done is not None and total is not None and total > 0:
         bar = (f'<progress max="{total:g}" value="{done:g}"></progress> '
                f"{done:g} of {total:g}")
     rows = "".join(f"<tr><th>{escape(str(k))}</th><td>{escape(str(v))}</td></tr>"
-                   for k, v in sorted(output.items()))
+                   for k, v in sorted({**output, **progress}.items()) if k != "progress")
     return (f"<section id=prediction><h2>Batch prediction</h2>{bar}<table>{rows}</table>"
             "</section>")
 

@@ -100,11 +100,13 @@ def test_foreign_hosts_and_hostile_requests(tmp_path, console):
         assert answer.status_code == 404, job_id
         assert "Traceback" not in answer.text
     assert client.get("/jobs/nosuch/logs").status_code == 404
-    # a batch prediction job's progress, from Cloud ML's predictionOutput (int64 strings)
+    # a batch prediction job's progress, from its predictionOutput (int64 strings)
     records.save(records.JobRecord(job_id="batch01", state=records.RUNNING, runner="local",
-                                   training_output={"predictionOutput": {
-                                       "processedCount": "30", "errorCount": "2",
-                                       "totalCount": "120", "outputPath": "/out/<b>"}}))
+                                   prediction_output={
+                                       "predictionCount": "28", "errorCount": "2",
+                                       "outputPath": "/out/<b>",
+                                       "progress": {"instancesDone": 30,
+                                                    "instancesTotal": 120}}))
     page = client.get("/jobs/batch01").text
     assert '<progress max="120" value="30"></progress> 30 of 120' in page
     assert "<th>errorCount</th><td>2</td>" in page and "/out/&lt;b&gt;" in page
