@@ -81,9 +81,10 @@ def _repeat_key(text: str) -> str:
 class Repeats:
     """Collapses storms of repeated lines on one stream: a line already seen among the
     last REPEAT_MEMORY distinct ones within REPEAT_WINDOW_S is held back and counted; the
-    count becomes one line when a new line comes, or at `flush()` (the stream's end)."""
+    count becomes one line when a new line comes, or at `flush()` (the stream's end).
+    `emit(text, like)`: like is the line whose severity the text takes."""
 
-    def __init__(self, emit: Callable[[str], None],
+    def __init__(self, emit: Callable[[str, str], None],
                  clock: Callable[[], float] = time.monotonic):
         self.emit = emit
         self.clock = clock
@@ -106,14 +107,14 @@ class Repeats:
         while len(self.recent) > REPEAT_MEMORY:
             self.recent.popitem(last=False)
         self.flush()
-        self.emit(text)
+        self.emit(text, text)
 
     def flush(self) -> None:
         if not self.held:
             return
         first = self.first_held or ""
         head = first if len(first) <= 120 else first[:117] + "..."
-        self.emit(f"[{self.held} repeated line(s) not shown, the first: {head}]")
+        self.emit(f"[{self.held} repeated line(s) not shown, the first: {head}]", first)
         self.held, self.first_held = 0, None
 
 

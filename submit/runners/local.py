@@ -130,8 +130,8 @@ class Replica:
     def _read(self, pipe, stream: str) -> None:
         label = self.plan.label
 
-        def emit(text: str) -> None:
-            line = logs.format_line(label, text, logs.severity(text, stream))
+        def emit(text: str, like: str) -> None:
+            line = logs.format_line(label, text, logs.severity(like, stream))
             with self._file_lock:
                 if self._file is not None:
                     self._file.write(line + "\n")
@@ -145,7 +145,7 @@ class Replica:
             if stream == "stderr":
                 repeats.feed(text)
             else:
-                emit(text)
+                emit(text, text)
         repeats.flush()
         pipe.close()
 
