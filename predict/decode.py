@@ -71,7 +71,8 @@ def decode_instance(instance, sig: Signature) -> dict:
         keyless = key is not None and key not in instance and bool(instance)
         given = [n for n in names if not (keyless and n == key)]
         _check_names(instance, sig, optional=key if keyless else None)
-        decoded = {n: to_array(instance[n], n, sig.inputs[n], batched=False) for n in given}
+        decoded: dict = {n: to_array(instance[n], n, sig.inputs[n], batched=False)
+                         for n in given}
         if keyless:
             assert key is not None  # keyless needs a key
             decoded[key] = _no_key(sig.inputs[key])
