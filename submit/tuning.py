@@ -355,14 +355,22 @@ class Tuner(JobLife):
             self._tell(t, state=states.FAIL)
             outcome = "CANCELLED"
         else:
-            why = trial.error or (f"it reported no {self.spec.metric_tag!r} metric (report "
-                                  "it with cloudml-hypertune, see docs/submit.md)")
+            why = trial.error or self._missing_metric(trial)
             t.set_user_attr("error", why)
             self._tell(t, state=states.FAIL)
             self.failures += 1
             outcome = f"FAILED: {why}"
         self.terminal.note(f"trial {trial.trial_id} {outcome}")
         self._publish_output()
+
+    def _missing_metric(self, trial: Trial) -> str:
+        """Why a trial that ran to its end has no objective: no report carries the tag."""
+        tags = [t for t in hypertune.reported_tags(trial.metric_file)
+                if t != self.spec.metric_tag]
+        did = (f"it reported {', '.join(tags)}" if tags else
+               "it reported no metric (report it with cloudml-hypertune, see docs/submit.md)")
+        return (f"no report carries the hyperparameterMetricTag "
+                f"{self.spec.metric_tag!r}; {did}")
 
     def _tell(self, trial, *args, **kwargs) -> None:
         try:
