@@ -296,7 +296,7 @@ class Tuner(JobLife):
                                         name=f"trial-{trial_id}")
         self.running.append(trial)
         flags = " ".join(p.flag(params[p.name]) for p in self.spec.params)
-        self.terminal.note(f"trial {trial_id} started: {flags}")
+        self._event(f"trial {trial_id} started: {flags}")
         trial.thread.start()
         self._publish_output()
 
@@ -320,9 +320,9 @@ class Tuner(JobLife):
                 and trial.thread is not None and trial.thread.is_alive()
                 and trial.optuna_trial.should_prune()):
             trial.stopped_early = True
-            self.terminal.note(f"trial {trial.trial_id} stopped early at step "
-                               f"{new[-1].step}: {self.spec.metric_tag}={new[-1].value:g} "
-                               "is worse than the median of earlier trials")
+            self._event(f"trial {trial.trial_id} stopped early at step "
+                        f"{new[-1].step}: {self.spec.metric_tag}={new[-1].value:g} "
+                        "is worse than the median of earlier trials")
             trial.runner.cancel()
 
     def _end(self, trial: Trial) -> None:
@@ -360,7 +360,7 @@ class Tuner(JobLife):
             self._tell(t, state=states.FAIL)
             self.failures += 1
             outcome = f"FAILED: {why}"
-        self.terminal.note(f"trial {trial.trial_id} {outcome}")
+        self._event(f"trial {trial.trial_id} {outcome}")
         self._publish_output()
 
     def _missing_metric(self, trial: Trial) -> str:
