@@ -267,20 +267,24 @@ def _check_values(arr: np.ndarray, name: str, info: TensorInfo) -> None:
 def encode_rows(outputs: dict, keyless: list | None = None, key: str | None = None) -> list:
     """Column outputs -> one JSON-able value per instance (TF Serving's `predictions`):
     an object per instance, or the bare value when there is a single output. Instances
-    marked in `keyless` are answered without the `key` output."""
+    marked in `keyless` are answered without the `key` output (still an object: the
+    signature has several outputs)."""
     names = output_order(outputs)
     columns = [_jsonable(outputs[n]) for n in names]
     rows = columns[0] if len(names) == 1 else [
         dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
     if key is None or key not in outputs or not keyless or not any(keyless):
         return rows
-    bare = encode_rows({n: v for n, v in outputs.items() if n != key})
-    return [b if k else r for r, b, k in zip(rows, bare, keyless, strict=True)]
+    return [{n: v for n, v in r.items() if n != key} if k else r
+            for r, k in zip(rows, keyless, strict=True)]
 
 
-def encode_columns(outputs: dict):
-    """Column outputs -> TF Serving's columnar `outputs` (bare when single)."""
+def encode_columns(outputs: dict, shown: list | None = None):
+    """Column outputs -> TF Serving's columnar `outputs` (bare when single); `shown`
+    leaves the others out (an object still, when there were several)."""
     names = output_order(outputs)
+    if shown is not None and len(names) > 1:
+        return {n: _jsonable(outputs[n]) for n in names if n in shown}
     if len(names) == 1:
         return _jsonable(outputs[names[0]])
     return {n: _jsonable(outputs[n]) for n in names}

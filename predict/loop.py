@@ -37,8 +37,7 @@ def predict_columns(model: Model, batch: dict, sig: Signature):
     """A decoded columnar batch -> TF Serving's columnar `outputs` (no key output when
     the request sent no key)."""
     outputs = model.predict(batch, sig.name)
-    return decode.encode_columns({n: outputs[n] for n in decode.shown_outputs(
-        outputs, batch, sig)})
+    return decode.encode_columns(outputs, decode.shown_outputs(outputs, batch, sig))
 
 
 __all__ = ["decode_labelled", "predict_rows", "predict_columns"]

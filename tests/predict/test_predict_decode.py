@@ -108,7 +108,9 @@ def test_the_key_is_optional_and_comes_back_only_when_sent():
                                          ["classes", "scores"]]
     assert rows[1]["key"] == 5 and rows[2]["classes"] == 2
     assert decode.encode_rows({"key": np.array([0]), "y": np.array([0.5])}, [True], "key") \
-        == [0.5]  # the bare value when only one output is left
+        == [{"y": 0.5}]  # an object still: the signature has two outputs
+    assert decode.encode_columns({"key": np.array([0]), "y": np.array([0.5])}, ["y"]) \
+        == {"y": [0.5]}
     batch = decode.decode_columns({"image": [PIXELS, PIXELS]}, SERVING)
     assert batch.keyless and batch["key"].tolist() == [0, 0]
     assert decode.shown_outputs(outputs, batch, SERVING) == ["scores", "classes"]

@@ -94,3 +94,65 @@ def test_a_users_model_with_an_image_input_takes_0_255_pixels(tmp_path, capsys):
     want = model(np.float32(pixels)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert "1/255" not in err
+
+
+def test_a_tabular_model_takes_string_int_and_float_inputs(tmp_path, capsys, reaper):
+    """docs/predict.md's census-style example: a scalar float, a string and an int64
+    column and a key; instances with and without the key, rows and columns over REST."""
+    import keras
+    import tensorflow as tf
+    age = keras.Input((), name="age")
+    education = keras.Input((), dtype="string", name="education")
+    hours = keras.Input((), dtype="int64", name="hours")
+    ids = keras.layers.StringLookup(vocabulary=["Bachelors", "HS-grad"])(education)
+    features = keras.layers.Concatenate()([
+        keras.layers.Flatten()(keras.layers.Embedding(3, 2)(ids)),
+        keras.layers.Reshape((1,))(age / 100.0),
+        keras.layers.Reshape((1,))(keras.ops.cast(hours, "float32") / 100.0)])
+    model = keras.Model([age, education, hours],
+                        keras.layers.Dense(1, activation="sigmoid")(features))
+    specs = [tf.TensorSpec([None], tf.float32, name="age"),
+             tf.TensorSpec([None], tf.string, name="education"),
+             tf.TensorSpec([None], tf.int64, name="hours"),
+             tf.TensorSpec([None], tf.int64, name="key")]
+
+    class Export(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        @tf.function(input_signature=specs)
+        def serve(self, age, education, hours, key):
+            return {"probability": self.model([age, education, hours], training=False),
+                    "key": tf.identity(key)}
+
+    module = Export()
+    tf.saved_model.save(module, str(tmp_path / "census"),
+                        signatures={"serving_default": module.serve})
+    lines = ('{"age": 39.0, "education": "Bachelors", "hours": 40, "key": 1}\n'
+             '{"age": 50.5, "education": "HS-grad", "hours": 13}\n')
+    (tmp_path / "in.json").write_text(lines)
+    assert main(["local", "--model-dir", str(tmp_path / "census"), "--json-instances",
+                 str(tmp_path / "in.json")]) == 0
+    local = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    want = model([np.float32([39.0, 50.5]), np.array([b"Bachelors", b"HS-grad"]),
+                  np.int64([40, 13])]).numpy()
+    assert local[0]["key"] == 1 and sorted(local[1]) == ["probability"]
+    np.testing.assert_allclose([r["probability"] for r in local], want, rtol=1e-5)
+    proc, url = start_server(reaper.popen, str(tmp_path / "census"))
+    rows = httpx.post(f"{url}/v1/models/default:predict", timeout=60, json={"instances": [
+        {"age": 39.0, "education": "Bachelors", "hours": 40}]})
+    columns = httpx.post(f"{url}/v1/models/default:predict", timeout=60, json={"inputs": {
+        "age": [39.0, 50.5], "education": ["Bachelors", "HS-grad"], "hours": [40, 13]}})
+    assert rows.status_code == columns.status_code == 200, rows.text + columns.text
+    np.testing.assert_allclose(rows.json()["predictions"][0]["probability"], want[0],
+                               rtol=1e-5)
+    assert sorted(columns.json()["outputs"]) == ["probability"]
+    np.testing.assert_allclose(columns.json()["outputs"]["probability"], want, rtol=1e-5)
+    for bad, words in (({"age": 39.0, "education": "Bachelors", "hours": 40.0},
+                        "hours must hold integers (int64), got floats"),
+                       ({"age": 39.0, "education": 3, "hours": 40},
+                        "education must hold strings, got int")):
+        answer = httpx.post(f"{url}/v1/models/default:predict", timeout=60,
+                            json={"instances": [bad]})
+        assert answer.status_code == 400 and words in answer.text, answer.text
