@@ -206,6 +206,19 @@ class Terminal:
         self._shown = True
 
 
+def names_a_task(task_name: str, labels: list[str]) -> bool:
+    """Whether --task-name is one of the job's replicas (when the record lists them), or
+    at least a replica label: `master-replica-0`, or a tuning trial's `3/master-replica-0`;
+    `service` names the supervisor's events."""
+    trial, _, label = task_name.rpartition("/")
+    if label == SERVICE and (not trial or trial.isascii() and trial.isdigit()):
+        return True  # the supervisor's own lines (a trial's: `3/service`)
+    if labels:
+        return task_name in labels
+    return contracts.parse_label(label) is not None and (
+        not trial or trial.isascii() and trial.isdigit())
+
+
 def _log_names(log_dir: str) -> list[str]:
     """`<label>.log` files of log_dir, and `<trial>/<label>.log` of a tuning job's."""
     names = []

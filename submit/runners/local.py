@@ -421,7 +421,7 @@ class LocalEngine(Runner):
 
     def follow(self, record: jobs.JobRecord, echo, *, task_name: str | None) -> int:
         labels = [r.label for r in record.replicas]
-        if task_name is not None and not _names_a_replica(task_name, labels):
+        if task_name is not None and not logs.names_a_task(task_name, labels):
             raise UsageError(f"--task-name {task_name!r:.60} names no replica of job "
                              f"{record.job_id}; use one of "
                              f"{', '.join(labels) or contracts.LABEL_HINT}")
@@ -509,15 +509,3 @@ def _kill_orphans(record: jobs.JobRecord) -> None:
             except (ProcessLookupError, PermissionError):
                 pass
 
-
-def _names_a_replica(task_name: str, labels: list[str]) -> bool:
-    """Whether --task-name is one of the job's replicas (when the record lists them), or
-    at least a replica label: `master-replica-0`, or a tuning trial's `3/master-replica-0`;
-    `service` names the supervisor's events."""
-    trial, _, label = task_name.rpartition("/")
-    if label == logs.SERVICE and (not trial or trial.isascii() and trial.isdigit()):
-        return True  # the supervisor's own lines (a trial's: `3/service`)
-    if labels:
-        return task_name in labels
-    return contracts.parse_label(label) is not None and (
-        not trial or trial.isascii() and trial.isdigit())
