@@ -47,7 +47,7 @@ class JobLife:
         self._cancel = procs.SignalFlag()  # set by the signal handler: never an Event
         self._lock = threading.RLock()
         self._pending_events: list[str] | None = []  # None once the log folder is ready
-        prefix = plan.chief.label.rpartition("/")[0] if plan.replicas else ""
+        prefix = next((r.label.rpartition("/")[0] for r in plan.replicas), "")
         self.service_label = f"{prefix}/{logs.SERVICE}" if prefix else logs.SERVICE
 
     def cancel(self, *_):
