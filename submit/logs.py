@@ -41,6 +41,7 @@ STARTUP_NOISE = re.compile(
 REPEAT_MEMORY = 16      # distinct recent lines a repeat is looked for among
 REPEAT_WINDOW_S = 60.0  # a line not seen for this long is new again
 REPEAT_MIN_CHARS = 20   # short lines (blank, separators) are never collapsed
+REPEAT_REPORT_S = 30.0  # a storm that goes on is counted this often
 
 
 def format_line(label: str, text: str, severity: str = "INFO",
@@ -81,8 +82,9 @@ def _repeat_key(text: str) -> str:
 class Repeats:
     """Collapses storms of repeated lines on one stream: a line already seen among the
     last REPEAT_MEMORY distinct ones within REPEAT_WINDOW_S is held back and counted; the
-    count becomes one line when a new line comes, or at `flush()` (the stream's end).
-    `emit(text, like)`: like is the line whose severity the text takes."""
+    count becomes one line when a new line comes, every REPEAT_REPORT_S while the storm
+    goes on, or at `flush()` (the stream's end). `emit(text, like)`: like is the line
+    whose severity the text takes."""
 
     def __init__(self, emit: Callable[[str, str], None],
                  clock: Callable[[], float] = time.monotonic):
@@ -91,6 +93,7 @@ class Repeats:
         self.recent: OrderedDict[str, float] = OrderedDict()
         self.held = 0
         self.first_held: str | None = None
+        self.held_since = 0.0
 
     def feed(self, text: str) -> None:
         now = self.clock()
@@ -102,7 +105,9 @@ class Repeats:
         if repeat and len(text) >= REPEAT_MIN_CHARS:
             self.held += 1
             if self.first_held is None:
-                self.first_held = text
+                self.first_held, self.held_since = text, now
+            elif now - self.held_since >= REPEAT_REPORT_S:
+                self.flush()  # a storm that goes on: its count so far
             return
         while len(self.recent) > REPEAT_MEMORY:
             self.recent.popitem(last=False)

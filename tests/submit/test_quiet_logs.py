@@ -61,6 +61,20 @@ def test_lines_that_differ_short_lines_and_old_lines_are_kept():
     assert shown == lines + ["", "", "----", "----", lines[-1]]
 
 
+def test_a_storm_that_goes_on_is_counted_every_30_s():
+    now = [0.0]
+    shown: list[str] = []
+    repeats = logs.Repeats(lambda text, like: shown.append(text), clock=lambda: now[0])
+    line = storm(1)[0]
+    for second in range(65):  # the same error once a second for a minute
+        now[0] = float(second)
+        repeats.feed(line)
+    count = f"[31 repeated line(s) not shown, the first: {line[:117]}...]"
+    assert shown == [line, count, count]  # at 31 s and 62 s
+    repeats.flush()
+    assert shown[-1].startswith("[2 repeated line(s)")
+
+
 def test_severity_of_tensorflow_and_python_log_lines():
     assert logs.severity(storm(1)[0], "stderr") == "ERROR"
     assert logs.severity("W1125 13:00:01.123456 18116 cm.cc:968] Device filters", "stderr") \
