@@ -199,3 +199,26 @@ def test_a_restart_policy_alone_survives_a_sigkilled_worker(capsys, tmp_path, pk
                 "restart 1)", "master-replica-0 exited with status 0", "job SUCCEEDED"]
     at = [next(i for i, e in enumerate(events) if e.startswith(x)) for x in expected]
     assert at == sorted(at), events
+
+
+@pytest.mark.slow  # two TensorFlow replicas under MultiWorkerMirroredStrategy, ~1 minute
+def test_multiworker_workers_that_finish_are_not_restarted(capsys, tmp_path):
+    """The bug as users met it: the real trainer under MultiWorkerMirrored (a master and
+    a worker, no ps) with restartPolicy ExitCode; the worker ends with 0 when training
+    is done and was restarted ("exited with status 0; restarting in 1 s")."""
+    config = tmp_path / "mwms.yaml"
+    config.write_text("trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"
+                      "  workerType: standard\n  workerCount: 1\n"
+                      "  workerConfig: {restartPolicy: ExitCode, maxRestarts: 3}\n")
+    status = main(["mwms", "--config", str(config), "--job-dir", str(tmp_path / "mwms"),
+                   "--", "--model", "mlp", "--train-steps", "40", "--batch-size", "32"],
+                  standalone_mode=False)
+    out, err = capsys.readouterr()
+    assert status == 0, err[-3000:]
+    assert "training started: strategy=multiworker" in out, out[-3000:]
+    assert "restarting" not in out
+    record = records.load("mwms")
+    assert record.state == records.SUCCEEDED
+    worker = {r.label: r for r in record.replicas}["worker-replica-0"]
+    assert worker.restarts == 0 and len(worker.exit_codes) == 1, worker
+    assert worker.exit_codes[0] in (0, 143), worker  # finished, or stopped with the job
