@@ -424,7 +424,8 @@ class LocalEngine(Runner):
         if task_name is not None and not logs.names_a_task(task_name, labels):
             raise UsageError(f"--task-name {task_name!r:.60} names no replica of job "
                              f"{record.job_id}; use one of "
-                             f"{', '.join(labels) or contracts.LABEL_HINT}")
+                             f"{', '.join(labels) or contracts.LABEL_HINT}, or "
+                             f"{logs.SERVICE} for the supervisor's events")
         for line in self.logs({"job_id": record.job_id}, task_name=task_name):
             echo(line)
         return 0
