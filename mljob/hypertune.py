@@ -10,8 +10,10 @@ atomically (rename) where the library rewrites it in place; `read_reports` is th
 tuner's side and tolerates both, including a half-written last line of the library's.
 
 `report_evaluation` is what the training library calls after each evaluation: it reports
-only inside a tuning trial (when the launcher set the variables), under the job's metric
-tag and under the tags users guess, `accuracy` and `loss`.
+only inside a tuning trial (when the launcher set the variables), every metric and the
+loss under their own names, and the job's metric tag only when it names one of them
+(or Keras's `val_` name of one): a tag nothing measures is never filled in with another
+number, so the tuner fails that trial naming the tags it did report (`reported_tags`).
 """
 from __future__ import annotations
 
@@ -90,10 +92,11 @@ def report_evaluation(step: int, *, loss: float, metrics: Mapping[str, float],
                       environ: Mapping[str, str] | None = None) -> bool:
     """Inside a tuning trial, report one evaluation; False (nothing written) outside.
 
-    The job's tag (CLOUD_ML_HP_METRIC_TAG) gets the metric of that name when there is
-    one, else the loss when the tag names a loss, else the first metric (accuracy for
-    the bundled trainer); `loss` and every metric are reported under their own names
-    too (`accuracy`, `loss`: the tags users guess)."""
+    `loss` and every metric are reported under their own names; the job's tag
+    (CLOUD_ML_HP_METRIC_TAG) gets the metric it names: `accuracy`, `loss`, or Keras's
+    validation names `val_accuracy`, `val_loss` (an evaluation is on held-out data). A
+    job that set no tag (Cloud ML's default `training/hptuning/metric`) gets the first
+    metric under it. Any other tag is not reported: the tuner then fails the trial."""
     global _trial_writer
     environ = os.environ if environ is None else environ
     if not in_trial(environ):
@@ -101,10 +104,35 @@ def report_evaluation(step: int, *, loss: float, metrics: Mapping[str, float],
     if _trial_writer is None or environ is not os.environ:
         _trial_writer = HyperTune(environ)
     tag = environ.get(HP_METRIC_TAG_ENV) or DEFAULT_HP_METRIC_TAG
-    first = next(iter(metrics.values()), loss)
-    value = metrics.get(tag, loss if "loss" in tag.lower() else first)
-    _trial_writer.report({tag: value, LOSS_TAG: loss, **metrics}, step)
+    values = {LOSS_TAG: loss, **metrics}
+    named = tag[len("val_"):] if tag.startswith("val_") else tag
+    if named in values:
+        values[tag] = values[named]
+    elif tag == DEFAULT_HP_METRIC_TAG:
+        values[tag] = next(iter(metrics.values()), loss)
+    _trial_writer.report(values, step)
     return True
+
+
+REPORT_FIELDS = {"timestamp", "trial", "global_step", "checkpoint_path"}
+
+
+def reported_tags(path: str) -> list[str]:
+    """The metric tags a metrics file holds reports of, sorted; [] without the file."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except (FileNotFoundError, IsADirectoryError):
+        return []
+    tags: set[str] = set()
+    for raw in text.splitlines():
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(line, dict):
+            tags.update(str(k) for k in line if k not in REPORT_FIELDS)
+    return sorted(tags)
 
 
 def read_summaries(folder: str, tag: str) -> list[Report]:

@@ -8,9 +8,11 @@ Rules (docs/predict.md lists them for users):
 - an instance is an object of named inputs, or a bare value when the signature has a
   single input; unknown and missing inputs are errors;
 - numbers must be JSON numbers (no strings, no booleans), floats must be finite, and
-  integer inputs take integers only;
-- `image` pixels must lie in [0, 1] (the export's contract; 0-255 values are refused
-  with a hint rather than silently giving wrong classes);
+  integer inputs take integers only; what an input accepts comes from the signature
+  (dtype, shape) only, whatever its name (a model may rescale 0-255 pixels itself);
+- the instance key is optional: an input that the signature passes through to an
+  output of the same name (`key`, shape [None]) may be left out, and then its output is
+  left out of that instance's answer (TF Serving's clients send no key);
 - a value of the right size but another shape is flattened when the signature wants a
   flat vector (a 28x28 image for a 784 input); any other shape mismatch is an error;
 - `{"b64": "..."}` is binary: decoded bytes for string inputs, raw little-endian values
@@ -29,16 +31,53 @@ from predict.errors import InstanceError
 from predict.model import Signature, TensorInfo
 
 MAX_DEPTH = 8
-VALUE_RANGES = {"image": (0.0, 1.0)}
 INT64_MAX = np.iinfo(np.int64).max
+KEYLESS = "\0keyless"  # marks a decoded instance that came without its key
+
+
+class Batch(dict):
+    """Column arrays, one per input; `keyless` when the request left out the key."""
+
+    keyless = False
+
+
+def passthrough_key(sig: Signature) -> str | None:
+    """The instance key: an input of shape [None] that is also an output of that name,
+    beside at least one other input (the export's `key`)."""
+    for name, info in sig.inputs.items():
+        if name in sig.outputs and info.shape is not None and len(info.shape) == 1 \
+                and len(sig.inputs) > 1:
+            return name
+    return None
+
+
+def _no_key(info: TensorInfo, count: int | None = None) -> np.ndarray:
+    """What a left-out key is filled with (its answer is not shown)."""
+    dtype = np.dtype(info.dtype)
+    shape = () if count is None else (count,)
+    return np.full(shape, b"", dtype=object) if dtype.kind == "O" else np.zeros(shape, dtype)
 
 
 def decode_instance(instance, sig: Signature) -> dict:
-    """One row-format instance -> {input name: array without the batch dimension}."""
+    """One row-format instance -> {input name: array without the batch dimension}; an
+    instance without its key gets the KEYLESS mark."""
     names = list(sig.inputs)
+    key = passthrough_key(sig)
+    others = [n for n in names if n != key]
+    if key is not None and len(others) == 1 and not (isinstance(instance, dict)
+                                                    and not _is_b64(instance)):
+        instance = {others[0]: instance}  # a bare value for the one input besides the key
     if isinstance(instance, dict) and not _is_b64(instance):
-        _check_names(instance, sig)
-        return {n: to_array(instance[n], n, sig.inputs[n], batched=False) for n in names}
+        keyless = key is not None and key not in instance and bool(instance)
+        given = [n for n in names if not (keyless and n == key)]
+        _check_names(instance, sig, optional=key if keyless else None)
+        decoded: dict = {n: to_array(instance[n], n, sig.inputs[n], batched=False)
+                         for n in given}
+        if keyless:
+            assert key is not None  # keyless needs a key
+            decoded[key] = _no_key(sig.inputs[key])
+            decoded[KEYLESS] = True
+        return decoded
     if len(names) != 1:
         raise InstanceError(f"a bare value needs a signature with one input, but "
                             f"{sig.name} takes {_listing(names)}: send an object like "
@@ -46,14 +85,14 @@ def decode_instance(instance, sig: Signature) -> dict:
     return {names[0]: to_array(instance, names[0], sig.inputs[names[0]], batched=False)}
 
 
-def _check_names(given: dict, sig: Signature) -> None:
-    """Every input of the signature given, and nothing else."""
+def _check_names(given: dict, sig: Signature, optional: str | None = None) -> None:
+    """Every input of the signature given (but the optional key), and nothing else."""
     names = list(sig.inputs)
     unknown = sorted(set(given) - set(names))
     if unknown:
         raise InstanceError(f"unknown input {unknown[0]!r}; signature {sig.name} takes "
                             f"{_listing(names)}")
-    missing = [n for n in names if n not in given]
+    missing = [n for n in names if n not in given and n != optional]
     if missing:
         raise InstanceError(f"missing input {missing[0]!r}; signature {sig.name} takes "
                             f"{_listing(names)}")
@@ -65,29 +104,46 @@ def stack(decoded: list, sig: Signature) -> dict:
             for n, info in sig.inputs.items()}
 
 
-def decode_columns(inputs, sig: Signature) -> dict:
-    """Columnar `inputs` (object of batched values, or one bare batched value) -> batch."""
+def decode_columns(inputs, sig: Signature) -> Batch:
+    """Columnar `inputs` (object of batched values, or one bare batched value) -> batch;
+    without its key, `keyless`."""
     names = list(sig.inputs)
+    key = passthrough_key(sig)
+    others = [n for n in names if n != key]
     if not (isinstance(inputs, dict) and not _is_b64(inputs)):
-        if len(names) != 1:
+        if len(others) != 1:
             raise InstanceError(f"bare inputs need a signature with one input, but "
                                 f"{sig.name} takes {_listing(names)}")
-        inputs = {names[0]: inputs}
-    _check_names(inputs, sig)
-    batch = {n: to_array(inputs[n], n, sig.inputs[n], batched=True) for n in names}
-    sizes = {n: a.shape[0] for n, a in batch.items()}
+        inputs = {others[0]: inputs}
+    keyless = key is not None and key not in inputs and bool(inputs)
+    _check_names(inputs, sig, optional=key if keyless else None)
+    batch = Batch((n, to_array(inputs[n], n, sig.inputs[n], batched=True))
+                  for n in names if not (keyless and n == key))
+    return _sized(batch, sig, key if keyless else None)
+
+
+def _sized(batch: Batch, sig: Signature, missing_key: str | None) -> Batch:
+    """The batch checked for one batch size, with a left-out key filled in."""
+    sizes = {n: a.shape[0] if a.ndim else 0 for n, a in batch.items()}
     if len(set(sizes.values())) > 1:
         raise InstanceError("inputs differ in batch size: " +
                             ", ".join(f"{n} has {s}" for n, s in sizes.items()))
+    if missing_key is not None:
+        batch[missing_key] = _no_key(sig.inputs[missing_key], next(iter(sizes.values())))
+        batch.keyless = True
     return batch
 
 
-def check_columns(arrays: dict, sig: Signature) -> dict:
+def check_columns(arrays: dict, sig: Signature) -> Batch:
     """Ready arrays (a gRPC request's tensors), one per input with the batch dimension
     -> the batch, checked like JSON columns: names, dtype, shape, values, batch size."""
-    _check_names(arrays, sig)
-    batch = {}
+    key = passthrough_key(sig)
+    keyless = key is not None and key not in arrays and bool(arrays)
+    _check_names(arrays, sig, optional=key if keyless else None)
+    batch = Batch()
     for name, info in sig.inputs.items():
+        if keyless and name == key:
+            continue
         arr = np.asarray(arrays[name])
         want = np.dtype(info.dtype)
         if arr.dtype != want and not (want.kind == "O" and arr.dtype.kind in "OS"):
@@ -96,11 +152,13 @@ def check_columns(arrays: dict, sig: Signature) -> dict:
         arr = _fit_shape(arr, info.shape, name)
         _check_values(arr, name, info)
         batch[name] = arr
-    sizes = {n: a.shape[0] if a.ndim else 0 for n, a in batch.items()}
-    if len(set(sizes.values())) > 1:
-        raise InstanceError("inputs differ in batch size: " +
-                            ", ".join(f"{n} has {s}" for n, s in sizes.items()))
-    return batch
+    return _sized(batch, sig, key if keyless else None)
+
+
+def shown_outputs(outputs, batch, sig: Signature) -> list:
+    """The outputs a columnar answer shows: not the key's when the request had none."""
+    key = passthrough_key(sig) if getattr(batch, "keyless", False) else None
+    return [n for n in outputs if n != key]
 
 
 def to_array(value, name: str, info: TensorInfo, *, batched: bool) -> np.ndarray:
@@ -204,26 +262,29 @@ def _check_values(arr: np.ndarray, name: str, info: TensorInfo) -> None:
     if not np.isfinite(arr).all():
         raise InstanceError(f"{name} holds NaN or infinite values (or values beyond "
                             f"the {np.dtype(info.dtype).name} range)")
-    low, high = VALUE_RANGES.get(name, (None, None))
-    if low is not None and (arr.min() < low or arr.max() > high):
-        raise InstanceError(f"{name} values must lie in [{low:g}, {high:g}], got "
-                            f"{float(arr.min()):g}..{float(arr.max()):g}; scale 0-255 "
-                            "pixels by 1/255")
 
 
-def encode_rows(outputs: dict) -> list:
+def encode_rows(outputs: dict, keyless: list | None = None, key: str | None = None) -> list:
     """Column outputs -> one JSON-able value per instance (TF Serving's `predictions`):
-    an object per instance, or the bare value when there is a single output."""
+    an object per instance, or the bare value when there is a single output. Instances
+    marked in `keyless` are answered without the `key` output (still an object: the
+    signature has several outputs)."""
     names = output_order(outputs)
     columns = [_jsonable(outputs[n]) for n in names]
-    if len(names) == 1:
-        return columns[0]
-    return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
+    rows = columns[0] if len(names) == 1 else [
+        dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
+    if key is None or key not in outputs or not keyless or not any(keyless):
+        return rows
+    return [{n: v for n, v in r.items() if n != key} if k else r
+            for r, k in zip(rows, keyless, strict=True)]
 
 
-def encode_columns(outputs: dict):
-    """Column outputs -> TF Serving's columnar `outputs` (bare when single)."""
+def encode_columns(outputs: dict, shown: list | None = None):
+    """Column outputs -> TF Serving's columnar `outputs` (bare when single); `shown`
+    leaves the others out (an object still, when there were several)."""
     names = output_order(outputs)
+    if shown is not None and len(names) > 1:
+        return {n: _jsonable(outputs[n]) for n in names if n in shown}
     if len(names) == 1:
         return _jsonable(outputs[names[0]])
     return {n: _jsonable(outputs[n]) for n in names}
@@ -281,4 +342,5 @@ def _listing(names) -> str:
 
 
 __all__ = ["decode_instance", "decode_columns", "check_columns", "stack", "to_array", "encode_rows",
-           "encode_columns", "output_order", "MAX_DEPTH", "VALUE_RANGES"]
+           "encode_columns", "output_order", "passthrough_key", "shown_outputs", "Batch",
+           "KEYLESS", "MAX_DEPTH"]

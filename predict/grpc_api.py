@@ -149,7 +149,7 @@ class GrpcApi:
                 raise InputError("inputs", str(exc)) from None
             self.service._check_count(next(iter(batch.values())).shape[0])
             outputs = model.predict(batch, sig.name)
-            wanted = list(request.output_filter) or list(outputs)
+            wanted = list(request.output_filter) or decode.shown_outputs(outputs, batch, sig)
             unknown = [n for n in wanted if n not in outputs]
             if unknown:
                 raise InputError("output_filter", f"unknown output {unknown[0]!r}; "

@@ -27,13 +27,17 @@ def decode_labelled(labelled, sig: Signature) -> list:
 
 def predict_rows(model: Model, decoded: list, sig: Signature) -> list:
     """Decoded instances -> one JSON-able prediction per instance, in order (one model
-    call for all of them)."""
-    return decode.encode_rows(model.predict(decode.stack(decoded, sig), sig.name))
+    call for all of them); an instance sent without its key is answered without it."""
+    outputs = model.predict(decode.stack(decoded, sig), sig.name)
+    return decode.encode_rows(outputs, [decode.KEYLESS in d for d in decoded],
+                              decode.passthrough_key(sig))
 
 
 def predict_columns(model: Model, batch: dict, sig: Signature):
-    """A decoded columnar batch -> TF Serving's columnar `outputs`."""
-    return decode.encode_columns(model.predict(batch, sig.name))
+    """A decoded columnar batch -> TF Serving's columnar `outputs` (no key output when
+    the request sent no key)."""
+    outputs = model.predict(batch, sig.name)
+    return decode.encode_columns(outputs, decode.shown_outputs(outputs, batch, sig))
 
 
 __all__ = ["decode_labelled", "predict_rows", "predict_columns"]

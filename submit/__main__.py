@@ -212,6 +212,8 @@ def jobs_describe(job_id):
         if data.get(key):
             data[key] = _iso(data[key])
     click.echo(yaml.safe_dump(data, sort_keys=True, default_flow_style=False).rstrip())
+    if record.replicas:
+        click.echo("\nReplicas:\n" + "\n".join(records.replica_lines(record)))
     if record.training_output.get("trials"):
         from submit import tuning
         click.echo("\nTrials, best first:\n" + tuning.trials_table(record.training_output))

@@ -8,6 +8,11 @@ a job that succeeded but cannot be copied fails, any other keeps its own reason.
 record is published after each change; a failed write is logged and never leaves a
 process behind.
 
+Every change of state is also a supervisor event: `_event(text)` writes a `service`
+line (`3/service` in a tuning trial) to `<log dir>/service.log`, which `jobs stream-logs`
+follows with the replicas' logs, as Cloud ML's service lines were; events before the
+folders are prepared wait for them (preparing empties a mirrored log folder).
+
 A subclass gives `_live()` (prepare, start, supervise: the ending state and its error),
 `_stop_everything()` (stop and close all it started; called more than once), may add to
 `_wind_up()` (after the stop, before the last copy) and `_copy_out()` (the last copy).
@@ -41,6 +46,9 @@ class JobLife:
         self.mirrors = [Mirror(local, url) for local, url in plan.mirrors]
         self._cancel = procs.SignalFlag()  # set by the signal handler: never an Event
         self._lock = threading.RLock()
+        self._pending_events: list[str] | None = []  # None once the log folder is ready
+        prefix = next((r.label.rpartition("/")[0] for r in plan.replicas), "")
+        self.service_label = f"{prefix}/{logs.SERVICE}" if prefix else logs.SERVICE
 
     def cancel(self, *_):
         self._cancel.set()
@@ -90,9 +98,11 @@ class JobLife:
             mirror.seed()
         for folder in folders:
             os.makedirs(folder, exist_ok=True)
+        self._flush_events()
 
     def _finish(self, state: str, error: str | None) -> str:
         self._stop_everything()
+        self._flush_events()
         self._wind_up()
         try:
             self._copy_out()
@@ -116,8 +126,35 @@ class JobLife:
     def _set(self, state: str, error: str | None = None) -> None:
         with self._lock:
             self.record.set_state(state, error)
+            self._event(f"job {state}" + (f": {error}" if error else ""))
             self.terminal.state(state)
             self._save()
+
+    def _event(self, text: str) -> None:
+        """A supervisor event: a service line in the job's log and on the terminal."""
+        line = logs.format_line(self.service_label, text)
+        with self._lock:
+            if self._pending_events is not None:
+                self._pending_events.append(line)
+            else:
+                self._write_events([line])
+        self.terminal.event(line, text)
+
+    def _flush_events(self) -> None:
+        with self._lock:
+            pending, self._pending_events = self._pending_events or [], None
+            self._write_events(pending)
+
+    def _write_events(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        try:
+            os.makedirs(self.plan.log_dir, exist_ok=True)
+            with open(os.path.join(self.plan.log_dir, logs.SERVICE_LOG), "a",
+                      encoding="utf-8") as f:
+                f.writelines(line + "\n" for line in lines)
+        except OSError as exc:  # a full disk must not stop the supervisor
+            log.warning("cannot write the job's service log: %s", exc)
 
     def _save(self) -> None:
         try:

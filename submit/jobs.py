@@ -34,6 +34,7 @@ class ReplicaRecord:
     exit_code: int | None = None
     restarts: int = 0
     stamp: dict | None = None        # procs.stamp of its current process: start, argv
+    exit_codes: list[int] = dataclasses.field(default_factory=list)  # of every run, in order
 
 
 @dataclasses.dataclass
@@ -123,6 +124,15 @@ class JobRecord:
         data["replicas"] = [ReplicaRecord(**r) for r in data.get("replicas", [])]
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def replica_lines(record: JobRecord) -> list[str]:
+    """`jobs describe`'s readable lines: each replica's state, restarts and the exit
+    status of every run (137: killed by SIGKILL)."""
+    def runs(codes: list[int]) -> str:
+        return ", ".join(str(c) for c in codes) if codes else "none ended yet"
+    return [f"  {r.label}: {r.state}, {r.restarts} restart{'s' * (r.restarts != 1)}; "
+            f"exit status of each run: {runs(r.exit_codes)}" for r in record.replicas]
 
 
 def index_path(job_id: str) -> str:

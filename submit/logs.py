@@ -1,9 +1,17 @@
 """Replica logs: labelled, timestamped lines, a live progress line, and following files.
 
 Every line a replica prints becomes, as gcloud streams it,
-`INFO<TAB>2026-11-22 12:00:00 +0000<TAB>master-replica-0<TAB><text>` (stderr lines that
-look like errors are `ERROR`). The same lines go to `<log dir>/<label>.log`, so
-`jobs stream-logs` can follow a job from any terminal by reading those files.
+`INFO<TAB>2026-11-22 12:00:00 +0000<TAB>master-replica-0<TAB><text>` (TensorFlow's
+`W...`/`E...` lines are `WARNING`/`ERROR`, as are Python's `WARNING:`/`ERROR:` log lines
+and stderr lines that look like errors). The same lines go to `<log dir>/<label>.log`,
+so `jobs stream-logs` can follow a job from any terminal by reading those files; the
+supervisor's own events are `service` lines in `<log dir>/service.log`.
+
+Quiet by default: unless the user set TF_CPP_MIN_LOG_LEVEL, replicas get 1 (no
+TensorFlow INFO lines) and the two start-up lines that ignore it (absl's "before
+InitializeLog" warning, oneDNN's notice) are dropped. A storm of the same stderr lines
+(a killed peer's gRPC "Connection refused", four lines an attempt, dozens a second) is
+shown once, then as one line with the count of repeats (`Repeats`).
 """
 from __future__ import annotations
 
@@ -12,12 +20,28 @@ import re
 import sys
 import threading
 import time
+from collections import OrderedDict
 from typing import TextIO
 from collections.abc import Callable, Iterator
 
 from mljob import contracts
 
 ERROR_LINE = re.compile(r"^(error:|Traceback|\w*Error\b)|\bERROR\b")
+SERVICE = "service"                 # the label of the supervisor's own lines
+SERVICE_LOG = f"{SERVICE}.log"
+TF_LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
+QUIET_TF_LOG_LEVEL = "1"            # warnings and errors only
+# absl's header: severity letter, date, time, thread id, then file:line]
+GLOG = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ (?=\S+:\d+\] )")
+PYTHON_LOG = re.compile(r"^(WARNING|ERROR|CRITICAL):[\w.]+:")
+GLOG_SEVERITY = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+STARTUP_NOISE = re.compile(
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
+    r"STDERR$|^I\d{4} [\d:.]+\s+\d+ port\.cc:\d+\] oneDNN custom operations are on\.")
+REPEAT_MEMORY = 16      # distinct recent lines a repeat is looked for among
+REPEAT_WINDOW_S = 60.0  # a line not seen for this long is new again
+REPEAT_MIN_CHARS = 20   # short lines (blank, separators) are never collapsed
+REPEAT_REPORT_S = 30.0  # a storm that goes on is counted this often
 
 
 def format_line(label: str, text: str, severity: str = "INFO",
@@ -27,7 +51,76 @@ def format_line(label: str, text: str, severity: str = "INFO",
 
 
 def severity(text: str, stream: str) -> str:
+    glog = GLOG.match(text)
+    if glog:
+        return GLOG_SEVERITY[glog.group(1)]
+    python = PYTHON_LOG.match(text)
+    if python:
+        return python.group(1)
     return "ERROR" if stream == "stderr" and ERROR_LINE.search(text) else "INFO"
+
+
+def startup_noise(text: str) -> bool:
+    """TensorFlow's start-up lines that TF_CPP_MIN_LOG_LEVEL does not silence."""
+    return STARTUP_NOISE.match(text) is not None
+
+
+def quiet_env(environ) -> dict:
+    """What a replica's environment gets so that TensorFlow starts quietly: nothing when
+    the user set TF_CPP_MIN_LOG_LEVEL (any value; 0 shows everything)."""
+    return {} if TF_LOG_LEVEL_ENV in environ else {TF_LOG_LEVEL_ENV: QUIET_TF_LOG_LEVEL}
+
+
+def _repeat_key(text: str) -> str:
+    """A line without what differs between repeats: TensorFlow's time and thread header,
+    and the order of gRPC's `{field: value, ...}` details."""
+    text = GLOG.sub(lambda m: m.group(1), text)
+    return re.sub(r"\{([^{}]*)\}", lambda m: "{" + ", ".join(
+        sorted(f.strip() for f in m.group(1).split(","))) + "}", text)
+
+
+class Repeats:
+    """Collapses storms of repeated lines on one stream: a line already seen among the
+    last REPEAT_MEMORY distinct ones within REPEAT_WINDOW_S is held back and counted; the
+    count becomes one line when a new line comes, every REPEAT_REPORT_S while the storm
+    goes on, or at `flush()` (the stream's end). `emit(text, like)`: like is the line
+    whose severity the text takes."""
+
+    def __init__(self, emit: Callable[[str, str], None],
+                 clock: Callable[[], float] = time.monotonic):
+        self.emit = emit
+        self.clock = clock
+        self.recent: OrderedDict[str, float] = OrderedDict()
+        self.held = 0
+        self.first_held: str | None = None
+        self.held_since = 0.0
+
+    def feed(self, text: str) -> None:
+        now = self.clock()
+        key = _repeat_key(text)
+        seen = self.recent.get(key)
+        repeat = seen is not None and now - seen <= REPEAT_WINDOW_S
+        self.recent[key] = now
+        self.recent.move_to_end(key)
+        if repeat and len(text) >= REPEAT_MIN_CHARS:
+            self.held += 1
+            if self.first_held is None:
+                self.first_held, self.held_since = text, now
+            elif now - self.held_since >= REPEAT_REPORT_S:
+                self.flush()  # a storm that goes on: its count so far
+            return
+        while len(self.recent) > REPEAT_MEMORY:
+            self.recent.popitem(last=False)
+        self.flush()
+        self.emit(text, text)
+
+    def flush(self) -> None:
+        if not self.held:
+            return
+        first = self.first_held or ""
+        head = first if len(first) <= 120 else first[:117] + "..."
+        self.emit(f"[{self.held} repeated line(s) not shown, the first: {head}]", first)
+        self.held, self.first_held = 0, None
 
 
 class Progress:
@@ -90,6 +183,10 @@ class Terminal:
                 self._draw()
                 self.out.flush()
 
+    def event(self, formatted: str, text: str) -> None:
+        """A supervisor event: its log line when streaming, else as a note."""
+        self.note(formatted if self.stream else text)
+
     def note(self, text: str) -> None:
         """A launcher message (not a replica line), always shown."""
         with self._lock:
@@ -112,6 +209,19 @@ class Terminal:
     def _draw(self) -> None:
         self.out.write(self.progress.render())
         self._shown = True
+
+
+def names_a_task(task_name: str, labels: list[str]) -> bool:
+    """Whether --task-name is one of the job's replicas (when the record lists them), or
+    at least a replica label: `master-replica-0`, or a tuning trial's `3/master-replica-0`;
+    `service` names the supervisor's events."""
+    trial, _, label = task_name.rpartition("/")
+    if label == SERVICE and (not trial or trial.isascii() and trial.isdigit()):
+        return True  # the supervisor's own lines (a trial's: `3/service`)
+    if labels:
+        return task_name in labels
+    return contracts.parse_label(label) is not None and (
+        not trial or trial.isascii() and trial.isdigit())
 
 
 def _log_names(log_dir: str) -> list[str]:

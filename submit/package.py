@@ -95,8 +95,20 @@ class Package:
 
     @property
     def dist_name(self) -> str:
-        """The distribution name its file name gives (`trainer-0.1.tar.gz`: trainer)."""
-        return self.file_name.split("-", 1)[0]
+        """The distribution name its file name gives, as pip normalises it (PEP 503):
+        `trainer-0.1.tar.gz` trainer, `census-trainer-0.1.tar.gz` (an older setuptools'
+        sdist) and `Census_Trainer-0.1-py3-none-any.whl` census-trainer."""
+        return dist_name(self.file_name)
+
+
+def dist_name(file_name: str) -> str:
+    if file_name.endswith(".whl"):  # name-version-...: the name's dashes are escaped
+        name = file_name.split("-", 1)[0]
+    else:  # name-version.tar.gz: the version is what starts with a digit after a dash
+        stem = re.sub(r"\.(tar\.gz|tgz|tar\.bz2|tar\.xz|tar|zip)$", "", file_name)
+        found = re.match(r"^(.+?)-v?\d[^-]*$", stem)
+        name = found.group(1) if found else stem
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def mljob_home() -> str:

@@ -299,7 +299,7 @@ class Tuner(JobLife):
                                         name=f"trial-{trial_id}")
         self.running.append(trial)
         flags = " ".join(p.flag(params[p.name]) for p in self.spec.params)
-        self.terminal.note(f"trial {trial_id} started: {flags}")
+        self._event(f"trial {trial_id} started: {flags}")
         trial.thread.start()
         self.board.started(trial_id, plan.replica_job_dir, params, trial.start_time)
         self._publish_output()
@@ -324,9 +324,9 @@ class Tuner(JobLife):
                 and trial.thread is not None and trial.thread.is_alive()
                 and trial.optuna_trial.should_prune()):
             trial.stopped_early = True
-            self.terminal.note(f"trial {trial.trial_id} stopped early at step "
-                               f"{new[-1].step}: {self.spec.metric_tag}={new[-1].value:g} "
-                               "is worse than the median of earlier trials")
+            self._event(f"trial {trial.trial_id} stopped early at step "
+                        f"{new[-1].step}: {self.spec.metric_tag}={new[-1].value:g} "
+                        "is worse than the median of earlier trials")
             trial.runner.cancel()
 
     def _end(self, trial: Trial) -> None:
@@ -359,17 +359,25 @@ class Tuner(JobLife):
             self._tell(t, state=states.FAIL)
             outcome = "CANCELLED"
         else:
-            why = trial.error or (f"it reported no {self.spec.metric_tag!r} metric (report "
-                                  "it with cloudml-hypertune, see docs/submit.md)")
+            why = trial.error or self._missing_metric(trial)
             t.set_user_attr("error", why)
             self._tell(t, state=states.FAIL)
             self.failures += 1
             outcome = f"FAILED: {why}"
-        self.terminal.note(f"trial {trial.trial_id} {outcome}")
+        self._event(f"trial {trial.trial_id} {outcome}")
         self.board.ended(trial.trial_id, trial.plan.replica_job_dir, reports,
                          succeeded=bool(reports) and not outcome.startswith(("FAILED",
                                                                              "CANCELLED")))
         self._publish_output()
+
+    def _missing_metric(self, trial: Trial) -> str:
+        """Why a trial that ran to its end has no objective: no report carries the tag."""
+        tags = [t for t in hypertune.reported_tags(trial.metric_file)
+                if t != self.spec.metric_tag]
+        did = (f"it reported {', '.join(tags)}" if tags else
+               "it reported no metric (report it with cloudml-hypertune, see docs/submit.md)")
+        return (f"no report carries the hyperparameterMetricTag "
+                f"{self.spec.metric_tag!r}; {did}")
 
     def _tell(self, trial, *args, **kwargs) -> None:
         try:

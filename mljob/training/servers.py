@@ -7,13 +7,17 @@ why Cloud ML's and Kubeflow's parameter servers famously outlived their jobs), s
 main thread waits on the replica's `StopSignal` (`mljob.training.signals`: SIGTERM,
 SIGINT, the launcher's death) instead, and the process ends with `os._exit`.
 
-A server stopped this way exits 0: for a ps or worker, being stopped is how a job ends.
+A server stopped this way exits 143 (EXIT_PREEMPTED, as SIGTERM's default would): a ps
+or worker has no work of its own to finish, so it never exits 0, and a launcher's
+restart policy (ExitCode, OnFailure) brings back one stopped from outside while the job
+runs; a replica that exits 0 finished and is never restarted.
 """
 from __future__ import annotations
 
 import sys
 
 from mljob.cluster import ClusterInfo
+from mljob.errors import EXIT_PREEMPTED
 from mljob.training.signals import StopSignal, exit_now, say
 
 
@@ -31,7 +35,7 @@ def serve(info: ClusterInfo, stop: StopSignal) -> int:
     while not stop.wait(3600):
         pass
     say(f"{info.task_name} stopping: {stop.reason()}", sys.stdout)
-    exit_now(0)
+    exit_now(EXIT_PREEMPTED)
 
 
 __all__ = ["serve"]

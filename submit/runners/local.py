@@ -19,14 +19,16 @@ starts. The wait is judged when preparation ends: a pip install is not interrupt
 
 Restart policies, per replica type (as Kubeflow's TFJob names them): Never; OnFailure
 (any non-zero exit); ExitCode (exit statuses 128-255, the trainer's retryable ones: 143
-preempted, 200 peer unavailable, and deaths by signal; 1-127 are permanent); Always (ps,
-workers and evaluators also when they exit 0). Each replica may restart its type's
-`max_restarts` times (6 when a policy is given without a maximum), after a back-off of
-1, 2, 4 ... 30 seconds.
+preempted, 200 peer unavailable, and deaths by signal; 1-127 are permanent); Always (as
+OnFailure). A replica that exits 0 finished its work and is never restarted, under any
+policy and strategy, as Cloud ML did (a ps server stopped from outside exits 143). Each
+replica may restart its type's `max_restarts` times (6 when a policy is given without a
+maximum), after a back-off of 1, 2, 4 ... 30 seconds.
 
-A ps or worker serves until the job ends, and exits 0 when told to stop (SIGTERM): one
-that exits 0 while the chief still runs was stopped from outside (preempted), and is
-judged as exit status 143 would be, so that ExitCode and OnFailure bring it back.
+The record keeps each replica's restarts and the exit status of every run (`exit_codes`,
+137 for a SIGKILL); every supervisor event (a replica started, exited, restarting, the
+job's state) is a `service` line in `<log dir>/service.log`, which `jobs stream-logs`
+follows with the replicas' logs.
 """
 from __future__ import annotations
 
@@ -42,7 +44,6 @@ from collections.abc import Callable
 from typing import TextIO
 
 from mljob import contracts, procs, storage
-from mljob.errors import EXIT_PREEMPTED
 from submit import jobs, logs, usage
 from submit import plan as plans
 from submit.errors import SubmitError, UsageError
@@ -76,16 +77,13 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-
-
-def should_restart(policy: str, status: int, *, is_chief: bool) -> bool:
-    if policy == "OnFailure":
-        return status != 0
+def should_restart(policy: str, status: int) -> bool:
+    """Whether a replica that ended with `status` runs again: never after 0 (it finished)."""
+    if status == 0 or policy == "Never":
+        return False
     if policy == "ExitCode":
         return 128 <= status <= 255
-    if policy == "Always":
-        return status != 0 or not is_chief
-    return False
+    return policy in ("OnFailure", "Always")
 
 
 class Replica:
@@ -98,6 +96,7 @@ class Replica:
         self.readers: list[threading.Thread] = []
         self.restarts = 0
         self.restart_at: float | None = None
+        self.quiet = False             # TensorFlow's start-up lines dropped
         self.finished = False          # exited and not to be restarted
         self.reaped = False            # stopped and waited for: never signal its PID again
         self._file_lock = threading.Lock()
@@ -113,6 +112,8 @@ class Replica:
             self._file = open(self.plan.log_file, "a", encoding="utf-8", buffering=1)
         env = {k: v for k, v in os.environ.items() if k not in ENGINE_VARIABLES}
         env.update(self.plan.env)
+        self.quiet = bool(logs.quiet_env(env))
+        env.update(logs.quiet_env(env))
         env[contracts.PARENT_PID_ENV] = str(parent_pid)
         self.proc = subprocess.Popen(
             list(self.plan.command), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
@@ -128,13 +129,24 @@ class Replica:
 
     def _read(self, pipe, stream: str) -> None:
         label = self.plan.label
-        for raw in iter(pipe.readline, b""):
-            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            line = logs.format_line(label, text, logs.severity(text, stream))
+
+        def emit(text: str, like: str) -> None:
+            line = logs.format_line(label, text, logs.severity(like, stream))
             with self._file_lock:
                 if self._file is not None:
                     self._file.write(line + "\n")
             self.terminal.line(label, text, line)
+
+        repeats = logs.Repeats(emit)  # TensorFlow's storms are on stderr
+        for raw in iter(pipe.readline, b""):
+            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            if self.quiet and logs.startup_noise(text):
+                continue
+            if stream == "stderr":
+                repeats.feed(text)
+            else:
+                emit(text, text)
+        repeats.flush()
         pipe.close()
 
     def signal_group(self, sig: int) -> None:
@@ -188,8 +200,7 @@ class LocalRunner(JobLife):
                 f"{self.plan.max_wait_time:g}s (trainingInput.scheduling.maxWaitTime); "
                 f"it waited {waited:.0f}s.")
         for replica in self.replicas:
-            replica.start(self.plan.cwd, os.getpid())
-            self._note_replica(replica, "RUNNING")
+            self._start(replica)
         self._set(jobs.RUNNING)
         self.usage.start()
         return self._supervise()
@@ -200,16 +211,16 @@ class LocalRunner(JobLife):
             # Before any replica starts: a package that cannot be installed fails the job.
             key = self.plan.env_key
             assert key is not None  # a cloud-mode plan names its package environment
-            self.terminal.note(f"package environment {key[:12]}: installing "
-                               f"{', '.join(p['file_name'] for p in self.plan.packages)}")
+            self._event(f"package environment {key[:12]}: installing "
+                        f"{', '.join(p['file_name'] for p in self.plan.packages)}")
             started = time.monotonic()
             _, created = ensure_environment(
                 [Package(p["file_name"], p["sha256"], "", url=p["url"])
                  for p in self.plan.packages], key, root=self.plan.env_root,
                 cancelled=self._cancel.is_set)
             what = "created" if created else "reused"
-            self.terminal.note(f"package environment {key[:12]} {what} in "
-                               f"{time.monotonic() - started:.1f} s")
+            self._event(f"package environment {key[:12]} {what} in "
+                        f"{time.monotonic() - started:.1f} s")
 
     def _supervise(self) -> tuple[str, str | None]:
         chief = next(r for r in self.replicas if r.plan.is_chief)
@@ -228,21 +239,23 @@ class LocalRunner(JobLife):
                     continue
                 assert replica.proc is not None  # every replica started before supervision
                 status = exit_status(replica.proc.returncode)
+                self.record.replica(replica.plan.label).exit_codes.append(status)
                 self._note_replica(replica, "EXITED", status)
                 if replica is chief and status == 0:
+                    self._event(f"{replica.plan.label} exited with status 0")
                     self._drain_evaluators()
                     return jobs.SUCCEEDED, None
-                judged = status
-                if status == 0 and replica.plan.task_type in ("ps", "worker"):
-                    judged = EXIT_PREEMPTED  # a server stopped before the job ended
                 if (replica.restarts < replica.plan.max_restarts and should_restart(
-                        replica.plan.restart_policy, judged, is_chief=replica.plan.is_chief)):
+                        replica.plan.restart_policy, status)):
                     delay = min(2.0 ** replica.restarts, 30.0)
                     replica.restart_at = time.monotonic() + delay
-                    self.terminal.note(f"{replica.plan.label} exited with status {status}; "
-                                       f"restarting in {delay:.0f} s")
+                    self._event(f"{replica.plan.label} exited with status {status}; "
+                                f"restarting in {delay:.0f} s (restart "
+                                f"{replica.restarts + 1} of {replica.plan.max_restarts}, "
+                                f"policy {replica.plan.restart_policy})")
                     self._note_replica(replica, "RESTARTING", status)
                     continue
+                self._event(f"{replica.plan.label} exited with status {status}")
                 replica.finished = True
                 if status != 0:
                     return jobs.FAILED, (f"The replica {replica.plan.label} exited with a "
@@ -251,8 +264,7 @@ class LocalRunner(JobLife):
             for replica in self.replicas:
                 if replica.restart_at is not None and now >= replica.restart_at:
                     replica.restarts += 1
-                    replica.start(self.plan.cwd, os.getpid())
-                    self._note_replica(replica, "RUNNING")
+                    self._start(replica)
             if now >= next_mirror:
                 self._mirror(final=False)
                 next_mirror = now + MIRROR_EVERY_S
@@ -287,6 +299,8 @@ class LocalRunner(JobLife):
                 log.error("%s (pid %d) did not die after SIGKILL", r.plan.label, proc.pid)
             r.restart_at = None
             rec = self.record.replica(r.plan.label)
+            if rec.state == "RUNNING":  # a RESTARTING one's last run is counted already
+                rec.exit_codes.append(exit_status(proc.returncode))
             if rec.state in ("RUNNING", "RESTARTING"):
                 rec.state = "STOPPED" if r in stopped else "EXITED"
                 rec.exit_code = exit_status(proc.returncode)
@@ -297,6 +311,13 @@ class LocalRunner(JobLife):
         for replica in self.replicas:
             replica.close()  # all output is in the log files before the last copy
 
+    def _start(self, replica: Replica) -> None:
+        replica.start(self.plan.cwd, os.getpid())
+        assert replica.proc is not None  # start made it
+        again = f", restart {replica.restarts}" if replica.restarts else ""
+        self._event(f"{replica.plan.label} started (pid {replica.proc.pid}{again})")
+        self._note_replica(replica, "RUNNING")
+
     def _note_replica(self, replica: Replica, state: str, status: int | None = None) -> None:
         rec = self.record.replica(replica.plan.label)
         rec.pid = replica.proc.pid if replica.proc else None
@@ -304,7 +325,6 @@ class LocalRunner(JobLife):
             rec.stamp = procs.stamp(replica.proc.pid)
         rec.state, rec.exit_code, rec.restarts = state, status, replica.restarts
         self._save()
-
 
 
 class LocalEngine(Runner):
@@ -405,10 +425,11 @@ class LocalEngine(Runner):
 
     def follow(self, record: jobs.JobRecord, echo, *, task_name: str | None) -> int:
         labels = [r.label for r in record.replicas]
-        if task_name is not None and not _names_a_replica(task_name, labels):
+        if task_name is not None and not logs.names_a_task(task_name, labels):
             raise UsageError(f"--task-name {task_name!r:.60} names no replica of job "
                              f"{record.job_id}; use one of "
-                             f"{', '.join(labels) or contracts.LABEL_HINT}")
+                             f"{', '.join(labels) or contracts.LABEL_HINT}, or "
+                             f"{logs.SERVICE} for the supervisor's events")
         for line in self.logs({"job_id": record.job_id}, task_name=task_name):
             echo(line)
         return 0
@@ -493,12 +514,3 @@ def _kill_orphans(record: jobs.JobRecord) -> None:
             except (ProcessLookupError, PermissionError):
                 pass
 
-
-def _names_a_replica(task_name: str, labels: list[str]) -> bool:
-    """Whether --task-name is one of the job's replicas (when the record lists them), or
-    at least a replica label: `master-replica-0`, or a tuning trial's `3/master-replica-0`."""
-    if labels:
-        return task_name in labels
-    trial, _, label = task_name.rpartition("/")
-    return contracts.parse_label(label) is not None and (
-        not trial or trial.isascii() and trial.isdigit())

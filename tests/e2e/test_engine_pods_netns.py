@@ -203,7 +203,7 @@ def test_tfjob_pods_train_under_the_operators_tf_config(reaper, tmp_path):
         for proc in servers:
             os.killpg(proc.pid, signal.SIGTERM)
         for proc, pod in zip(servers, ("worker-0", "ps-0")):
-            assert wait_exit(proc, 30, logs[pod]) == 0
+            assert wait_exit(proc, 30, logs[pod]) == 143
             assert "stopping: got SIGTERM" in read(logs[pod])
     assert not any(pid_alive(p.pid) for p in procs.values())
     assert not set(names) & set(list_namespaces())

@@ -1,8 +1,9 @@
 """Restart policies in the local runner, per replica type, with a tiny package of our own
 (no TensorFlow) whose ps fails in a chosen way: ExitCode restarts statuses 128-255 and
-never 1-127, back-off doubles, config.yaml sets the policy per replica type and the flags
-override it, a ps that exits 0 while the chief runs (stopped by SIGTERM) counts as
-preempted, and the job record counts restarts per replica."""
+never 1-127, no policy restarts a replica that exits 0, back-off doubles, config.yaml
+sets the policy per replica type and the flags override it, a ps stopped by SIGTERM
+(143) is restarted as preempted, the job record counts restarts and every run's exit
+status per replica, and the supervisor's events are `service` lines in stream-logs."""
 from __future__ import annotations
 
 import os
@@ -67,15 +68,16 @@ def ps_restarts(record) -> int:
     return {r.label: r.restarts for r in record.replicas}["ps-replica-0"]
 
 
-@pytest.mark.parametrize("status,policy,chief,restart", [
-    (1, "ExitCode", False, False), (2, "ExitCode", False, False),
-    (127, "ExitCode", False, False), (128, "ExitCode", False, True),
-    (137, "ExitCode", False, True), (143, "ExitCode", True, True),
-    (200, "ExitCode", True, True), (255, "ExitCode", False, True),
-    (0, "ExitCode", True, False), (1, "OnFailure", True, True), (0, "OnFailure", False, False),
-    (0, "Always", False, True), (0, "Always", True, False), (200, "Never", False, False)])
-def test_policy_decides_which_statuses_restart(status, policy, chief, restart):
-    assert should_restart(policy, status, is_chief=chief) is restart
+@pytest.mark.parametrize("status,policy,restart", [
+    (1, "ExitCode", False), (2, "ExitCode", False), (127, "ExitCode", False),
+    (128, "ExitCode", True), (137, "ExitCode", True), (143, "ExitCode", True),
+    (200, "ExitCode", True), (255, "ExitCode", True), (0, "ExitCode", False),
+    (1, "OnFailure", True), (0, "OnFailure", False), (137, "Always", True),
+    (0, "Always", False), (200, "Never", False)])
+def test_policy_decides_which_statuses_restart(status, policy, restart):
+    """A replica that exits 0 finished: no policy restarts it (the MWMS workers that
+    ExitCode used to bring back after they finished)."""
+    assert should_restart(policy, status) is restart
 
 
 def test_per_type_policy_from_config_restarts_with_back_off(capsys, tmp_path, pkg,
@@ -120,13 +122,28 @@ def test_flags_override_the_config_policy(capsys, tmp_path, pkg, monkeypatch):
     assert ps_restarts(record) == 0
 
 
+def test_a_replica_that_exits_0_is_never_restarted(capsys, tmp_path, pkg, monkeypatch):
+    """Under ExitCode (the MWMS bug's policy; the table covers the others): the ps's
+    exit 0 ends it for good, it is not judged as preempted, and the record keeps the
+    status of its one run."""
+    monkeypatch.setenv("FAKE_PS_EXITS", "0")
+    monkeypatch.setenv("FAKE_CHIEF_SLEEP", "3")  # a restart would come after 1 s
+    status, out, err, record = run_job(capsys, tmp_path, pkg, "finished", "",
+                                       "--restart-policy", "ExitCode", "--max-restarts", "2")
+    assert status == 0, err
+    assert "restarting" not in out
+    ps = {r.label: r for r in record.replicas}["ps-replica-0"]
+    assert ps.restarts == 0 and ps.exit_codes == [0], ps
+    assert len(open(os.path.join(tmp_path, "finished", "ps-starts")).read()) == 1
+
+
 def test_a_server_stopped_while_the_chief_runs_is_restarted_as_preempted(
         capsys, tmp_path, pkg, monkeypatch):
-    monkeypatch.setenv("FAKE_PS_EXITS", "0")   # what a ps does on SIGTERM
+    monkeypatch.setenv("FAKE_PS_EXITS", "143")   # what a ps does on SIGTERM
     status, out, err, record = run_job(capsys, tmp_path, pkg, "preempted", "",
                                        "--restart-policy", "ExitCode", "--max-restarts", "1")
     assert status == 0, err
-    assert "ps-replica-0 exited with status 0; restarting in 1 s" in out
+    assert "ps-replica-0 exited with status 143; restarting in 1 s" in out
     assert ps_restarts(record) == 1
     assert len(open(os.path.join(tmp_path, "preempted", "ps-starts")).read()) == 2
 
@@ -164,3 +181,44 @@ def test_a_restart_policy_alone_survives_a_sigkilled_worker(capsys, tmp_path, pk
     assert record.state == records.SUCCEEDED
     worker = {r.label: r for r in record.replicas}["worker-replica-0"]
     assert worker.restarts == 1 and worker.pid != killed[0]
+    # Every run's status: the SIGKILL, then the stop at the job's end (SIGTERM, 143).
+    assert worker.exit_codes == [137, 143], worker
+    assert main(["jobs", "describe", "sigkilled"], standalone_mode=False) == 0
+    described = capsys.readouterr().out
+    assert "worker-replica-0: STOPPED, 1 restart; exit status of each run: 137, 143" \
+        in described
+    # The supervisor's events are service lines in stream-logs, in the order they came.
+    assert main(["jobs", "stream-logs", "sigkilled", "--task-name", "service"],
+                standalone_mode=False) == 0
+    service = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert {fields[2] for fields in service} == {"service"}
+    events = [fields[3] for fields in service]
+    expected = ["job PREPARING", "worker-replica-0 started (pid", "job RUNNING",
+                "worker-replica-0 exited with status 137; restarting in 1 s (restart 1 "
+                "of 6, policy OnFailure)", f"worker-replica-0 started (pid {worker.pid}, "
+                "restart 1)", "master-replica-0 exited with status 0", "job SUCCEEDED"]
+    at = [next(i for i, e in enumerate(events) if e.startswith(x)) for x in expected]
+    assert at == sorted(at), events
+
+
+@pytest.mark.slow  # two TensorFlow replicas under MultiWorkerMirroredStrategy, ~1 minute
+def test_multiworker_workers_that_finish_are_not_restarted(capsys, tmp_path):
+    """The bug as users met it: the real trainer under MultiWorkerMirrored (a master and
+    a worker, no ps) with restartPolicy ExitCode; the worker ends with 0 when training
+    is done and was restarted ("exited with status 0; restarting in 1 s")."""
+    config = tmp_path / "mwms.yaml"
+    config.write_text("trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"
+                      "  workerType: standard\n  workerCount: 1\n"
+                      "  workerConfig: {restartPolicy: ExitCode, maxRestarts: 3}\n")
+    status = main(["mwms", "--config", str(config), "--job-dir", str(tmp_path / "mwms"),
+                   "--", "--model", "mlp", "--train-steps", "40", "--batch-size", "32"],
+                  standalone_mode=False)
+    out, err = capsys.readouterr()
+    assert status == 0, err[-3000:]
+    assert "training started: strategy=multiworker" in out, out[-3000:]
+    assert "restarting" not in out
+    record = records.load("mwms")
+    assert record.state == records.SUCCEEDED
+    worker = {r.label: r for r in record.replicas}["worker-replica-0"]
+    assert worker.restarts == 0 and len(worker.exit_codes) == 1, worker
+    assert worker.exit_codes[0] in (0, 143), worker  # finished, or stopped with the job

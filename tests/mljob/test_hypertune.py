@@ -43,9 +43,23 @@ def test_evaluation_reports_the_job_tag_and_the_guessed_tags(tmp_path):
     path = env["CLOUD_ML_HP_METRIC_FILE"]
     for tag, value in (("training/hptuning/metric", 0.6), ("accuracy", 0.6), ("loss", 0.9)):
         assert [(r.step, r.value) for r in hypertune.read_reports(path, tag)] == [(50, value)]
-    env = trial_env(tmp_path / "b", tag="val_loss")
-    hypertune.report_evaluation(7, loss=0.25, metrics={"accuracy": 0.5}, environ=env)
-    assert hypertune.read_reports(env["CLOUD_ML_HP_METRIC_FILE"], "val_loss")[0].value == 0.25
+    for tag, value in (("val_loss", 0.25), ("val_accuracy", 0.5), ("loss", 0.25)):
+        env = trial_env(tmp_path / tag, tag=tag)
+        hypertune.report_evaluation(7, loss=0.25, metrics={"accuracy": 0.5}, environ=env)
+        assert hypertune.read_reports(env["CLOUD_ML_HP_METRIC_FILE"], tag)[0].value == value
+
+
+def test_a_tag_nothing_measures_is_never_filled_in(tmp_path):
+    """`auc` when the model measures accuracy only: the accuracy is not reported as auc
+    (the tuner would optimise it under the wrong name); the file says what was."""
+    for tag in ("auc", "val_auc", "my_loss"):
+        env = trial_env(tmp_path / tag, tag=tag)
+        assert hypertune.report_evaluation(9, loss=0.3, metrics={"accuracy": 0.92},
+                                           environ=env)
+        path = env["CLOUD_ML_HP_METRIC_FILE"]
+        assert hypertune.read_reports(path, tag) == []
+        assert hypertune.reported_tags(path) == ["accuracy", "loss"]
+    assert hypertune.reported_tags(str(tmp_path / "missing")) == []
 
 
 def test_outside_a_trial_nothing_is_written(tmp_path, monkeypatch):

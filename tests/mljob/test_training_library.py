@@ -126,12 +126,12 @@ def test_ps_cluster_chief_two_workers_one_ps(reaper, tmp_path, data):
     # Adam: each worker's scheduled function runs local steps (the library's default).
     assert lines(log, "ps updates: local steps (")
     assert lines(log, "training finished: step=300")
-    # The servers serve until stopped, and SIGTERM stops each (exit 0).
+    # The servers serve until stopped, and SIGTERM stops each (exit 143).
     for proc in servers:
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
     for proc, name in zip(servers, ("ps0", "w0", "w1"), strict=True):
-        assert wait_exit(proc, 30, tmp_path / f"{name}.log") == 0
+        assert wait_exit(proc, 30, tmp_path / f"{name}.log") == 143
         assert "stopping: got SIGTERM" in read(tmp_path / f"{name}.log")
         assert not pid_alive(proc.pid)
     _check_export_answers(tmp_path, job, arrays)

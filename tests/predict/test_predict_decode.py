@@ -55,9 +55,6 @@ BAD_INSTANCES = [
     ("booleans for floats", {"image": [True] * 784, "key": 1}, "booleans"),
     ("NaN pixel", {"image": [float("nan")] + PIXELS[1:], "key": 1}, "NaN or infinite"),
     ("infinite pixel", {"image": [float("inf")] + PIXELS[1:], "key": 1}, "NaN or infinite"),
-    ("0-255 pixels", {"image": [200.0] * 784, "key": 1}, "must lie in [0, 1]"),
-    ("negative pixel", {"image": [-0.1] + PIXELS[1:], "key": 1}, "must lie in [0, 1]"),
-    ("missing key", {"image": PIXELS}, "missing input 'key'"),
     ("unknown input", {"image": PIXELS, "key": 1, "label": 3}, "unknown input 'label'"),
     ("float key", {"image": PIXELS, "key": 1.5}, "key must hold integers"),
     ("string key", {"image": PIXELS, "key": "7"}, "strings where int64"),
@@ -70,8 +67,13 @@ BAD_INSTANCES = [
     ("bad b64", {"image": {"b64": "@@@"}, "key": 1}, "not valid base64"),
     ("b64 wrong size", {"image": {"b64": base64.b64encode(b"\0" * 12).decode()}, "key": 1},
      "12 bytes, expected 3136"),
-    ("bare value, two inputs", PIXELS, "a bare value needs a signature with one input"),
+
+    ("missing image", {"key": 1}, "missing input 'image'"),
+    ("empty object", {}, "missing input 'image'"),
 ]
+TWO = Signature("serving_default", {"a": TensorInfo(np.float32, (None,), "a:0"),
+                                    "b": TensorInfo(np.int64, (None,), "b:0")},
+                {"y": TensorInfo(np.float32, (None,), "y:0")})
 
 
 @pytest.mark.parametrize("instance,message", [(i, m) for _, i, m in BAD_INSTANCES],
@@ -82,14 +84,55 @@ def test_bad_instance_is_refused_with_the_problem_named(instance, message):
     assert message in str(info.value)
 
 
+def test_values_are_checked_by_dtype_and_shape_only_whatever_the_name():
+    """An input named `image` of a user's model that rescales 0-255 pixels itself."""
+    for pixels in ([200.0] * 784, [-0.1] + PIXELS[1:], [255.0] * 784):
+        out = decode.decode_instance({"image": pixels, "key": 1}, SERVING)
+        np.testing.assert_array_equal(out["image"], np.float32(pixels))
+    assert decode.check_columns({"image": np.full((1, 784), 255, np.float32),
+                                 "key": np.array([1])}, SERVING)["image"].max() == 255
+
+
+def test_the_key_is_optional_and_comes_back_only_when_sent():
+    assert decode.passthrough_key(SERVING) == "key"
+    assert decode.passthrough_key(IMAGES_ONLY) is None and decode.passthrough_key(TWO) is None
+    keyless = decode.decode_instance({"image": PIXELS}, SERVING)
+    bare = decode.decode_instance(PIXELS, SERVING)  # a bare value for the one other input
+    keyed = decode.decode_instance({"image": PIXELS, "key": 5}, SERVING)
+    assert decode.KEYLESS in keyless and decode.KEYLESS in bare and decode.KEYLESS not in keyed
+    assert keyless["key"].dtype == np.int64 and keyless["key"].shape == ()
+    outputs = {"scores": np.eye(3, 10, dtype=np.float32), "classes": np.array([0, 1, 2]),
+               "key": np.array([0, 5, 0])}
+    rows = decode.encode_rows(outputs, [True, False, True], "key")
+    assert [sorted(r) for r in rows] == [["classes", "scores"], ["classes", "key", "scores"],
+                                         ["classes", "scores"]]
+    assert rows[1]["key"] == 5 and rows[2]["classes"] == 2
+    assert decode.encode_rows({"key": np.array([0]), "y": np.array([0.5])}, [True], "key") \
+        == [{"y": 0.5}]  # an object still: the signature has two outputs
+    assert decode.encode_columns({"key": np.array([0]), "y": np.array([0.5])}, ["y"]) \
+        == {"y": [0.5]}
+    batch = decode.decode_columns({"image": [PIXELS, PIXELS]}, SERVING)
+    assert batch.keyless and batch["key"].tolist() == [0, 0]
+    assert decode.shown_outputs(outputs, batch, SERVING) == ["scores", "classes"]
+    sent = decode.decode_columns({"image": [PIXELS], "key": [3]}, SERVING)
+    assert not sent.keyless and "key" in decode.shown_outputs(outputs, sent, SERVING)
+    grpc = decode.check_columns({"image": np.zeros((2, 784), np.float32)}, SERVING)
+    assert grpc.keyless and grpc["key"].tolist() == [0, 0]
+    strings = Signature("s", {"x": IMAGE, "id": TensorInfo(np.object_, (None,), "id:0")},
+                        {"id": TensorInfo(np.object_, (None,), "id:0")})
+    assert decode.decode_instance({"x": PIXELS}, strings)["id"] == b""
+    with pytest.raises(InstanceError, match="a bare value needs a signature with one input"):
+        decode.decode_instance([0.5, 1], TWO)  # no key: both inputs are features
+
+
 def test_columns_check_batch_sizes_and_flatten_grids():
     grids = np.full((2, 28, 28), 0.25).tolist()
     batch = decode.decode_columns({"image": grids, "key": [4, 5]}, SERVING)
     assert batch["image"].shape == (2, 784) and batch["key"].tolist() == [4, 5]
     with pytest.raises(InstanceError, match="differ in batch size"):
         decode.decode_columns({"image": grids, "key": [4]}, SERVING)
-    with pytest.raises(InstanceError, match="missing input 'key'"):
-        decode.decode_columns({"image": grids}, SERVING)
+    with pytest.raises(InstanceError, match="missing input 'image'"):
+        decode.decode_columns({"key": [4, 5]}, SERVING)
     assert decode.decode_columns([PIXELS], IMAGES_ONLY)["image"].shape == (1, 784)
 
 

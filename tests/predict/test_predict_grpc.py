@@ -118,8 +118,6 @@ def test_grpc_errors_have_tf_servings_codes(served):
          "no version '7'"),
         (predict_request(IMAGES.astype(np.float64), KEYS), grpc.StatusCode.INVALID_ARGUMENT,
          "image is float64, the signature wants float32"),
-        (predict_request(IMAGES * 255, KEYS), grpc.StatusCode.INVALID_ARGUMENT,
-         "values must lie in [0, 1]"),
         (predict_request(IMAGES, KEYS[:2]), grpc.StatusCode.INVALID_ARGUMENT,
          "differ in batch size"),
     ]
@@ -129,10 +127,28 @@ def test_grpc_errors_have_tf_servings_codes(served):
         assert raised.value.code() == code and words in raised.value.details()
     missing = predict_pb2.PredictRequest()
     missing.model_spec.name = "mnist"
-    missing.inputs["image"].CopyFrom(tf.make_tensor_proto(IMAGES))
+    missing.inputs["key"].CopyFrom(tf.make_tensor_proto(KEYS))
     with pytest.raises(grpc.RpcError) as raised:
         stub.Predict(missing, timeout=60)
-    assert "missing input 'key'" in raised.value.details()
+    assert "missing input 'image'" in raised.value.details()
+
+
+def test_grpc_the_key_is_optional(served):
+    """TF Serving's clients send no key: the predictions come back without one; with
+    it, the key comes back."""
+    _, channel = served
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    keyless = predict_pb2.PredictRequest()
+    keyless.model_spec.name = "mnist"
+    keyless.inputs["image"].CopyFrom(tf.make_tensor_proto(IMAGES))
+    answer = stub.Predict(keyless, timeout=60)
+    keyed = stub.Predict(predict_request(IMAGES, KEYS), timeout=60)
+    assert "key" not in answer.outputs and "key" in keyed.outputs
+    assert set(keyed.outputs) - set(answer.outputs) == {"key"}
+    np.testing.assert_array_equal(tf.make_ndarray(keyed.outputs["key"]), KEYS)
+    for name in answer.outputs:
+        np.testing.assert_allclose(tf.make_ndarray(answer.outputs[name]),
+                                   tf.make_ndarray(keyed.outputs[name]), rtol=1e-6)
 
 
 def test_metrics_count_both_apis_under_tf_servings_names(served):

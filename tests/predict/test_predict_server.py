@@ -119,8 +119,8 @@ ERRORS = [
     ("empty instances", "POST", f"{MODEL}:predict", {"instances": []}, 400, "non-empty"),
     ("unknown signature", "POST", f"{MODEL}:predict",
      {"signature_name": "nope", "instances": [GOOD]}, 400, "no signature 'nope'"),
-    ("bare value, two inputs", "POST", f"{MODEL}:predict", {"instances": [GOOD]}, 400,
-     "instance 0: a bare value needs a signature with one input"),
+    ("bare value, short", "POST", f"{MODEL}:predict", {"instances": [GOOD[:5]]}, 400,
+     "instance 0: image has shape [5]"),  # a bare value is the input besides the key
     ("bad shape at index 2", "POST", f"{MODEL}:predict", {"instances": [
         {"image": GOOD, "key": 1}, {"image": GOOD, "key": 2}, {"image": GOOD[:5], "key": 3}]},
      400, "instance 2: image has shape [5]"),
@@ -129,8 +129,8 @@ ERRORS = [
     ("NaN pixel", "POST", f"{MODEL}:predict",
      b'{"instances": [{"image": [NaN' + b", 0.5" * 783 + b'], "key": 1}]}', 400,
      "instance 0: image holds NaN"),
-    ("missing input", "POST", f"{MODEL}:predict", {"instances": [{"image": GOOD}]}, 400,
-     "instance 0: missing input 'key'"),
+    ("missing input", "POST", f"{MODEL}:predict", {"instances": [{"key": 1}]}, 400,
+     "instance 0: missing input 'image'"),
     ("unknown input", "POST", f"{MODEL}:predict",
      {"instances": [{"image": GOOD, "key": 1, "label": 2}]}, 400, "unknown input 'label'"),
     ("too many instances", "POST", f"{MODEL}:predict",

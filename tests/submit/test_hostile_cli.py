@@ -216,8 +216,8 @@ def test_stream_logs_of_a_replica_the_job_does_not_have_exits_2(capsys, tmp_path
         status, out, err = run(capsys, "jobs", "stream-logs", "job01", "--task-name",
                                task_name)
         assert status == 2 and out == ""
-        assert "names no replica of job job01; use one of master-replica-0" in \
-            one_error_line(err)
+        assert "names no replica of job job01; use one of master-replica-0, or service " \
+            "for the supervisor's events" in one_error_line(err)
     status, out, _ = run(capsys, "jobs", "stream-logs", "job01", "--task-name",
                          "master-replica-0")
     assert status == 0 and "\tmaster-replica-0\thello" in out

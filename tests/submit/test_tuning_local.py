@@ -168,7 +168,26 @@ def test_max_failed_trials_ends_the_job_failed(capsys, tmp_path, monkeypatch):
     assert states == ["FAILED", "FAILED"]
     assert "exited with a non-zero status of 3" in \
         record.training_output["trials"][0]["errorMessage"]
-    assert sorted(os.listdir(tmp_path / "tune03" / "logs")) == ["1", "2"]
+    assert sorted(os.listdir(tmp_path / "tune03" / "logs")) == ["1", "2", "service.log"]
+    assert_all_dead(record)
+
+
+def test_a_tag_no_report_carries_fails_the_trial_naming_what_it_reported(capsys, tmp_path):
+    """hyperparameterMetricTag auc with a trainer that reports only score: no trial
+    succeeds on a number that is not there; each fails with one line, and the job past
+    maxFailedTrials."""
+    config = tuning_config(tmp_path, hyperparameterMetricTag="auc", maxTrials=4,
+                           maxParallelTrials=1, maxFailedTrials=2)
+    status, out, err = submit(capsys, tmp_path, "tune07", config)
+    assert status == 1
+    why = "no report carries the hyperparameterMetricTag 'auc'; it reported score"
+    assert f"trial 1 FAILED: {why}" in out and f"trial 2 FAILED: {why}" in out
+    assert "2 trial(s) failed, the job's maxFailedTrials" in err
+    record = records.load("tune07")
+    assert record.state == records.FAILED
+    trials = record.training_output["trials"]
+    assert [t["errorMessage"] for t in trials] == [why, why]
+    assert not any(t.get("finalMetric") for t in trials)
     assert_all_dead(record)
 
 

@@ -52,15 +52,16 @@ def test_ps_cluster_of_chief_two_workers_one_ps_from_the_seed_flags(reaper, tmp_
     assert lines(tmp_path / "chief.log", "eval step=300")
     assert os.path.exists(tmp_path / "job" / "checkpoints" / "ckpt-300.index")
 
-    # Servers serve until stopped: SIGTERM ends one, the launcher's death the others.
+    # Servers serve until stopped (exit 143): SIGTERM ends one, the launcher's death the
+    # others.
     assert ps.poll() is None and worker0.poll() is None and worker1.poll() is None
     worker0.send_signal(signal.SIGTERM)
-    assert wait_exit(worker0, 15, tmp_path / "w0.log") == 0
+    assert wait_exit(worker0, 15, tmp_path / "w0.log") == 143
     assert "stopping: got SIGTERM" in read(tmp_path / "w0.log")
     launcher.kill()
     launcher.wait(5)
-    assert wait_exit(ps, 15, tmp_path / "ps0.log") == 0
-    assert wait_exit(worker1, 15, tmp_path / "w1.log") == 0
+    assert wait_exit(ps, 15, tmp_path / "ps0.log") == 143
+    assert wait_exit(worker1, 15, tmp_path / "w1.log") == 143
     assert "is gone" in read(tmp_path / "ps0.log")
     for proc in (chief, ps, worker0, worker1):
         assert not pid_alive(proc.pid)
@@ -85,7 +86,7 @@ def test_two_ps_shard_variables_and_master_is_a_chief(reaper, tmp_path):
     for proc in servers:
         proc.send_signal(signal.SIGTERM)
     for proc in servers:
-        assert wait_exit(proc, 15) == 0
+        assert wait_exit(proc, 15) == 143  # stopped, as a ps or worker always is
         assert not pid_alive(proc.pid)
 
 
