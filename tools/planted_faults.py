@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from typing import NoReturn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_LIST = os.path.join(ROOT, "tools", "faults.toml")
@@ -62,19 +63,36 @@ class Result:
     detail: str = ""
 
 
+def _fail(message: str) -> NoReturn:
+    """A mistake in the list or the command line: one line, exit status 2."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
 def load(path: str) -> list[Fault]:
     """The fault list; every entry must name a file, a find/replace pair and tests."""
-    with open(path, "rb") as f:
-        data = tomllib.load(f)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        _fail(f"error: cannot read the fault list {path}: {exc.strerror}; "
+                         "give --faults an existing TOML file")
+    except tomllib.TOMLDecodeError as exc:
+        _fail(f"error: {path} is not valid TOML ({exc}); fix the file")
     faults, seen = [], set()
     for i, entry in enumerate(data.get("fault", []), start=1):
         missing = [k for k in ("id", "file", "find", "replace", "tests") if k not in entry]
         if missing:
-            raise SystemExit(f"error: {path}: fault #{i} lacks {', '.join(missing)}")
+            _fail(f"error: {path}: fault #{i} lacks {', '.join(missing)}; "
+                             "every [[fault]] needs id, file, find, replace and tests")
+        if not isinstance(entry["tests"], list) or not entry["tests"] \
+                or not all(isinstance(t, str) for t in entry["tests"]):
+            _fail(f"error: {path}: fault {entry['id']!r}: tests must be a "
+                             "non-empty list of pytest node ids or files")
         if entry["id"] in seen:
-            raise SystemExit(f"error: {path}: fault id {entry['id']!r} is used twice")
+            _fail(f"error: {path}: fault id {entry['id']!r} is used twice")
         if entry["find"] == entry["replace"]:
-            raise SystemExit(f"error: {path}: fault {entry['id']!r} changes nothing")
+            _fail(f"error: {path}: fault {entry['id']!r} changes nothing")
         seen.add(entry["id"])
         faults.append(Fault(id=entry["id"], area=entry.get("area", ""), file=entry["file"],
                             find=entry["find"], replace=entry["replace"],
@@ -82,7 +100,7 @@ def load(path: str) -> list[Fault]:
                             markers=entry.get("markers", "not slow"),
                             why=entry.get("why", ""), timeout=entry.get("timeout")))
     if not faults:
-        raise SystemExit(f"error: {path} lists no [[fault]]")
+        _fail(f"error: {path} lists no [[fault]]")
     return faults
 
 
@@ -92,16 +110,20 @@ def select(faults: list[Fault], only: str | None) -> list[Fault]:
     patterns = [p.strip() for p in only.split(",") if p.strip()]
     chosen = [f for f in faults if any(fnmatch.fnmatchcase(f.id, p) for p in patterns)]
     if not chosen:
-        raise SystemExit(f"error: --only {only!r} matches no fault id; see --list")
+        _fail(f"error: --only {only!r} matches no fault id; see --list")
     return chosen
 
 
 def copy_tree(dest: str) -> None:
     """The working tree as git sees it (tracked and untracked, not ignored), uncommitted
     edits included, so the faults are planted in what you are about to commit."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard"], cwd=ROOT, capture_output=True,
-                            check=True).stdout.decode().split("\0")
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard"], cwd=ROOT, capture_output=True,
+                                check=True).stdout.decode().split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        _fail(f"error: {ROOT} is not a git checkout (git ls-files failed); run the "
+              "script from mljob's git working tree")
     for rel in filter(None, listed):
         src = os.path.join(ROOT, rel)
         if not os.path.isfile(src) or os.path.islink(src) and not os.path.exists(src):
