@@ -46,6 +46,7 @@ def test_each_outcome_is_told_apart_and_the_tree_is_never_edited(tmp_path):
     for name, f in {"sign": fault("a + b", "a - b"),                    # caught
                     "equivalent": fault("x / 2", "x * 0.5"),             # survived
                     "stale": fault("a * b", "a / b"),                    # not in the file
+                    "ambiguous": fault("return ", "return -"),           # in it twice
                     "nothing collected": fault("a + b", "b + a", ("nope.py",))}.items():
         original = tool.plant(tree, f)
         if original is None:
@@ -58,7 +59,8 @@ def test_each_outcome_is_told_apart_and_the_tree_is_never_edited(tmp_path):
             tool.restore(tree, f, original)
         assert (tmp_path / "calc.py").read_text() == before
     assert outcomes == {"sign": tool.CAUGHT, "equivalent": tool.SURVIVED,
-                        "stale": tool.STALE, "nothing collected": tool.ERROR}
+                        "stale": tool.STALE, "ambiguous": tool.STALE,
+                        "nothing collected": tool.ERROR}
     results = [tool.Result(n, s, 0.0) for n, s in outcomes.items()]
     assert tool.score(results) == (1, 1, 0.5)
 
@@ -90,3 +92,10 @@ def test_the_projects_fault_list_loads_and_names_existing_tests():
         assert os.path.isfile(os.path.join(ROOT, f.file)), f.id
         for test in f.tests:
             assert os.path.isfile(os.path.join(ROOT, test.split("::")[0])), (f.id, test)
+
+
+def test_only_matching_no_fault_is_one_line_and_exit_2():
+    done = subprocess.run([sys.executable, TOOL, "--only", "no-such-*", "--list"],
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (
+        2, "error: --only 'no-such-*' matches no fault id; see --list\n")
