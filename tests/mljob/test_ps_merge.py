@@ -65,7 +65,8 @@ os._exit(0)  # in-process servers never stop
 
 
 @pytest.mark.parametrize("merge, share", [
-    ("", 1 / math.sqrt(2)), pytest.param("mean", 0.5, marks=pytest.mark.slow)])
+    ("", 1 / math.sqrt(2)), pytest.param("mean", 0.5, marks=pytest.mark.slow)],
+    ids=["default sqrt", "mean"])
 def test_two_workers_changes_are_merged_by_the_rule(tmp_path, merge, share):
     args = json.dumps([free_ports(4), str(tmp_path / "job"), merge, STEPS, LEARNING_RATE])
     done = subprocess.run([sys.executable, "-c", CLUSTER_RUN, args], cwd=ROOT,
