@@ -1,0 +1,95 @@
+"""`--enable-batching` across a version swap: clients never pause while the new version
+is published (the old version's batching queue is busy when the swap comes); once the
+status shows the new version alone, every batched answer is the new version's."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import httpx
+import numpy as np
+import tensorflow as tf
+
+from tests.support.predict_models import (images, metric_samples, publish_version,
+                                          saved_model_export, start_server, states,
+                                          wait_for_status)
+
+MODEL = "/v1/models/default"
+IMAGES = images(8, seed=33)
+
+
+def _scores(path: str) -> np.ndarray:
+    fn = tf.saved_model.load(path).signatures["serving_default"]
+    return fn(image=tf.constant(IMAGES), key=tf.constant(np.arange(8), tf.int64))[
+        "scores"].numpy()
+
+
+def _versions(expected: dict, rows: list) -> list:
+    """For each answered row (key, scores): the version whose exact output it is."""
+    found = []
+    for row in rows:
+        key = row["key"]
+        found.append(next((v for v, want in expected.items()
+                           if np.allclose(row["scores"], want[key], rtol=1e-5, atol=1e-7)),
+                          None))
+    return found
+
+
+def _predict_all(url: str, count: int) -> list:
+    """count concurrent one-instance requests; their predictions."""
+    async def main():
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            async def one(i):
+                answer = await client.post(f"{MODEL}:predict", json={
+                    "instances": [{"image": IMAGES[i % 8].tolist(), "key": i % 8}]})
+                assert answer.status_code == 200, answer.text
+                return answer.json()["predictions"][0]
+            return await asyncio.gather(*(one(i) for i in range(count)))
+    return asyncio.run(main())
+
+
+def test_batched_requests_after_a_swap_are_answered_by_the_new_version(tmp_path, reaper):
+    exports = {v: saved_model_export(str(tmp_path / f"export{v}"), seed=v) for v in (1, 2)}
+    expected = {v: _scores(path) for v, path in exports.items()}
+    assert not np.allclose(expected[1], expected[2])
+    base = tmp_path / "base"
+    publish_version(exports[1], str(base), 1)
+    proc, url = start_server(reaper.popen, str(base), "--enable-batching",
+                             "--max-batch-size", "8", "--batch-timeout-micros", "20000",
+                             "--threads", "8", "--file-system-poll-wait-seconds", "0.2",
+                             flag="--model-base-path")
+    assert set(_versions(expected, _predict_all(url, 16))) == {1}
+    stop, background, errors = threading.Event(), [], []
+
+    def keep_asking():  # the queue never idles across the swap
+        try:
+            while not stop.is_set():
+                background.extend(_predict_all(url, 4))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=keep_asking, daemon=True)
+    thread.start()
+    try:
+        publish_version(exports[2], str(base), 2)
+        with httpx.Client(base_url=url, timeout=60) as client:
+            status = wait_for_status(client, MODEL,
+                                     lambda s: states(s) == {2: "AVAILABLE", 1: "END"})
+            assert states(status) == {2: "AVAILABLE", 1: "END"}
+        stop.set()  # the old version's queue (if any) lives on for seconds idle
+        thread.join(120)
+        before = metric_samples(httpx.get(f"{url}/monitoring/prometheus/metrics").text,
+                                ":mljob:serving:batch_size_count")
+        after_swap = []
+        for _ in range(3):
+            after_swap += _predict_all(url, 16)
+    finally:
+        stop.set()
+        thread.join(120)
+    assert errors == []
+    assert len(background) > 0
+    assert set(_versions(expected, after_swap)) == {2}, _versions(expected, after_swap)
+    text = httpx.get(f"{url}/monitoring/prometheus/metrics").text
+    calls = metric_samples(text, ":mljob:serving:batch_size_count")
+    key = frozenset({("model_name", "default")})
+    assert calls[key] - before[key] < 48  # requests after the swap shared calls
