@@ -286,43 +286,71 @@ def _wheel_hash(path: str) -> str:
     digest = hashlib.sha256()
     try:
         with zipfile.ZipFile(path) as wheel:
-            for info in sorted(wheel.infolist(), key=lambda i: i.filename):
+            for info in sorted(_zip_members(wheel, path), key=lambda i: i.filename):
                 digest.update(f"{info.filename}\0".encode())
-                digest.update(wheel.read(info))
+                with wheel.open(info) as f:  # streamed: a member may expand far
+                    while chunk := f.read(1 << 20):
+                        digest.update(chunk)
                 digest.update(b"\0")
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise PackageError(f"{path} is not a readable wheel: {exc}") from None
     return digest.hexdigest()
 
 
+def _zip_members(wheel: zipfile.ZipFile, path: str) -> list[zipfile.ZipInfo]:
+    """A wheel's members, bounded like an sdist's (count, and declared sizes summed;
+    zipfile never decompresses past a member's declared size)."""
+    members = wheel.infolist()
+    total = sum(i.file_size for i in members)
+    if len(members) > MAX_MEMBERS or total > MAX_EXTRACTED_BYTES:
+        raise PackageUsageError(
+            f"{os.path.basename(path)} expands to more than {MAX_MEMBERS} members or "
+            f"{MAX_EXTRACTED_BYTES} bytes; a training package holds code (keep data in "
+            "storage and read it with --data-dir)")
+    return members
+
+
+_IMPORTS_MLJOB = re.compile(rb"\s*(from\s+mljob[\s.]|import\s+mljob\b)")
+_REQUIRES_MLJOB = re.compile(rb"(Requires-Dist:\s*)?mljob\b", re.I)
+
+
 def imports_mljob(package: Package) -> bool:
-    """Whether the archive's Python files import mljob (or it requires mljob)."""
+    """Whether the archive's Python files import mljob (or it requires mljob); read a
+    line at a time, never a member whole (one may expand to gigabytes)."""
     assert package.local_file is not None  # callers ask only of archives on this machine
-    for name, text in _python_files(package.local_file):
-        if name.endswith(".py") and re.search(
-                r"^\s*(from\s+mljob[\s.]|import\s+mljob\b)", text, re.M):
-            return True
-        if name.endswith(("requires.txt", "METADATA", "PKG-INFO")) and re.search(
-                r"^(Requires-Dist:\s*)?mljob\b", text, re.M | re.I):
-            return True
+    for name, stream in _python_files(package.local_file):
+        pattern = _IMPORTS_MLJOB if name.endswith(".py") else _REQUIRES_MLJOB
+        with stream:
+            if any(pattern.match(line) for line in _lines(stream)):
+                return True
     return False
 
 
+def _lines(stream, keep: int = 4096):
+    """The stream's lines, each cut to its first `keep` bytes, read 1 MB at a time."""
+    rest = b""
+    while chunk := stream.read(1 << 20):
+        *lines, tail = (rest + chunk).split(b"\n")
+        yield from (line[:keep] for line in lines)
+        rest = tail if len(tail) <= keep else tail[:keep]  # a long line's start is kept
+    yield rest
+
+
 def _python_files(path: str):
-    """(name, text) of the .py files and metadata in an sdist or wheel."""
+    """(name, binary stream) of the .py files and metadata in an sdist or wheel."""
     wanted = (".py", "requires.txt", "METADATA", "PKG-INFO")
     if path.endswith(".whl"):
         with zipfile.ZipFile(path) as wheel:
-            for info in wheel.infolist():
+            for info in _zip_members(wheel, path):
                 if info.filename.endswith(wanted):
-                    yield info.filename, wheel.read(info).decode("utf-8", "replace")
+                    yield info.filename, wheel.open(info)
         return
     with tarfile.open(path, "r:*") as tar:
-        for member in tar.getmembers():
+        for member in _members(tar, path):
             if member.isfile() and member.name.endswith(wanted):
                 data = tar.extractfile(member)
                 assert data is not None  # a regular file's member has its data
-                yield member.name, data.read().decode("utf-8", "replace")
+                yield member.name, data
 
 
 def _members(tar: tarfile.TarFile, tar_path: str) -> list[tarfile.TarInfo]:
@@ -601,7 +629,7 @@ def check_members(path: str) -> None:
     """Refuse an archive with members that would land (or point) outside its folder."""
     if path.endswith(".whl"):
         with zipfile.ZipFile(path) as wheel:
-            for name in wheel.namelist():
+            for name in (i.filename for i in _zip_members(wheel, path)):
                 if name.startswith("/") or ".." in name.split("/"):
                     raise PackageUsageError(f"package member {name!r} escapes its folder; "
                                             "refusing to install the wheel")

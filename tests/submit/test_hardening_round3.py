@@ -194,3 +194,68 @@ def test_a_named_pipe_in_the_index_is_never_opened_and_the_warning_is_one_line(t
     status = subprocess.run([sys.executable, "-m", "submit", "jobs", "describe", "pipe01"],
                             capture_output=True, text=True, timeout=50)
     assert status.returncode == 1 and "is not a regular file" in status.stderr
+
+
+# --- archives: bounded before anything is read whole ---------------------------------
+
+def test_an_sdist_member_that_expands_far_is_read_a_line_at_a_time(tmp_path):
+    """Before: a 0.2 MB sdist whose one .py member expands to 200 MB was read whole to
+    look for `import mljob` (the peak reached 440 MB). Measured in a child."""
+    import tarfile
+    path = tmp_path / "bomb-1.0.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, size in (("bomb-1.0/setup.py", 10), ("bomb-1.0/big.py", 200 << 20)):
+            info = tarfile.TarInfo(name)
+            info.size = size
+            tar.addfile(info, _Zeros(size))
+    assert os.path.getsize(path) < 1 << 20
+    result = run_measured(f"""
+        from submit import package
+        pkg = package.describe({str(path)!r})
+        print("IMPORTS", package.imports_mljob(pkg))
+    """, limit_mb=1536)
+    assert result["error"] is None and "IMPORTS False" in result["stdout"], result
+    assert result["peak_mb"] < 120, result
+
+
+def test_a_wheel_is_bounded_and_streamed_like_an_sdist(tmp_path, monkeypatch):
+    """Before: wheels had no member-count or size bound, and each member was read whole."""
+    import zipfile
+    from submit import package
+    from submit.errors import PackageUsageError
+    wheel = tmp_path / "bomb-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        with z.open("bomb/big.py", "w") as f:
+            for _ in range(200):
+                f.write(bytes(1 << 20))
+        z.writestr("bomb/__init__.py", "import mljob.hypertune\n")
+    assert os.path.getsize(wheel) < 1 << 20
+    result = run_measured(f"""
+        from submit import package
+        pkg = package.describe({str(wheel)!r})
+        print("IMPORTS", package.imports_mljob(pkg))
+    """, limit_mb=1536)
+    assert result["error"] is None and "IMPORTS True" in result["stdout"], result
+    assert result["peak_mb"] < 120, result
+    monkeypatch.setattr(package, "MAX_EXTRACTED_BYTES", 100 << 20)
+    with pytest.raises(PackageUsageError, match="expands to more than 100000 members or "
+                                                "104857600 bytes"):
+        package.describe(str(wheel))
+    monkeypatch.setattr(package, "MAX_EXTRACTED_BYTES", 1 << 30)
+    monkeypatch.setattr(package, "MAX_MEMBERS", 1)
+    for action in (lambda: package.describe(str(wheel)),
+                   lambda: package.check_members(str(wheel))):
+        with pytest.raises(PackageUsageError, match="more than 1 members"):
+            action()
+
+
+class _Zeros:
+    """A file of `size` zero bytes, read in pieces (tarfile copies from it)."""
+
+    def __init__(self, size: int):
+        self.left = size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left)
+        self.left -= n
+        return bytes(n)
