@@ -213,6 +213,23 @@ def test_an_empty_file_url_or_a_file_as_base_path_is_one_line(base, export_dir, 
     assert not os.path.exists("/1") or os.path.getmtime("/1") < time.time() - 60
 
 
+def test_batch_output_to_an_empty_file_url_is_one_line(export_dir, tmp_path, capsys,
+                                                       monkeypatch):
+    """Before: `predict batch --output-path file://` wrote into the current folder."""
+    from tests.support.predict_models import images, instance_lines
+    (tmp_path / "in.json").write_text(instance_lines(images(1, seed=1), keys=[1]))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    status = main(["batch", "--model-dir", export_dir, "--input-paths",
+                   str(tmp_path / "in.json"), "--data-format", "text",
+                   "--output-path", "file://"])
+    lines = capsys.readouterr().err.splitlines()
+    assert status == 1 and lines == ["error: 'file://' names no folder; write "
+                                     "file:///ABSOLUTE/PATH or a plain path"], lines
+    assert os.listdir(work) == []
+
+
 # --- model config files and names ------------------------------------------------------
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
