@@ -132,15 +132,23 @@ def test_a_client_that_disconnects_mid_body_is_not_a_server_fault(served):
 # --- publish ---------------------------------------------------------------------------
 
 def _race(base: str, export_dir: str, n: int, monkeypatch) -> list:
-    """n publishers that all scan the base path before any of them claims a number."""
+    """n publishers that all scan the base path and its claims before any of them
+    claims a number (so all of them try the same one first)."""
     barrier = threading.Barrier(n, timeout=60)
-    scan = publishing.scan_versions
+    claims_seen = threading.Barrier(n, timeout=60)
+    scan, claimed = publishing.scan_versions, publishing._claimed
 
     def scanned(url):
         found = scan(url)
         barrier.wait()
         return found
+
+    def listed(url):
+        found = claimed(url)
+        claims_seen.wait()
+        return found
     monkeypatch.setattr(publishing, "scan_versions", scanned)
+    monkeypatch.setattr(publishing, "_claimed", listed)
     results: list = [None] * n
 
     def one(i):

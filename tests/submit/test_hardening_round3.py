@@ -131,6 +131,7 @@ def test_resume_previous_job_is_checked_before_anything_is_written(capsys, tmp_p
 
 DAMAGED = {
     "state null": ({"state": None}, ["jobs", "list"]),
+    "state unknown": ({"state": "EXPLODED"}, ["jobs", "list", "--sort-by", "state"]),
     "start time a string": ({"start_time": "yesterday"}, ["jobs", "list", "--sort-by",
                                                           "startTime"]),
     "labels a list": ({"labels": ["team", "a"]}, ["jobs", "list", "--filter",
