@@ -52,10 +52,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from mljob import contracts, hypertune, storage
-from mljob.errors import first_line
 from mljob.procs import free_ports
 from submit import jobs, logs
-from submit.errors import SubmitError, UsageError
+from submit.errors import UsageError
 from submit.joblife import JobLife
 from submit.package import mljob_home
 from submit.plan import JobPlan
@@ -115,35 +114,6 @@ def journal_of(record: jobs.JobRecord) -> str:
             return path
     raise UsageError(f"resumePreviousJobId {record.job_id!r} has no study to continue "
                      f"({JOURNAL} is not in its job dir); check the job id")
-
-
-def check_resumable(job_id: str) -> None:
-    """resumePreviousJobId names a finished tuning job with a study: checked when the job
-    is submitted, before its package is staged or its job id used (reads only)."""
-    try:
-        record = jobs.load(job_id)
-    except SubmitError as exc:  # missing, or a damaged record
-        raise UsageError(f"resumePreviousJobId: {first_line(exc)}") from None
-    if "hyperparameters" not in (record.training_input or {}):
-        raise UsageError(f"resumePreviousJobId {job_id!r} is not a hyperparameter tuning "
-                         "job (its trainingInput has no hyperparameters); name a tuning job")
-    if record.running():
-        raise UsageError(f"resumePreviousJobId {job_id!r} is still {record.state}; wait "
-                         f"for it to end or cancel it (python -m submit jobs cancel {job_id})")
-    local = [os.path.join(storage.local_path(record.job_dir), HP_DIR, JOURNAL)] \
-        if record.job_dir and storage.is_local(record.job_dir) else []
-    run_dir = os.path.join(mljob_home(), "runs", job_id)
-    local += [os.path.join(run_dir, "job-dir", HP_DIR, JOURNAL),
-              os.path.join(run_dir, HP_DIR, JOURNAL)]
-    if any(os.path.isfile(p) for p in local):
-        return
-    try:
-        if record.job_dir and storage.exists(storage.join(record.job_dir, HP_DIR, JOURNAL)):
-            return
-    except (storage.StorageError, OSError):
-        pass
-    raise UsageError(f"resumePreviousJobId {job_id!r} has no study to continue ({JOURNAL} "
-                     "is not in its job dir); check the job id")
 
 
 # --- one trial's job ----------------------------------------------------------------------

@@ -322,7 +322,7 @@ class LocalEngine(Runner):
     def check(self, spec: JobSpec) -> None:
         super().check(spec)
         if "hyperparameters" in spec.training_input:
-            from submit import tuning, tuning_spec
+            from submit import tuning, tuning_resume, tuning_spec
             tuning.check_installed()
             hp = tuning_spec.parse(spec.training_input["hyperparameters"],
                                    job_dir=spec.job_dir)
@@ -333,7 +333,7 @@ class LocalEngine(Runner):
                     f"{MAX_PARALLEL_TRIALS} trials at once (each is a job on this "
                     "machine); lower it, or use --runner vertex or kubeflow")
             if hp.resume_from:
-                tuning.check_resumable(hp.resume_from)
+                tuning_resume.check_resumable(hp.resume_from)
         if spec.gpus_needed:
             check_gpus(spec, local_gpu_count())
 
