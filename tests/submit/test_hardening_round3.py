@@ -260,3 +260,12 @@ class _Zeros:
         n = self.left if n < 0 else min(n, self.left)
         self.left -= n
         return bytes(n)
+
+
+def test_the_dry_runs_help_says_it_runs_setup_py(capsys):
+    """A dry run must build the sdist to show the package's URL and hash: its help says
+    so, and how to run no setup.py at all."""
+    _, out, err = run(capsys, "submit", "--help")
+    text = " ".join((out + err).split())
+    assert "it builds the sdist (runs your setup.py sdist in a temporary copy)" in text
+    assert "give built archives (--packages, or packageUris in --config) to run none" in text
