@@ -139,9 +139,14 @@ def _claim(base_path: str, version: int) -> str | None:
             return None
         return str(version)
     name = f"{version}.{uuid.uuid4().hex}"
+
+    def write():
+        try:
+            fs.pipe_file(f"{root}/{name}", b"", mode="create")
+        except TypeError:  # a backend without create mode: the name is ours alone anyway
+            fs.pipe_file(f"{root}/{name}", b"")
     try:
-        storage.retry(lambda: fs.pipe_file(f"{root}/{name}", b"", mode="create"),
-                      f"claim version {version} in {base_path}", creates=True)
+        storage.retry(write, f"claim version {version} in {base_path}", creates=True)
     except FileExistsError:  # the precondition held against a name of our own: cannot be
         return None
     fs.invalidate_cache(root)
