@@ -18,6 +18,7 @@ before any server starts. Accepted, first match wins:
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import re
 from collections.abc import Mapping
@@ -305,15 +306,17 @@ def _build(cluster: dict, task: dict, *, source: str, environment: str | None = 
             f"{source} cluster has {len(hosts[CHIEF])} chiefs; a job has exactly one "
             "chief (or master)")
     evaluators = hosts.pop(EVALUATOR, [])
-    seen: dict[str, str] = {}
+    seen: dict[tuple[str, int], tuple[str, str]] = {}
     for job, addresses in hosts.items():
         for i, address in enumerate(addresses):
-            where = f"{job} {i}"
-            if address in seen:
+            where, key = f"{job} {i}", normal_address(address)
+            if key in seen:
+                first, was = seen[key]
+                same = address if was == address else f"{was} (as {address})"
                 raise ClusterConfigError(
-                    f"{source} cluster gives address {address} to both {seen[address]} "
-                    f"and {where}; every task needs its own host:port")
-            seen[address] = where
+                    f"{source} cluster gives address {same} to both {first} and {where}; "
+                    "every task needs its own host:port")
+            seen[key] = (where, address)
 
     task_type = task.get("type")
     task_index = task.get("index", 0)
@@ -397,6 +400,24 @@ def _check_address(address: str, where: str) -> None:
         raise ClusterConfigError(
             f"{where} has bad address {address!r}; write it as host:port with a port "
             "from 1 to 65535")
+
+
+def normal_address(address: str) -> tuple[str, int]:
+    """(host, port) as a server binds it, so one address written two ways compares
+    equal: the port as a number (02325 is 2325), the host without case or a trailing
+    dot, and every loopback spelling (localhost, 127.x.x.x, ::1) as one."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]").lower().rstrip(".")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    if host == "localhost" or host.endswith(".localhost") or ip is not None and \
+            ip.is_loopback:
+        host = "loopback"
+    elif ip is not None:
+        host = ip.compressed
+    return host, int(port)
 
 
 def _split_hosts(value: str, flag: str) -> list[str]:

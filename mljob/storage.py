@@ -25,6 +25,7 @@ import errno
 import functools
 import logging
 import os
+import re
 import shutil
 import stat
 import time
@@ -72,10 +73,22 @@ def filesystem(url: str):
 def check_segments(url: str) -> None:
     """Refuse `..` in a URL's path: memory:// and gs:// keep it as part of a name (so
     `gs://b/job/../x` is not `gs://b/x`), and where it resolves it leaves the folder
-    the URL names. Plain paths are the user's own and may hold it."""
+    the URL names. Plain paths are the user's own and may hold it. Refuse too, on every
+    side (submit, predict, the trainer), a `file://` naming no path (it resolved to the
+    filesystem root or the current folder) and control characters (a newline in a path
+    forges lines in logs)."""
     protocol, path = split_protocol(url)
+    if _CONTROL.search(url):
+        raise StorageError(f"{url!r:.200} holds a control character; write the path "
+                           "without it")
     if protocol is not None and ".." in path.replace("\\", "/").split("/"):
         raise StorageError(f"{url!r} has a '..' segment; write the URL without it")
+    if protocol in ("file", "local") and not path:
+        raise StorageError(f"{url!r} names no folder; write file:///ABSOLUTE/PATH or "
+                           "a plain path")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def absolute_url(url: str) -> str:

@@ -46,12 +46,23 @@ _SERVING_API = ("install tensorflow-serving-api without its dependencies "
                 "(pip install --no-deps tensorflow-serving-api) or write the file as YAML")
 
 
+MAX_CONFIG_BYTES = 4 * 1024 * 1024  # thousands of models' entries
+MAX_DEPTH = 32  # the config's own nesting is 5 levels; the loaders recurse once a level
+
+
 def read(url: str) -> list:
     """The ModelConfigs of a model config file (any fsspec URL)."""
+    fs, path = storage.filesystem(url)
+    if storage.retry(lambda: fs.isdir(path), f"check {url}"):
+        raise UsageError(f"model config file {url} is a folder; name the file itself "
+                         "(e.g. models.config or models.yaml)")
     try:
-        raw = storage.read_bytes(url).decode("utf-8")
+        raw = storage.read_bytes(url, limit=MAX_CONFIG_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"model config file {url} does not exist") from None
+    except storage.TooLargeError:
+        raise UsageError(f"model config file {url} is larger than {MAX_CONFIG_BYTES} "
+                         "bytes; a model config lists models, not data") from None
     except UnicodeDecodeError:
         raise UsageError(f"model config file {url} is not UTF-8 text") from None
     if url.lower().endswith((".yaml", ".yml", ".json")):
@@ -62,11 +73,29 @@ def read(url: str) -> list:
 
 
 def _yaml(raw: str, url: str):
+    """YAML or JSON, after refusing YAML aliases (a few lines of them expand to
+    gigabytes: the training config refuses them too) and nesting past MAX_DEPTH (the
+    loaders recurse once a level: 100,000 levels overflow the stack)."""
     try:
+        depth = 0
+        for event in yaml.parse(raw, Loader=yaml.SafeLoader):  # JSON is YAML here
+            if isinstance(event, yaml.AliasEvent):
+                raise UsageError(f"model config file {url} line {event.start_mark.line + 1} "
+                                 f"uses the YAML alias *{event.anchor}; aliases are "
+                                 "refused, write the value out")
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise UsageError(f"model config file {url} line "
+                                     f"{event.start_mark.line + 1} nests values more than "
+                                     f"{MAX_DEPTH} levels deep; a model config needs 5")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
         return yaml.safe_load(raw) if not url.lower().endswith(".json") else json.loads(raw)
     except (yaml.YAMLError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"model config file {url} is not valid YAML/JSON: {first}") from None
+        raise UsageError(f"model config file {url} is not valid YAML/JSON: "
+                         f"{first[:200]}") from None
 
 
 def _text_proto(raw: str, url: str) -> dict:
@@ -135,7 +164,7 @@ def _policy(value, where: str, name: str) -> VersionPolicy:
     body = body or {}
     if not isinstance(body, dict):
         raise bad
-    try:
+    try:  # OverflowError: num_versions .inf
         if kind == "latest" and set(body) <= {"num_versions"}:
             count = int(body.get("num_versions", 1))
             if count >= 1:
@@ -148,7 +177,7 @@ def _policy(value, where: str, name: str) -> VersionPolicy:
             if versions:
                 return VersionPolicy("specific",
                                      versions=frozenset(parse_version(v) for v in versions))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         pass
     raise bad
 

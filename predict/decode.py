@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from predict.errors import InstanceError
+from predict.errors import InstanceError, shown
 from predict.model import Signature, TensorInfo
 
 MAX_DEPTH = 8
@@ -90,7 +90,7 @@ def _check_names(given: dict, sig: Signature, optional: str | None = None) -> No
     names = list(sig.inputs)
     unknown = sorted(set(given) - set(names))
     if unknown:
-        raise InstanceError(f"unknown input {unknown[0]!r}; signature {sig.name} takes "
+        raise InstanceError(f"unknown input {shown(unknown[0])}; signature {sig.name} takes "
                             f"{_listing(names)}")
     missing = [n for n in names if n not in given and n != optional]
     if missing:

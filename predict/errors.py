@@ -37,5 +37,22 @@ class InstanceError(ValueError):
     (the caller knows where the instance came from and names it)."""
 
 
-__all__ = ["PredictError", "UsageError", "ModelLoadError", "InputError", "InstanceError",
-           "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE"]
+MAX_MESSAGE_CHARS = 1000  # an error answer never echoes a client's megabyte back
+
+
+def shown(value, limit: int = 60) -> str:
+    """A client's name (an input, a key, a signature) as an error quotes it: its repr,
+    cut to `limit` characters with its full length said."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(str(value))} chars)"
+
+
+def clip(message: str) -> str:
+    """An error answer's text, at most MAX_MESSAGE_CHARS."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return message[:MAX_MESSAGE_CHARS] + f"... ({len(message)} chars)"
+
+
+__all__ = ["shown", "clip", "MAX_MESSAGE_CHARS", "PredictError", "UsageError",
+           "ModelLoadError", "InputError", "InstanceError", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE"]

@@ -19,6 +19,7 @@ TFRecords), and its result lists K classes labelled "0".."K-1" with their scores
 from __future__ import annotations
 
 import logging
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,7 +27,7 @@ import grpc
 import numpy as np
 
 from predict import decode, loop, records
-from predict.errors import InputError, InstanceError, UsageError
+from predict.errors import InputError, InstanceError, UsageError, clip, shown
 from predict.repository import NotFoundError
 
 log = logging.getLogger("predict.grpc")
@@ -111,9 +112,9 @@ class GrpcApi:
         try:
             return fn(request)
         except NotFoundError as exc:
-            code, message = grpc.StatusCode.NOT_FOUND, str(exc)
+            code, message = grpc.StatusCode.NOT_FOUND, clip(str(exc))
         except (InputError, InstanceError, UsageError) as exc:
-            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+            code, message = grpc.StatusCode.INVALID_ARGUMENT, clip(str(exc))
         except Exception:  # a real fault: log it, answer INTERNAL
             log.exception("gRPC %s failed", api)
             code, message = grpc.StatusCode.INTERNAL, "internal error; see the server's log"
@@ -139,10 +140,12 @@ class GrpcApi:
             sig = model.signature(request.model_spec.signature_name or None)
             arrays = {}
             for key, proto in request.inputs.items():
+                _check_elements(key, proto, self.service.max_body_bytes)
                 try:
                     arrays[key] = tf.make_ndarray(proto)
                 except Exception as exc:  # a malformed TensorProto
-                    raise InputError(f"input {key}", f"not a valid tensor: {exc}") from None
+                    raise InputError(f"input {shown(key)}",
+                                     f"not a valid tensor: {exc}") from None
             try:
                 batch = decode.check_columns(arrays, sig)
             except InstanceError as exc:
@@ -152,7 +155,7 @@ class GrpcApi:
             wanted = list(request.output_filter) or decode.shown_outputs(outputs, batch, sig)
             unknown = [n for n in wanted if n not in outputs]
             if unknown:
-                raise InputError("output_filter", f"unknown output {unknown[0]!r}; "
+                raise InputError("output_filter", f"unknown output {shown(unknown[0])}; "
                                  f"{sig.name} gives {', '.join(sorted(outputs))}")
             response = self.predict_pb2.PredictResponse()
             self._spec(response.model_spec, served.name, number, sig.name)
@@ -225,6 +228,29 @@ class GrpcApi:
         spec.version.value = version
         if signature_name:
             spec.signature_name = signature_name
+
+
+def _check_elements(key: str, proto, limit: int) -> None:
+    """A TensorProto's tensor_shape bounded before it is decoded: TensorFlow fills the
+    elements that no value gives with the last value, so a shape of millions with one
+    value allocated hundreds of megabytes. A request holds at most `limit` elements
+    (--max-body-bytes: what the REST API's largest body could hold, two bytes a number
+    at the least); a shape that does not fit is refused before anything is allocated."""
+    dims = [d.size for d in proto.tensor_shape.dim]
+    where = f"input {shown(key)}"
+    if any(d < 0 for d in dims):
+        raise InputError(where, f"tensor_shape has a negative dimension ({min(dims)}); "
+                                "give each dimension's size")
+    elements = math.prod(dims)
+    if elements > limit:
+        raise InputError(where, f"tensor_shape {dims[:6]}{'...' if len(dims) > 6 else ''} "
+                                f"promises {_many(elements)} elements; a request holds at most "
+                                f"{limit:,} (--max-body-bytes); send fewer instances a "
+                                "request")
+
+
+def _many(n: int) -> str:
+    return f"{n:,}" if n < 10 ** 15 else f"more than 10^{len(str(n)) - 1}"
 
 
 def signature_def(sig):

@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from predict.errors import InputError, InstanceError, UsageError
+from predict.errors import InputError, InstanceError, UsageError, shown
 from predict.model import Signature
 from mljob import storage
 from mljob.errors import first_line, too_many_digits
@@ -99,7 +99,8 @@ def json_request(data: bytes):
 
 def request_instances(body) -> list:
     if not isinstance(body, dict) or set(body) != {"instances"}:
-        keys = sorted(body) if isinstance(body, dict) else type(body).__name__
+        keys = ", ".join(shown(k) for k in sorted(body)[:5]) if isinstance(body, dict) \
+            else type(body).__name__
         raise InputError("request", f'must be an object with exactly the key "instances", '
                                     f"got {keys}")
     if not isinstance(body["instances"], list):

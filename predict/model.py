@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from predict.errors import ModelLoadError, UsageError
+from predict.errors import ModelLoadError, UsageError, shown
 from mljob import contracts, storage
 from mljob.errors import first_line
 
@@ -69,7 +69,7 @@ class Model:
         try:
             return self.signatures[name]
         except KeyError:
-            raise UsageError(f"the model has no signature {name!r}; it has "
+            raise UsageError(f"the model has no signature {shown(name)}; it has "
                              f"{', '.join(sorted(self.signatures))}") from None
 
     def predict(self, batch: dict, signature_name: str | None = None) -> dict:

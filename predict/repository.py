@@ -102,11 +102,20 @@ class ModelConfig:
     policy: VersionPolicy = VersionPolicy()
     labels: dict = field(default_factory=dict)   # label -> version
 
+    def __post_init__(self):
+        # a newline in a name forged a second "ready" line in the server's log
+        for what, text in (("model name", self.name), ("base path", self.base_path),
+                           ("model dir", self.model_dir), *(("version label", label)
+                                                            for label in self.labels)):
+            if isinstance(text, str) and any(ord(c) < 32 or ord(c) == 127 for c in text):
+                raise UsageError(f"{what} {text!r:.80} holds a control character; "
+                                 "write it without one")
+
 
 def parse_version(text) -> int:
     text = str(text).strip()
-    if not text.isdigit() or not text.isascii() or int(text) > MAX_VERSION:
-        raise ValueError(f"{text!r} is not a version number")
+    if not text.isdigit() or not text.isascii() or len(text) > 19 or int(text) > MAX_VERSION:
+        raise ValueError(f"{text!r:.40} is not a version number")
     return int(text)
 
 
@@ -120,7 +129,8 @@ def scan_versions(base_path: str, known=()) -> dict:
     found = {}
     for entry in entries:
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-        if entry.get("type") != "directory" or not name.isdigit() or not name.isascii():
+        if entry.get("type") != "directory" or not name.isdigit() or not name.isascii() \
+                or len(name) > 19:  # int() refuses 4,300 digits; int64 has 19
             continue
         version = int(name)
         if version > MAX_VERSION:

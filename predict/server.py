@@ -28,15 +28,15 @@ import h11
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from predict import decode, loop
-from predict.errors import InputError, InstanceError, UsageError
+from predict.errors import InputError, InstanceError, UsageError, clip
 from predict.instances import parse_json
-from predict.repository import NotFoundError, Repository, ServedModel
+from predict.repository import MAX_VERSION, NotFoundError, Repository, ServedModel
 
 log = logging.getLogger("predict.server")
 
@@ -74,8 +74,12 @@ class PredictionService:
         try:
             status, body = await self._route(request, timer)
         except HTTPError as exc:
-            status, body = exc.status, json.dumps({"error": str(exc)}).encode()
+            status, body = exc.status, json.dumps({"error": clip(str(exc))}).encode()
             headers = exc.headers
+        except ClientDisconnect:  # the client's doing, not a server fault: no traceback
+            log.info("request %s %s: the client disconnected before sending its whole "
+                     "body", request.method, request.url.path)
+            status, body, headers = 499, b"", {}  # nginx's code; nobody reads it
         except Exception:  # a real fault: log it, answer 500
             log.exception("request %s %s failed", request.method, request.url.path)
             status = 500
@@ -229,8 +233,10 @@ def signature_defs(model) -> dict:
 def _version(name: str, text: str | None) -> int | None:
     if text is None:
         return None
-    if not text.isdigit() or not text.isascii():
-        raise HTTPError(404, f"model {name!r} has no version {text!r}; versions are numbers")
+    if not text.isdigit() or not text.isascii() or len(text) > 19 or \
+            int(text) > MAX_VERSION:  # int() refuses 4,300 digits: a 500 before
+        raise HTTPError(404, f"model {name!r} has no version {text!r:.40}; versions are "
+                             f"numbers from 0 to {MAX_VERSION}")
     return int(text)
 
 

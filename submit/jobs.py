@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
+import stat
 import time
 from typing import Any
 
@@ -24,6 +26,7 @@ QUEUED, PREPARING, RUNNING = "QUEUED", "PREPARING", "RUNNING"
 SUCCEEDED, FAILED, CANCELLING, CANCELLED = "SUCCEEDED", "FAILED", "CANCELLING", "CANCELLED"
 STATES = (QUEUED, PREPARING, RUNNING, SUCCEEDED, FAILED, CANCELLING, CANCELLED)
 FINAL_STATES = (SUCCEEDED, FAILED, CANCELLED)
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -120,8 +123,12 @@ class JobRecord:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "JobRecord":
+        """The record, or ValueError saying what is wrong with a hand-edited or foreign
+        one (the commands that read every record use the fields unchecked)."""
         data = json.loads(text)
-        data["replicas"] = [ReplicaRecord(**r) for r in data.get("replicas", [])]
+        check_record(data)
+        data["replicas"] = [ReplicaRecord(**{k: v for k, v in r.items() if k in _REPLICA})
+                            for r in data.get("replicas", [])]
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -133,6 +140,48 @@ def replica_lines(record: JobRecord) -> list[str]:
         return ", ".join(str(c) for c in codes) if codes else "none ended yet"
     return [f"  {r.label}: {r.state}, {r.restarts} restart{'s' * (r.restarts != 1)}; "
             f"exit status of each run: {runs(r.exit_codes)}" for r in record.replicas]
+
+
+_REPLICA = {f.name for f in dataclasses.fields(ReplicaRecord)}
+_TYPES: dict[str, tuple] = {
+    "job_id": (str,), "state": (str,), "create_time": (int, float),
+    "start_time": (int, float, type(None)), "end_time": (int, float, type(None)),
+    "job_dir": (str, type(None)), "scale_tier": (str, type(None)),
+    "module": (str, type(None)), "runner": (str,), "mode": (str,),
+    "trainer_args": (list,), "training_input": (dict,), "engine": (dict,),
+    "labels": (dict,), "training_output": (dict,), "replicas": (list,),
+    "error_message": (str, type(None)), "log_dir": (str, type(None)),
+    "package_url": (str, type(None)), "supervisor_pid": (int, type(None)),
+    "usage": (dict,), "prediction_input": (dict,), "prediction_output": (dict,)}
+
+
+def check_record(data: Any) -> None:
+    """ValueError naming the first field of a stored record that is not what the
+    commands expect (a state that is null, a start time that is a string, labels that
+    are a list, trials that are not objects)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"it holds a JSON {type(data).__name__}, not a job object")
+    for key, types in _TYPES.items():
+        if key in data and (not isinstance(data[key], types) or
+                            isinstance(data[key], bool) and bool not in types):
+            raise ValueError(f"its {key} is {json.dumps(data[key])[:40]}")
+    if "job_id" not in data:
+        raise ValueError("it has no job_id")
+    if data.get("state", QUEUED) not in STATES:
+        raise ValueError(f"its state {data['state']!r:.40} is not one of {', '.join(STATES)}")
+    if not all(isinstance(k, str) and isinstance(v, str)
+               for k, v in data.get("labels", {}).items()):
+        raise ValueError("its labels are not strings")
+    if not all(isinstance(r, dict) and isinstance(r.get("label"), str)
+               for r in data.get("replicas", [])):
+        raise ValueError("its replicas are not objects with a label")
+    trials = data.get("training_output", {}).get("trials", [])
+    if not isinstance(trials, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("trialId"), (str, int))
+            and isinstance(t.get("state", ""), str)
+            and isinstance(t.get("hyperparameters", {}), dict)
+            and isinstance(t.get("finalMetric") or {}, dict) for t in trials):
+        raise ValueError("its trainingOutput.trials are not trial objects")
 
 
 def index_path(job_id: str) -> str:
@@ -175,14 +224,14 @@ def load(job_id: str) -> JobRecord:
     """The index's record of job_id (validated first: never a path outside the index)."""
     path = index_path(job_id)
     try:
-        with open(path, "rb") as f:
-            record = JobRecord.from_json(f.read())
+        record = JobRecord.from_json(_read_regular(path))
     except FileNotFoundError:
         raise JobNotFoundError(f"no job {job_id!r} in the local index "
                                f"({os.path.dirname(path)}); see `python -m submit jobs "
                                "list`") from None
-    except (ValueError, TypeError, AttributeError):
-        raise SubmitError(f"the job record {path} is damaged; remove it") from None
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise SubmitError(f"the job record {path} is damaged ({_why(exc)}); remove it") \
+            from None
     if record.job_id != job_id:
         raise SubmitError(f"the job record {path} names job {record.job_id!r:.60}, not "
                           f"{job_id!r}; remove it")
@@ -190,18 +239,49 @@ def load(job_id: str) -> JobRecord:
 
 
 def list_all() -> list[JobRecord]:
+    """Every record in the index, oldest first. A damaged or foreign `*.json` is reported
+    in one warning naming the file and skipped; a named pipe, device or folder is never
+    opened (a pipe would block `jobs list` for ever)."""
     folder = os.path.join(mljob_home(), "jobs")
     records = []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        if name.endswith(".json"):
-            try:
-                with open(os.path.join(folder, name), "rb") as f:
-                    record = JobRecord.from_json(f.read())
-            except (OSError, ValueError, TypeError, AttributeError):
-                continue  # a foreign or damaged file is not a job
-            if f"{record.job_id}.json" == name and isinstance(record.create_time, (int, float)):
-                records.append(record)
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            record = JobRecord.from_json(_read_regular(path))
+            if f"{record.job_id}.json" != name:
+                raise ValueError(f"it names job {record.job_id!r:.40}")
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            log.warning("skipping the damaged job record %s (%s); remove it", path,
+                        _why(exc))
+            continue
+        records.append(record)
     return sorted(records, key=lambda r: r.create_time)
+
+
+MAX_RECORD_BYTES = 64 * 1024 * 1024  # a tuning job's record with 10,000 trials is ~10 MB
+
+
+def _read_regular(path: str) -> bytes:
+    """A regular file's bytes, without blocking on a named pipe (opened non-blocking and
+    checked with fstat before any read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("it is not a regular file")
+        if info.st_size > MAX_RECORD_BYTES:
+            raise ValueError(f"it is larger than {MAX_RECORD_BYTES} bytes")
+        return f.read(MAX_RECORD_BYTES + 1)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not JSON: {exc.msg} at line {exc.lineno}"
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
+    return " ".join(str(exc).split())[:120] or type(exc).__name__
 
 
 def used_in_job_dir(job_dir: str, job_id: str) -> bool:

@@ -29,6 +29,15 @@ TYPES = ("DOUBLE", "INTEGER", "CATEGORICAL", "DISCRETE")
 SCALES = ("UNIT_LINEAR_SCALE", "UNIT_LOG_SCALE", "UNIT_REVERSE_LOG_SCALE")
 MAX_TRIALS = 10_000          # a sanity bound, like the replica counts'
 MAX_VALUES = 1_000           # categorical or discrete values of one parameter
+# Trials running at once: each is a training job of its own (the local runner starts them
+# all on this machine; Vertex and Katib queue what their cluster cannot hold).
+MAX_PARALLEL_TRIALS = 100
+# GRID_SEARCH's points, counted before any grid is built (Optuna's GridSampler holds the
+# whole product as a list: 10^9 points would not fit in memory).
+MAX_GRID_POINTS = 100_000
+# INTEGER bounds and DISCRETE values: numbers a double holds exactly (Cloud ML sends them
+# as doubles), never the 400-digit integers that overflow a float.
+MAX_EXACT_INT = 2 ** 53
 # A parameter becomes the trainer flag --<parameterName>=<value>.
 PARAM_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-]{0,63}")
 METRIC_TAG = re.compile(r"[A-Za-z0-9_\-./]{1,128}")
@@ -80,13 +89,15 @@ class TuningSpec:
         return self.goal == "MAXIMIZE"
 
     def grid(self) -> dict[str, list]:
-        """Every parameter's grid points (GRID_SEARCH has no DOUBLE parameters)."""
+        """Every parameter's grid points (GRID_SEARCH has no DOUBLE parameters); parse
+        has bounded their product by MAX_GRID_POINTS."""
         return {p.name: (list(range(int(p.bounds[0]), int(p.bounds[1]) + 1))
                          if p.type == "INTEGER"
                          else list(p.values)) for p in self.params}
 
     def grid_size(self) -> int:
-        return math.prod(len(v) for v in self.grid().values())
+        """The grid's point count, computed without building it."""
+        return math.prod(_points(p) for p in self.params)
 
 
 def format_value(value) -> str:
@@ -112,7 +123,7 @@ def parse(hp: Any, *, job_dir: str | None = None) -> TuningSpec:
         raise ConfigError(f"{WHERE}.hyperparameterMetricTag {tag!r:.60} is not a metric "
                           "tag; use up to 128 letters, digits and _-./ (e.g. accuracy)")
     max_trials = _count(hp, "maxTrials", 1, low=1, high=MAX_TRIALS)
-    parallel = _count(hp, "maxParallelTrials", 1, low=1, high=MAX_TRIALS)
+    parallel = _count(hp, "maxParallelTrials", 1, low=1, high=MAX_PARALLEL_TRIALS)
     if parallel > max_trials:
         raise ConfigError(f"{WHERE}.maxParallelTrials {parallel} is more than maxTrials "
                           f"{max_trials}; lower it to {max_trials} or raise maxTrials")
@@ -150,6 +161,11 @@ def parse(hp: Any, *, job_dir: str | None = None) -> TuningSpec:
             raise ConfigError(f"{WHERE}: GRID_SEARCH cannot search DOUBLE parameter "
                               f"{doubles[0]!r}; make it DISCRETE with the values to try, "
                               "or use another algorithm")
+        size = spec.grid_size()
+        if size > MAX_GRID_POINTS:
+            raise ConfigError(f"{WHERE}: GRID_SEARCH over {_count_text(size)} points is "
+                              f"more than the limit of {MAX_GRID_POINTS}; narrow the "
+                              "INTEGER ranges or list fewer values, or use RANDOM_SEARCH")
     if job_dir is None:
         raise ConfigError(f"{WHERE}: hyperparameter tuning needs --job-dir (each trial "
                           "writes to <job-dir>/<trialId>/); give --job-dir or jobDir")
@@ -162,7 +178,7 @@ def _count(hp: Mapping, key: str, default, *, low: int, high: int):
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ConfigError(f"{WHERE}.{key} must be an integer from {low} to {high}, not "
-                          f"{value!r:.60}")
+                          f"{_short(value)}")
     return value
 
 
@@ -208,7 +224,7 @@ def _param(raw: Any, i: int) -> Parameter:
         values = raw.get("discreteValues")
         if not isinstance(values, list) or not values or not all(_finite(v) for v in values):
             raise ConfigError(f"{where}.discreteValues must be a non-empty list of "
-                              "numbers, e.g. [32, 64, 128]")
+                              "numbers (finite; integers within ±2^53), e.g. [32, 64, 128]")
         _values_ok(values, where + ".discreteValues")
         if any(b <= a for a, b in zip(values, values[1:], strict=False)):
             raise ConfigError(f"{where}.discreteValues must be in increasing order, each "
@@ -217,8 +233,8 @@ def _param(raw: Any, i: int) -> Parameter:
     low, high = raw.get("minValue"), raw.get("maxValue")
     for key, value in (("minValue", low), ("maxValue", high)):
         if not _finite(value) or kind == "INTEGER" and not isinstance(value, int):
-            wanted = "an integer" if kind == "INTEGER" else "a finite number"
-            raise ConfigError(f"{where}.{key} must be {wanted}, not {value!r:.60}")
+            wanted = "an integer within ±2^53" if kind == "INTEGER" else "a finite number"
+            raise ConfigError(f"{where}.{key} must be {wanted}, not {_short(value)}")
     assert low is not None and high is not None  # both checked finite above
     if not low < high:
         raise ConfigError(f"{where}: minValue {low} must be less than maxValue {high}")
@@ -233,8 +249,31 @@ def _param(raw: Any, i: int) -> Parameter:
 
 
 def _finite(value) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
+    """A finite number; an integer only up to MAX_EXACT_INT (float(10**400) overflows)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return -MAX_EXACT_INT <= value <= MAX_EXACT_INT
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def _points(p: Parameter) -> int:
+    if p.type == "INTEGER":
+        low, high = p.bounds
+        return int(high) - int(low) + 1
+    return len(p.values) if p.values else 1
+
+
+def _count_text(n: int) -> str:
+    return f"{n:,}" if n < 10 ** 30 else f"about 10^{int(n.bit_length() * math.log10(2))}"
+
+
+def _short(value) -> str:
+    """A value for a message: an integer of hundreds of digits as its size (its repr
+    alone would fail past 4,300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10 ** 30:
+        return f"an integer of {value.bit_length()} bits"
+    return f"{value!r:.60}"
 
 
 def _values_ok(values: list, where: str) -> None:

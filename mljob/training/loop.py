@@ -45,8 +45,8 @@ from mljob.training.errors import PeerUnavailableError, Preempted, UsageError
 from mljob.training.evaluator import evaluate
 from mljob.training.losses import metric_functions, per_example_loss
 from mljob.training.signals import StopSignal
-from mljob.training.strategies import make_strategy, peer_named_in, wait_for_peers, \
-    weight_parts, weights_numpy
+from mljob.training.strategies import make_strategy, peer_named_in, wait_for_leader, \
+    wait_for_peers, weight_parts, weights_numpy
 from mljob.training.summaries import Progress, SummaryWriters
 
 
@@ -337,6 +337,10 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
     progress = Progress(config.train_steps, enabled=chief)
     if kind == "ps" and not wait_for_peers(info, stop):
         raise Preempted(f"stopped while waiting for the cluster ({stop.reason()})")
+    if kind == "multiworker":
+        stop.install()  # seen while waiting; TensorFlow's handler takes over below
+        if not wait_for_leader(info, stop):
+            raise Preempted(f"stopped while waiting for the chief ({stop.reason()})")
     strategy, coordinator = make_strategy(kind, info, config.ps_shards)
     # TensorFlow's coordination service (multiworker) sets its own SIGTERM handler in
     # C++ when the strategy starts, which swallows the signal: take it back. Every

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mljob.cluster import PS, WORKER, ClusterInfo
+from mljob.cluster import CHIEF, PS, WORKER, ClusterInfo
 from mljob.training.errors import PeerUnavailableError
 from mljob.training.signals import StopSignal
 
@@ -69,6 +69,25 @@ def wait_for_peers(info: ClusterInfo, stop: StopSignal,
             raise PeerUnavailableError(
                 f"{', '.join(waiting)} did not come up within {timeout:.0f}s; check that "
                 "every ps and worker replica is running, then restart the job")
+        if stop.wait(0.5):
+            return False
+    return True
+
+
+def wait_for_leader(info: ClusterInfo, stop: StopSignal,
+                    timeout: float = PEER_WAIT_SECONDS) -> bool:
+    """A MultiWorkerMirrored replica that is not the cluster's leader (the chief, else
+    worker 0) waits here, where SIGTERM is seen, until the leader listens: inside the
+    strategy TensorFlow's coordination service waits for it with its own SIGTERM
+    handler, which swallowed the signal for as long as the chief was missing. False when
+    a stop was requested; past the timeout the strategy's own wait takes over."""
+    leader = next(iter(info.cluster.get(CHIEF) or info.cluster.get(WORKER) or ()), None)
+    if leader is None or leader == info.address:
+        return True
+    deadline = time.monotonic() + timeout
+    if not _listening(leader):
+        print(f"{info.task_name} waiting for the chief at {leader}", flush=True)
+    while not _listening(leader) and time.monotonic() < deadline:
         if stop.wait(0.5):
             return False
     return True

@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0         # SIGTERM to SIGKILL
 CANCEL_WAIT_S = 60.0       # `jobs cancel`: how long the supervisor gets to stop the job
 MAX_REPLICAS_PER_TYPE = 64  # one process per replica on this machine
+MAX_PARALLEL_TRIALS = 16    # tuning trials at once, each a job of its own on this machine
 EVALUATOR_DRAIN_S = 60.0   # evaluators may finish their last evaluation after the chief
 MIRROR_EVERY_S = 5.0
 POLL_S = 0.2
@@ -345,8 +346,18 @@ class LocalEngine(Runner):
     def check(self, spec: JobSpec) -> None:
         super().check(spec)
         if "hyperparameters" in spec.training_input:
-            from submit import tuning
+            from submit import tuning, tuning_resume, tuning_spec
             tuning.check_installed()
+            hp = tuning_spec.parse(spec.training_input["hyperparameters"],
+                                   job_dir=spec.job_dir)
+            if hp.max_parallel_trials > MAX_PARALLEL_TRIALS:
+                raise UsageError(
+                    f"trainingInput.hyperparameters.maxParallelTrials "
+                    f"{hp.max_parallel_trials} is more than the local runner's limit of "
+                    f"{MAX_PARALLEL_TRIALS} trials at once (each is a job on this "
+                    "machine); lower it, or use --runner vertex or kubeflow")
+            if hp.resume_from:
+                tuning_resume.check_resumable(hp.resume_from)
         if spec.gpus_needed:
             check_gpus(spec, local_gpu_count())
 

@@ -92,7 +92,9 @@ def test_a_damaged_record_is_one_line(capsys):
         with open(index, "w") as f:
             f.write(text)
         status, _, err = run(capsys, "jobs", "describe", "broken")
-        assert status == 1 and "is damaged; remove it" in one_error_line(err)
+        line = one_error_line(err)
+        assert status == 1 and f"record {index} is damaged (" in line
+        assert line.endswith("; remove it")
 
 
 def test_is_ours_needs_the_same_process_and_its_marker(reaper):
