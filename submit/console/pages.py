@@ -226,7 +226,9 @@ def prediction_section(record: jobs.JobRecord) -> str:
         (record.training_output or {}).get("predictionOutput")
     if not isinstance(output, dict) or not output:
         return ""
-    progress = output.get("progress") if isinstance(output.get("progress"), dict) else {}
+    progress = output.get("progress")
+    if not isinstance(progress, dict):
+        progress = {}
     done = _float(progress.get("instancesDone"))
     total = _float(progress.get("instancesTotal"))
     bar = ""
