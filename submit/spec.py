@@ -24,7 +24,7 @@ import yaml
 from mljob import machines, storage
 from mljob.errors import first_line, too_many_digits
 from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, WORKER  # noqa: F401
-from submit import tuning_spec
+from submit import spellings, tuning_spec
 from submit.errors import ConfigError, UsageError
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -32,7 +32,7 @@ MAX_CONFIG_DEPTH = 50  # a job config nests 4 deep; parsers recurse per level
 # Each runner owns its own limit (the local runner's is 64 per type); this one only
 # catches a count that cannot be meant, such as a pasted timestamp.
 MAX_REPLICAS_PER_TYPE = 10_000
-JOB_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # whole string: fullmatch
+JOB_ID = spellings.JOB_ID
 MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")  # fullmatch
 URL_SCHEMES = ("file", "memory", "gs")
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
@@ -58,6 +58,10 @@ SCALE_TIERS = {t.name: t for t in (
     ScaleTier("BASIC_GPU", master_gpus=1),
     ScaleTier("CUSTOM"),
 )}
+
+# Cloud ML's tiers that cannot run anywhere mljob runs (--scale-tier says why)
+REFUSED_TIERS = {"BASIC_TPU": "Cloud TPUs are not available to mljob's runners; use "
+                              "basic-gpu, or custom with acceleratorConfig"}
 
 # Cloud ML's legacy machine names (and Compute Engine's n1 types): mljob/machines.py.
 MACHINE_TYPES = machines.LEGACY_NAMES
@@ -148,6 +152,13 @@ def load_config(path: str) -> dict:
     if not isinstance(training_input, dict):
         raise ConfigError(f"--config {path}: trainingInput must be a mapping, not "
                           f"{type(training_input).__name__}")
+    spellings.int64_fields(training_input, spellings.INT64_KEYS, "trainingInput")
+    for key in CONFIG_KEYS.values():  # acceleratorConfig.count is int64 too
+        accel = (training_input.get(key) or {}) if isinstance(training_input.get(key),
+                                                              dict) else {}
+        if isinstance(accel.get("acceleratorConfig"), dict):
+            spellings.int64_fields(accel["acceleratorConfig"], ("count",),
+                                   f"trainingInput.{key}.acceleratorConfig")
     check_training_input(training_input)
     return training_input
 
@@ -188,6 +199,9 @@ def _read_document(path: str) -> dict:
     if not isinstance(document, dict):
         raise ConfigError(f"--config {path} must be a mapping with a 'trainingInput' key, "
                           f"not {type(document).__name__}")
+    # `x-` keys hold YAML anchors for the rest (docker-compose's convention)
+    document = {k: v for k, v in document.items()
+                if not (isinstance(k, str) and k.startswith("x-"))}
     _no_unknown(document, TOP_LEVEL_KEYS, f"--config {path}")
     if "jobId" in document:
         if not isinstance(document["jobId"], str):
@@ -220,7 +234,8 @@ class _ConfigLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode):
+            if isinstance(key_node, yaml.ScalarNode) and \
+                    key_node.tag != "tag:yaml.org,2002:merge":  # `<<: *base`
                 key = self.construct_object(key_node)
                 try:
                     if key in seen:
@@ -267,8 +282,9 @@ def _read_config(path: str) -> bytes:
 
 
 def _safe_yaml(text: str, path: str) -> Any:
-    """yaml.safe_load, after refusing aliases (a few lines of them expand to gigabytes)
-    and deep nesting (the loader recurses once per level: thousands overflow the stack)."""
+    """yaml.safe_load, after refusing deep nesting (the loader recurses once per level:
+    thousands overflow the stack) and aliases that expand too far (a few lines of them
+    expand to gigabytes); anchors and aliases within the bound are YAML as written."""
     depth = 0
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
@@ -280,11 +296,13 @@ def _safe_yaml(text: str, path: str) -> Any:
                         f"more than {MAX_CONFIG_DEPTH} levels deep; a job config needs 4")
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
-            if isinstance(event, yaml.AliasEvent):
-                line = event.start_mark.line + 1
-                raise ConfigError(f"--config {path} line {line} uses the YAML alias "
-                                  f"*{event.anchor}; aliases are refused, write the value out")
-        return yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader, stricter
+        loader = _ConfigLoader(text)  # a SafeLoader, stricter
+        try:
+            node = loader.get_single_node()
+            spellings.check_expansion(node, path, MAX_CONFIG_DEPTH)  # anchors, bounded
+            return None if node is None else loader.construct_document(node)
+        finally:
+            loader.dispose()
     except _RepeatedKey as exc:
         raise ConfigError(f"--config {path} line {exc.line} repeats the key {exc.key!r:.60}; "
                           "give each key once (the last one would silently win)") from None
@@ -381,10 +399,8 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
         master_accelerator=master_accelerator, worker_accelerator=worker_accelerator,
         parameter_server_accelerator=parameter_server_accelerator,
         use_chief_in_tf_config=use_chief_in_tf_config)
-    tier_name = (scale_tier or ti.get("scaleTier") or "BASIC").upper()
-    if tier_name not in SCALE_TIERS:
-        raise UsageError(f"unknown scale tier {tier_name!r}; use one of "
-                         f"{', '.join(SCALE_TIERS)}")
+    tier_name = spellings.enum_value(scale_tier or ti.get("scaleTier") or "BASIC",
+                                     SCALE_TIERS, "scale tier", REFUSED_TIERS)
     ti["scaleTier"] = tier_name
     if job_dir is not None:
         ti["jobDir"] = job_dir
@@ -546,10 +562,7 @@ def _gpus(ti: dict, config_key: str, machine: str) -> int:
     return machines.gpus(machine, count)
 
 
-def check_job_id(job_id: str) -> None:
-    if not JOB_ID.fullmatch(job_id or ""):  # `$` would let "job01\n" through
-        raise UsageError(f"invalid job id {job_id!r}: use letters, digits and underscores, "
-                         "starting with a letter, at most 128 characters (e.g. job01)")
+check_job_id = spellings.check_job_id
 
 
 @overload

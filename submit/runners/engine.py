@@ -154,6 +154,13 @@ class Runner(abc.ABC):
         """Stop the job and every replica; return the state to record (CANCELLING or
         CANCELLED)."""
 
+    def update_labels(self, record: records.JobRecord, old: Mapping[str, str],
+                      new: Mapping[str, str]) -> str | None:
+        """Change the job's labels on the engine (`jobs update`); the caller keeps them in
+        the record. Returns a note for the user, or None. The local runner's labels are
+        its record's alone."""
+        return None
+
     # The life of a job, written once for every runner.
 
     def new_record(self, spec: JobSpec, package: Package,
