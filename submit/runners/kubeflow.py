@@ -255,6 +255,25 @@ class KubeflowEngine(ClusterEngine):
                     yield lines.get()
                 return
 
+    def update_labels(self, record: records.JobRecord, old: Mapping[str, str],
+                      new: Mapping[str, str]) -> str | None:
+        """The TFJob's (or Experiment's) labels, by a merge patch: removed keys are set to
+        null, mljob's own labels are left as they are. Running pods keep theirs."""
+        handle = record.engine
+        api = kubernetes.client.CustomObjectsApi(self._client(handle))
+        version, plural = _resource(handle)
+        body = {"metadata": {"labels": {**{k: None for k in old if k not in new}, **new}}}
+        kind = handle.get("kind", "TFJob")
+        try:
+            with _api_errors(handle, f"update the {kind}'s labels"):
+                api.patch_namespaced_custom_object(
+                    GROUP, version, handle["namespace"], plural, handle["name"], body,
+                    _request_timeout=TIMEOUT_S)
+        except _Gone:
+            return (f"the {kind} {handle['name']} is gone from namespace "
+                    f"{handle['namespace']}; the labels are changed in the job's record")
+        return None
+
     def cancel(self, handle: Mapping[str, Any]) -> str:
         api = kubernetes.client.CustomObjectsApi(self._client(handle))
         version, plural = _resource(handle)

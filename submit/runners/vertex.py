@@ -212,6 +212,13 @@ class VertexEngine(ClusterEngine):
             output = training_output(job)
         return EngineStatus(state=state, message=message, training_output=output)
 
+    def update_labels(self, record, old, new) -> str | None:
+        """Vertex AI's JobService has no update for a CustomJob or a
+        HyperparameterTuningJob (create, get, list, cancel, delete): the job keeps the
+        labels it was created with, and mljob's record gets the new ones."""
+        return ("Vertex AI cannot change a created job's labels (its JobService has no "
+                "update); the labels are changed in the job's record only")
+
     def cancel(self, handle: Mapping[str, Any]) -> str:
         with api_errors(f"cancel job {handle.get('display_name')}", handle):
             client = _job_client(handle["region"])
