@@ -21,7 +21,7 @@ import click
 
 from mljob import storage
 from mljob.errors import MljobError
-from submit import cmd_jobs, cmd_local, cmd_submit  # noqa: F401 - they add the commands
+from submit import cmd_jobs, cmd_local, cmd_models, cmd_predict, cmd_submit  # noqa: F401
 from submit import jobs as records, plan as plans
 from submit.cli_base import cli, echo
 from submit.errors import EXIT_OK, EXIT_USAGE, JobCancelled
