@@ -61,6 +61,14 @@ _OPTIONS = [
                  help="GPUs per worker (CUSTOM tier)."),
     click.option("--parameter-server-accelerator", metavar="count=N,type=TYPE",
                  help="GPUs per parameter server (CUSTOM tier)."),
+    click.option("--master-image-uri", metavar="IMAGE",
+                 help="A custom container for the master (and, unless they have their "
+                      "own, every replica), as Cloud ML's masterConfig.imageUri; runs on "
+                      "--runner kubeflow or vertex."),
+    click.option("--worker-image-uri", metavar="IMAGE",
+                 help="The workers' container (workerConfig.imageUri)."),
+    click.option("--parameter-server-image-uri", metavar="IMAGE",
+                 help="The parameter servers' container (parameterServerConfig.imageUri)."),
     click.option("--use-chief-in-tf-config/--no-use-chief-in-tf-config", default=None,
                  help="Name the chief `chief` in TF_CONFIG, not `master` [default: the "
                       "config's useChiefInTfConfig, else by runtimeVersion: master before "

@@ -15,6 +15,7 @@ deleted while others exist; a model with versions cannot be deleted.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import re
@@ -210,8 +211,8 @@ def delete_version(model: str, name: str) -> None:
     fs, path = storage.filesystem(folder)
     for marker in (contracts.SAVED_MODEL_MARKER, contracts.LEGACY_EXPORT_MARKER):
         marker_path = f"{path.rstrip('/')}/{marker}"  # unpublished first: never half-served
-        if storage.retry(lambda p=marker_path: fs.exists(p), f"check {folder}"):
-            storage.retry(lambda p=marker_path: fs.rm_file(p), f"unpublish {folder}")
+        if storage.retry(functools.partial(fs.exists, marker_path), f"check {folder}"):
+            storage.retry(functools.partial(fs.rm_file, marker_path), f"unpublish {folder}")
     if storage.retry(lambda: fs.exists(path), f"check {folder}"):
         storage.retry(lambda: fs.rm(path, recursive=True), f"remove {folder}")
     (data.get("versions") or {}).pop(name, None)

@@ -24,7 +24,7 @@ import yaml
 from mljob import machines, storage
 from mljob.errors import first_line, too_many_digits
 from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, WORKER  # noqa: F401
-from submit import spellings, tuning_spec
+from submit import containers, spellings, tuning_spec
 from submit.errors import ConfigError, UsageError
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -79,7 +79,8 @@ TRAINING_INPUT_KEYS: dict[str, tuple] = {
 }
 TOP_LEVEL_KEYS = ("trainingInput", "labels", "jobId")
 # Per replica type: its GPUs, and (as Kubeflow's replica specs) when it is restarted.
-REPLICA_CONFIG_KEYS = ("acceleratorConfig", "restartPolicy", "maxRestarts")
+REPLICA_CONFIG_KEYS = ("acceleratorConfig", "restartPolicy", "maxRestarts", "imageUri",
+                       "containerCommand", "containerArgs")
 MAX_RESTARTS = 100
 ACCELERATOR_KEYS = ("count", "type")
 # (task type, count key, machine type key, replica config key)
@@ -98,6 +99,11 @@ class ReplicaGroup:
     gpus: int = 0
     restart_policy: str = "Never"   # Never, OnFailure, ExitCode, Always
     max_restarts: int = 0
+    # a custom container (Cloud ML's ReplicaConfig.imageUri): the image, its entrypoint
+    # (containerCommand; empty: the image's own) and its args (None: the trainer args)
+    image_uri: str | None = None
+    container_command: tuple[str, ...] = ()
+    container_args: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +141,11 @@ class JobSpec:
 
     def group(self, task_type: str) -> ReplicaGroup | None:
         return next((g for g in self.groups if g.task_type == task_type), None)
+
+    @property
+    def custom_containers(self) -> bool:
+        """Every replica runs its own image (no package is built or installed)."""
+        return all(g.image_uri for g in self.groups)
 
     @property
     def gpus_needed(self) -> int:
@@ -343,6 +354,7 @@ def check_training_input(ti: Mapping[str, Any]) -> None:
         if isinstance(most, bool) or not isinstance(most, int) or not 0 <= most <= MAX_RESTARTS:
             raise ConfigError(f"trainingInput.{key}.maxRestarts must be an integer from 0 "
                               f"to {MAX_RESTARTS}, not {most!r:.60}")
+        containers.check_config(config, key)
         accel = config.get("acceleratorConfig", {})
         if not isinstance(accel, dict):
             raise ConfigError(f"trainingInput.{key}.acceleratorConfig must be a mapping "
@@ -365,6 +377,7 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
             worker_machine_type=None, parameter_server_machine_type=None,
             master_accelerator=None, worker_accelerator=None,
             parameter_server_accelerator=None, use_chief_in_tf_config=None,
+            master_image_uri=None, worker_image_uri=None, parameter_server_image_uri=None,
             packages=None, region=None, runtime_version=None, python_version=None,
             staged=True) -> JobSpec:
     """Merge flags (None when not given) over trainingInput and check the result.
@@ -393,6 +406,9 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
                               ("--evaluator-count", "evaluatorCount", evaluator_count)):
         if value is not None:
             ti[key] = value
+    containers.apply_flags(ti, master_image_uri=master_image_uri,
+                           worker_image_uri=worker_image_uri,
+                           parameter_server_image_uri=parameter_server_image_uri)
     type_keys = apply_type_flags(
         ti, master_machine_type=master_machine_type, worker_machine_type=worker_machine_type,
         parameter_server_machine_type=parameter_server_machine_type,
@@ -437,6 +453,11 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
             raise UsageError(f"{name} {ti[key]!r:.60} is not a {what}; write {example}")
     package_uri: str | None = None
     extras: tuple[str, ...] = ()
+    if containers.master_image(ti) and (package_path is not None or packages is not None
+                                        or ti.get("packageUris")):
+        raise UsageError("a custom container (--master-image-uri, imageUri) runs its own "
+                         "code: give it or a package (--package-path, --packages, "
+                         "packageUris), not both")
     if packages is not None:
         extras = tuple(_archive(p, "--packages") for p in packages)
     elif ti.get("packageUris"):
@@ -446,7 +467,7 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
         uris = [_archive(u, "trainingInput.packageUris") for u in ti["packageUris"]]
         package_uri, extras = uris[0], tuple(uris[1:])
     local_archives = package_path is not None or any("://" not in e for e in extras) or \
-        (package_uri is None and not extras)
+        (package_uri is None and not extras and not containers.master_image(ti))
     if staged and local_archives and not job_dir and not staging_bucket:
         raise UsageError("If local packages are provided, the --staging-bucket or "
                          "--job-dir flag must be given.")
@@ -461,8 +482,9 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
                                          ("parameterServerCount", parameter_server_count),
                                          ("evaluatorCount", evaluator_count))
                   if value is not None} | type_keys
-    groups = tuple(_with_restarts(g, ti, restart_policy, max_restarts)
-                   for g in _groups(SCALE_TIERS[tier_name], ti, from_flags))
+    groups = containers.with_images(tuple(
+        _with_restarts(g, ti, restart_policy, max_restarts)
+        for g in _groups(SCALE_TIERS[tier_name], ti, from_flags)), ti, CONFIG_KEYS)
     restart_policy = restart_policy or "Never"
     max_restarts = default_max_restarts(restart_policy, max_restarts)
     use_chief = default_use_chief(ti)

@@ -74,8 +74,8 @@ class KubeflowEngine(ClusterEngine):
         super().__init__(options)
         self._clients: dict[str | None, kubernetes.client.ApiClient] = {}
 
-    def prepare(self, spec: specs.JobSpec, package: Package) -> list[str]:
-        if not package.local_file:
+    def prepare(self, spec: specs.JobSpec, package: Package | None) -> list[str]:
+        if package is None or not package.local_file:  # custom containers: no build
             return []
         remote = [p.file_name for p in package.all if not p.local_file]
         if remote:  # a dry run leaves staged archives where they are
@@ -94,6 +94,10 @@ class KubeflowEngine(ClusterEngine):
                              f"{spec.job_dir or 'a job dir on this machine'}")
         tfjob_name(spec.job_id)
         kubeflow_render.check_labels(spec)
+        if spec.custom_containers and self.options.image is not None:
+            raise UsageError("--image names the image a package is installed in; custom "
+                             "containers name theirs with --master-image-uri (imageUri): "
+                             "drop --image")
         tuning = _tuning(spec)
         if tuning is not None:
             if tuning.resume_from:
@@ -110,14 +114,15 @@ class KubeflowEngine(ClusterEngine):
             raise UsageError(f"--namespace {self.options.namespace!r} is not a Kubernetes "
                              "namespace name; use lower-case letters, digits and '-'")
 
-    def render(self, spec: specs.JobSpec, package: Package) -> Rendered:
+    def render(self, spec: specs.JobSpec, package: Package | None) -> Rendered:
         name, namespace = tfjob_name(spec.job_id), self._namespace()
-        image = self.options.image or f"mljob-trainer:{package.sha256[:12]}"
+        image = self.options.image or (f"mljob-trainer:{package.sha256[:12]}" if package
+                                       else "")
         body = kubeflow_render.tfjob(spec, package, name=name, namespace=namespace,
                                      image=image,
                                      service_account=self.options.service_account)
         handle = {"name": name, "namespace": namespace, "context": self.options.context,
-                  "image_given": self.options.image is not None}
+                  "image_given": self.options.image is not None or spec.custom_containers}
         kind = "TFJob"
         tuning = _tuning(spec)
         if tuning is not None:
