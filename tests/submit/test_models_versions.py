@@ -198,3 +198,15 @@ def test_online_predict_follows_set_default_live(capsys, tmp_path, exports, reap
     status, _, err = run(capsys, "predict", "--model", "fashion", "--json-instances",
                          str(instances), "--endpoint", url)
     assert status == 1 and "cannot reach" in one_error_line(err)
+
+
+def test_local_predict_is_gclouds_local_predict(capsys, tmp_path, exports):
+    instances = tmp_path / "instances.json"
+    instances.write_text("".join(json.dumps({"image": img.tolist(), "key": i}) + "\n"
+                                 for i, img in enumerate(IMAGES)))
+    out = ok(capsys, "local", "predict", "--model-dir", exports[2][0], "--json-instances",
+             str(instances))
+    predictions = [json.loads(line) for line in out.splitlines()]   # one a line
+    assert [which(exports, i, p["scores"]) for i, p in enumerate(predictions)] == [2, 2]
+    status, _, err = run(capsys, "local", "predict", "--model-dir", exports[2][0])
+    assert status == 2 and "give exactly one of" in one_error_line(err)
