@@ -90,7 +90,7 @@ def start(runner: Runner, rendered, record: records.JobRecord, echo: Echo, *,
     """Start a rendered job on its runner; stay with it when `stream`."""
     echo(runner.start(rendered, record, attach=stream))
     if not stream:
-        echo(runner.detached_hint(record))
+        echo(runner.detached_hint(record), err=True)  # a hint: stdout stays the result
         return 0
     return runner.attach(rendered, record, echo)
 
