@@ -35,7 +35,8 @@ def submit_quick(capsys, tmp_path, pkg, job_id, *extra):
 # --- commands, reserved words, job ids ---------------------------------------------
 
 @pytest.mark.parametrize("argv,words", [
-    (["models", "--job-dir", "x", "--dry-run"], "'models' is a gcloud ai-platform command"),
+    (["models", "--job-dir", "x", "--dry-run"], "No such option '--job-dir'"),  # a group
+    (["Models", "--job-dir", "x"], "'Models' is a gcloud ai-platform command"),
     (["explain", "job01"], "'explain' is a gcloud ai-platform command"),
     (["operations"], "'operations' is a gcloud ai-platform command"),
     (["jobs", "submit", "training", "jobs", "--job-dir", "x"],
@@ -56,17 +57,11 @@ def test_reserved_words_and_bad_job_ids_are_one_line_with_a_valid_spelling(
     nothing_written(tmp_path)
 
 
-def test_jobs_submit_training_and_the_short_form_run_the_same_job(capsys, tmp_path, pkg):
-    out = submit_quick(capsys, tmp_path, pkg, "long01")
-    assert "Job [long01] SUCCEEDED." in out
-    status, out, err = run(capsys, "short01", "--job-dir", str(tmp_path / "short01"),
-                           "--package-path", pkg, "--module-name", "fakejob.task")
-    assert status == 0, err
-    long, short = records.load("long01"), records.load("short01")
-    assert long.state == short.state == records.SUCCEEDED
-    assert long.training_input.keys() == short.training_input.keys()
+def test_jobs_submit_is_a_group_of_kinds(capsys):
     status, out, err = run(capsys, "jobs", "submit")   # a bare group: its help
     assert status == 2 and "training" in err
+    status, out, err = run(capsys, "jobs", "submit", "training", "--help")
+    assert status == 0 and "--master-image-uri" in out and "--scale-tier" in out
 
 
 # --- gcloud's spellings --------------------------------------------------------------
@@ -299,6 +294,7 @@ def test_jobs_update_labels_as_gcloud_orders_them(capsys, tmp_path, pkg):
 
 # --- the real trainer ----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_real_trainer_through_jobs_submit_training_then_describe_and_update(
         capsys, tmp_path):
     job_dir = str(tmp_path / "job")
@@ -321,3 +317,42 @@ def test_real_trainer_through_jobs_submit_training_then_describe_and_update(
     assert job["trainingInput"]["jobDir"] == job_dir
     master = job["mljob"]["replicas"][0]
     assert (master["label"], master["exitCode"]) == ("master-replica-0", 0)
+
+
+@pytest.mark.slow
+def test_jobs_update_on_a_running_local_job_leaves_the_supervisors_record(
+        capsys, tmp_path, monkeypatch):
+    """A running job's record is its supervisor's to write: the new labels are kept
+    beside the index and win from then on, through the job's end."""
+    import signal
+    import time
+    pkg = write_package(tmp_path / "slow", "import time\nprint('step 1/1', flush=True)\n"
+                                           "time.sleep(120)\n")
+    status, out, err = run(capsys, "run01", "--job-dir", str(tmp_path / "run01"),
+                           "--package-path", pkg, "--module-name", "fakejob.task",
+                           "--labels", "team=vision", "--async")
+    assert status == 0, err
+    record = records.load("run01")
+    try:
+        deadline = time.monotonic() + 60
+        while records.load("run01").state != records.RUNNING:
+            assert time.monotonic() < deadline, "the job never ran"
+            time.sleep(0.2)
+        status, out, err = run(capsys, "jobs", "update", "run01", "--update-labels",
+                               "stage=train")
+        assert status == 0, err
+        assert records.load("run01").labels == {"team": "vision"}   # not ours to write
+        status, out, _ = run(capsys, "jobs", "list", "--filter", "labels.stage=train",
+                             "--format", "value(jobId,state,labels.team)")
+        assert out == "run01\tRUNNING\tvision\n"
+        status, out, err = run(capsys, "jobs", "cancel", "run01")
+        assert status == 0, err
+        status, out, _ = run(capsys, "jobs", "describe", "run01", "--format", "json")
+        job = json.loads(out)
+        assert job["state"] == "CANCELLED"
+        assert job["labels"] == {"team": "vision", "stage": "train"}
+    finally:
+        try:
+            os.killpg(record.supervisor_pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, TypeError):
+            pass
