@@ -210,3 +210,21 @@ def test_local_predict_is_gclouds_local_predict(capsys, tmp_path, exports):
     assert [which(exports, i, p["scores"]) for i, p in enumerate(predictions)] == [2, 2]
     status, _, err = run(capsys, "local", "predict", "--model-dir", exports[2][0])
     assert status == 2 and "give exactly one of" in one_error_line(err)
+
+
+def test_a_model_on_an_object_store_url(capsys, exports, memfs):
+    """Any fsspec URL is a base path: versions published marker last, the record beside
+    them, deleted marker first."""
+    from mljob import storage
+    ok(capsys, "models", "create", "mem", "--base-path", "memory://served/mem")
+    ok(capsys, "versions", "create", "v1", "--model", "mem", "--origin", exports[1][0])
+    assert storage.exists("memory://served/mem/1/saved_model.pb")
+    assert model_meta.version_labels(model_meta.read("memory://served/mem")) == {
+        "default": 1}
+    out = ok(capsys, "versions", "list", "--model", "mem", "--format",
+             "value(name,deploymentUri,state,isDefault)")
+    assert out == "v1\tmemory://served/mem/1\tREADY\tTrue\n"
+    ok(capsys, "versions", "delete", "v1", "--model", "mem")
+    assert not storage.exists("memory://served/mem/1")
+    ok(capsys, "models", "delete", "mem")
+    assert not storage.exists("memory://served/mem/" + model_meta.MODEL_FILE)
