@@ -49,15 +49,14 @@ def index_path(model: str) -> str:
 
 def base_path(model: str) -> str:
     """The model's base path, from the local index."""
-    try:
-        with open(index_path(model), "rb") as f:
-            entry = json.loads(f.read(64 * 1024))
+    try:  # storage's reader: a named pipe or device here is refused, never opened
+        entry = json.loads(storage.read_bytes(index_path(model), limit=64 * 1024))
         return str(entry["basePath"])
     except FileNotFoundError:
         raise UsageError(f"no model {model!r} in the local index; create it with "
                          f"`python -m submit models create {model}` or see `models "
                          "list`") from None
-    except (ValueError, KeyError, TypeError, OSError):
+    except (ValueError, KeyError, TypeError, OSError, storage.StorageError):
         raise SubmitError(f"the model entry {index_path(model)} is damaged; remove "
                           "it") from None
 

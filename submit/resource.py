@@ -70,10 +70,9 @@ def labels_path(job_id: str) -> str:
 
 def current_labels(record: records.JobRecord) -> dict[str, str]:
     """The job's labels: `jobs update`'s, when it changed them, else the record's."""
-    try:
-        with open(labels_path(record.job_id), "rb") as f:
-            labels = json.loads(f.read(64 * 1024))
-    except (OSError, ValueError):
+    try:  # storage's reader: a named pipe or device here is refused, never opened
+        labels = json.loads(storage.read_bytes(labels_path(record.job_id), limit=64 * 1024))
+    except (OSError, ValueError, storage.StorageError):
         return dict(record.labels)
     if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                for k, v in labels.items()):

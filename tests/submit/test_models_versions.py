@@ -228,3 +228,20 @@ def test_a_model_on_an_object_store_url(capsys, exports, memfs):
     assert not storage.exists("memory://served/mem/1")
     ok(capsys, "models", "delete", "mem")
     assert not storage.exists("memory://served/mem/" + model_meta.MODEL_FILE)
+
+
+def test_named_pipes_in_the_index_are_never_opened(capsys, tmp_path):
+    """A named pipe where a model entry or a job's label file should be would block a
+    reader for ever: both are refused or passed over, never opened."""
+    from submit import jobs as records, resource
+    os.makedirs(os.path.join(os.environ["MLJOB_HOME"], "models"))
+    os.mkfifo(models.index_path("piped"))
+    status, _, err = run(capsys, "models", "describe", "piped")
+    assert status == 1 and "is damaged; remove it" in one_error_line(err)
+    record = records.JobRecord("job01", labels={"team": "vision"})
+    record.set_state(records.SUCCEEDED)
+    records.save(record)
+    os.makedirs(os.path.dirname(resource.labels_path("job01")))
+    os.mkfifo(resource.labels_path("job01"))
+    out = ok(capsys, "jobs", "describe", "job01", "--format", "value(labels.team)")
+    assert out == "vision\n"
