@@ -99,7 +99,7 @@ def summary(job: dict) -> str:
                         "evaluatorCount", "region", "runtimeVersion", "pythonModule",
                         "jobDir") if k in ti]
     parts += ["", "Training Input Summary",
-              formats.table([[formats._upper_snake(k) for k in keys],
+              formats.table([[formats.heading(k) for k in keys],
                              [formats.cell(ti[k]) for k in keys]])]
     out = job.get("trainingOutput") or {}
     if out.get("trials"):
@@ -111,7 +111,7 @@ def summary(job: dict) -> str:
     if replicas:
         fields = ["label", "state", "pid", "exitCode", "restarts"]
         parts += ["", "Replicas",
-                  formats.table([[formats._upper_snake(f) for f in fields]] +
+                  formats.table([[formats.heading(f) for f in fields]] +
                                 [[formats.cell(r.get(f)) for f in fields]
                                  for r in replicas])]
     return "\n".join(parts)

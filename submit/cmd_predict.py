@@ -147,7 +147,7 @@ def predict_command(model, version, json_instances, json_request, text_instances
     if fmt and formats.parse(fmt)[0] in ("table", "value"):
         rows = [p if isinstance(p, dict) else {"prediction": p} for p in predictions]
         formats.emit(echo, rows, fmt, single=False,
-                     default_keys=[(k, formats._upper_snake(k)) for k in rows[0]]
+                     default_keys=[(k, formats.heading(k)) for k in rows[0]]
                      if rows else [])
     else:
         formats.emit(echo, [{"predictions": predictions}], fmt or "json", single=True)

@@ -47,21 +47,21 @@ def parse(text: str) -> tuple[str, list[tuple[str, str]]]:
         if not item:
             continue
         key, _, attrs = item.partition(":")
-        heading = key.rsplit(".", 1)[-1]
+        title = key.rsplit(".", 1)[-1]
         for attr in filter(None, attrs.split(":")):
             name, eq, value = attr.partition("=")
             if name != "label" or not eq:
                 raise UsageError(f"--format key {item!r:.60}: only ':label=NAME' is "
                                  f"understood after a key; {HINT}")
-            heading = value.strip("'\"")
+            title = value.strip("'\"")
         if not _KEY.fullmatch(key):
             raise UsageError(f"--format key {key!r:.60} is not a dotted key like "
                              f"trainingInput.scaleTier; {HINT}")
-        keys.append((key, _upper_snake(heading)))
+        keys.append((key, heading(title)))
     return kind, keys
 
 
-def _upper_snake(name: str) -> str:
+def heading(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).upper()
 
 
