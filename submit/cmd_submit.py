@@ -40,9 +40,9 @@ _OPTIONS = [
                  help="Follow the job's logs until it ends (default), or return at once."),
     click.option("--dry-run", is_flag=True, help="Print the resolved plan as JSON; run nothing."),
     click.option("--resume", is_flag=True, help="Reuse a job id already used in the job dir."),
-    click.option("--restart-policy", default=None,
-                 type=click.Choice(specs.RESTART_POLICIES),
-                 help="When a replica that exits is started again, for every replica type "
+    click.option("--restart-policy", default=None, metavar="POLICY",
+                 help="Never, OnFailure, ExitCode or Always (any case, '-' or '_'): when a "
+                      "replica that exits is started again, for every replica type "
                       "[default: each type's restartPolicy in --config, else Never]."),
     click.option("--max-restarts", default=None, type=int,
                  help="Restarts allowed per replica [default: each type's maxRestarts in "

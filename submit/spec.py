@@ -471,9 +471,9 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
     if staged and local_archives and not job_dir and not staging_bucket:
         raise UsageError("If local packages are provided, the --staging-bucket or "
                          "--job-dir flag must be given.")
-    if restart_policy is not None and restart_policy not in RESTART_POLICIES:
-        raise UsageError(f"unknown --restart-policy {restart_policy!r}; use one of "
-                         f"{', '.join(RESTART_POLICIES)}")
+    if restart_policy is not None:  # Never, OnFailure, on-failure, ON_FAILURE, ...
+        restart_policy = spellings.enum_value(restart_policy, RESTART_POLICIES,
+                                              "--restart-policy")
     if max_restarts is not None and (isinstance(max_restarts, bool) or
                                      not 0 <= max_restarts <= MAX_RESTARTS):
         raise UsageError(f"--max-restarts {max_restarts} is out of range; use 0 to "

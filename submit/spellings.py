@@ -44,7 +44,8 @@ def enum_value(text: str, choices: Iterable[str], what: str,
         for name, reason in (refused or {}).items():
             if isinstance(text, str) and key(text) == key(name):
                 raise UsageError(f"{what} {text!r:.40}: {reason}")
-        spelled = ", ".join(c.lower().replace("_", "-") for c in choices)
+        spelled = ", ".join(c if c != c.upper() else c.lower().replace("_", "-")
+                            for c in choices)  # gcloud's spelling; CamelCase as it is
         raise UsageError(f"unknown {what} {text!r:.40}; use one of {spelled} (any case, "
                          "'-' or '_')")
     return chosen[key(text)]

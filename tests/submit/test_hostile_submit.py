@@ -73,7 +73,7 @@ CONFIGS = {
                    "is not valid YAML"),
     "billion laughs": ("x-a: &a ['lol','lol','lol','lol','lol','lol','lol','lol','lol']\n"
                        + "".join(f"x-{n}: &{n} [{', '.join(['*' + p] * 9)}]\n"
-                                 for p, n in zip("abcdefgh", "bcdefghi"))
+                                 for p, n in zip("abcdefgh", "bcdefghi", strict=True))
                        + "trainingInput: {args: *i}\n",
                        "its YAML aliases expand to more than 10000 values"),
     "self-referring alias": ("trainingInput: &t {args: [*t]}\n", "refers to the value that "
@@ -124,7 +124,8 @@ def test_deeply_nested_json_config_exits_2(capsys, tmp_path, pkg):
 
 
 @pytest.mark.parametrize("flags,words", [
-    (["--restart-policy", "Sometimes"], "Invalid value for '--restart-policy'"),
+    (["--restart-policy", "Sometimes"], "unknown --restart-policy 'Sometimes'; use one of "
+                                        "Never"),
     (["--max-restarts", "101"], "--max-restarts 101 is out of range; use 0 to 100"),
     (["--max-restarts", "-1"], "--max-restarts -1 is out of range"),
 ])
