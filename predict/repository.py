@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mljob import contracts, storage
+from mljob import contracts, model_meta, storage
 from mljob.errors import first_line
 from predict.errors import PredictError, UsageError
 
@@ -170,6 +170,7 @@ class ServedModel:
         self._events = events  # called as events(model_name, what, version, url) when set
         self._lock = threading.Lock()
         self._versions: dict = {}  # number -> _Version (loading, available, ended)
+        self._file_labels: dict = {}  # BASE/mljob-model.json's (`versions set-default`)
 
     # --- the watcher's side ---------------------------------------------------------
     def poll(self) -> None:
@@ -181,6 +182,7 @@ class ServedModel:
             with self._lock:
                 known = {n for n, v in self._versions.items() if v.state != "END"}
             found = scan_versions(self.config.base_path, known)
+            self._read_file_labels(self.config.base_path)
         wanted = self.config.policy.choose(found)
         for number in sorted(wanted):
             with self._lock:
@@ -189,6 +191,22 @@ class ServedModel:
                 version = self._versions[number] = _Version(number, found[number])
             self._load_version(version)
         self._unload_unwanted(wanted)
+
+    def _read_file_labels(self, base_path: str) -> None:
+        """The model record's labels, read at every poll (a bad record changes nothing)."""
+        try:
+            labels = model_meta.version_labels(model_meta.read(base_path))
+        except (ValueError, OSError, storage.StorageError) as exc:
+            log.warning("model %s: %s unreadable: %s", self.name, model_meta.MODEL_FILE,
+                        first_line(exc))
+            return
+        with self._lock:
+            self._file_labels = labels
+
+    @property
+    def labels(self) -> dict:
+        """Version labels: the config's (flags, model config file) over the record's."""
+        return {**self._file_labels, **self.config.labels}
 
     def _load_version(self, version: _Version) -> None:
         log.info("model %s: loading version %d from %s", self.name, version.number,
@@ -263,11 +281,11 @@ class ServedModel:
 
     def _resolve(self, version: int | None, label: str | None) -> _Version:
         if label is not None:
-            if label not in self.config.labels:
-                labels = ", ".join(sorted(self.config.labels)) or "none"
+            if label not in self.labels:
+                labels = ", ".join(sorted(self.labels)) or "none"
                 raise NotFoundError(f"model {self.name!r} has no version label {label!r} "
                                     f"(labels: {labels})")
-            version = self.config.labels[label]
+            version = self.labels[label]
         if version is None:
             available = [n for n, v in self._versions.items() if v.state == "AVAILABLE"]
             if not available:
@@ -288,10 +306,10 @@ class ServedModel:
         with self._lock:
             if version is not None or label is not None:
                 if label is not None:
-                    if label not in self.config.labels:
+                    if label not in self.labels:
                         raise NotFoundError(f"model {self.name!r} has no version label "
                                             f"{label!r}")
-                    version = self.config.labels[label]
+                    version = self.labels[label]
                 if version not in self._versions:
                     raise NotFoundError(f"model {self.name!r} has no version '{version}'")
                 return [self._versions[version].status()]

@@ -7,8 +7,8 @@ foreground, following its logs (Ctrl-C cancels it), or with `--async` under a de
 supervisor. `--runner vertex|kubeflow` renders the engine's own job instead
 (`submit.runners.prediction_render`).
 
-`register(cli, jobs_group)` adds the command (and the hidden `_supervise-prediction`
-that a detached job runs under) to the CLI.
+`submit.__main__` adds the command to `jobs submit`, and the hidden
+`_supervise-prediction` that a detached job runs under to the CLI.
 """
 from __future__ import annotations
 
@@ -105,17 +105,6 @@ def supervise_command(plan_file):
     return run(plan, jobs.load(plan.job_id), stream=False)
 
 
-def register(cli: click.Group, jobs_group: click.Group) -> None:
-    """`jobs submit prediction` (making the `jobs submit` group if there is none yet)."""
-    group = jobs_group.commands.get("submit")
-    if not isinstance(group, click.Group):
-        group = click.Group("submit", help="Submit a job (as `gcloud ai-platform jobs "
-                                           "submit`).")
-        jobs_group.add_command(group)
-    group.add_command(prediction_command)
-    cli.add_command(supervise_command)
-
-
 def new_record(spec: prediction_spec.PredictionSpec, plan: PredictionPlan) -> jobs.JobRecord:
     record = jobs.JobRecord(job_id=spec.job_id, log_dir=plan.log_dir, mode="prediction",
                             runner="local", labels=dict(spec.labels),
@@ -151,4 +140,4 @@ def _detach(plan: PredictionPlan) -> int:
     return proc.pid
 
 
-__all__ = ["register", "prediction_command", "run"]
+__all__ = ["prediction_command", "supervise_command", "run"]

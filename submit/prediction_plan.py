@@ -27,7 +27,7 @@ def build_plan(spec: prediction_spec.PredictionSpec, *, resume: bool) -> Predict
                              "the job's workers are processes of their own; use a path "
                              "or gs:// URL")
     _check_job_id(spec, resume)
-    model_dir = prediction_spec.local_model_dir(spec, home)
+    model_dir = prediction_spec.local_model_dir(spec)
     run_dir = os.path.join(home, "runs", spec.job_id)
     try:
         _check_model(model_dir)

@@ -7,15 +7,14 @@ gcloud's flags and defaults: exactly one of `--model-dir` (an export's URL) or `
 requires it); `--max-worker-count` (Cloud ML's default 10); `--batch-size` (64);
 `--signature-name`; `--labels`; `--runtime-version`.
 
-`--model M` names a model on this machine: `$MLJOB_HOME/models/M`, a base path of
-numbered versions as `python -m predict publish --model-base-path` writes them;
-`--version V` picks one, the highest by default (the model's default version). On Vertex,
+`--model M` names a model of `python -m submit models` (its base path of numbered
+versions); `--version V` picks one, the model's default version by default (the highest
+published one when it has none). On Vertex,
 `--model` is the Model resource (`projects/P/locations/R/models/M`, or its id).
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from typing import Any
 
@@ -133,26 +132,28 @@ def resolve(job_id: str, *, model_dir=None, model=None, version=None, input_path
         runtime_version=runtime_version, labels=specs.parse_labels_flag(labels))
 
 
-def local_model_dir(spec: PredictionSpec, home: str) -> str:
-    """The export a local job predicts with: --model-dir, or --model's version under
-    `home/models/<model>` (the highest numbered one without --version)."""
+def local_model_dir(spec: PredictionSpec) -> str:
+    """The export a local job predicts with: --model-dir, or a version of --model, a
+    model of `python -m submit models` (--version, else its default version, else its
+    highest published one)."""
     if spec.model_dir:
         return spec.model_dir
     assert spec.model is not None  # resolve() requires one of them
     if "/" in spec.model:
         raise UsageError(f"--model {spec.model!r:.60} is a Vertex resource name; the local "
                          "runner takes a model name, or pass --runner vertex")
-    base = os.path.join(home, "models", spec.model)
-    versions = sorted((int(v) for v in (os.listdir(base) if os.path.isdir(base) else [])
-                       if v.isdigit()), reverse=True)
-    if not versions:
-        raise UsageError(f"no model {spec.model!r} with versions in {base}; publish one "
-                         f"with `python -m predict publish --model-dir EXPORT "
-                         f"--model-base-path {base}`, or pass --model-dir")
-    if spec.version is None:
-        return os.path.join(base, str(versions[0]))
-    number = spec.version.lstrip("v")
-    if not number.isdigit() or int(number) not in versions:
-        raise UsageError(f"model {spec.model!r} has no version {spec.version!r}; it has "
-                         f"{', '.join(str(v) for v in sorted(versions))}")
-    return os.path.join(base, str(int(number)))
+    from submit import models
+    base, data = models.record(spec.model)
+    folders = models.published(base)
+    name = spec.version or data.get("defaultVersion")
+    if name is None:
+        if not folders:
+            raise UsageError(f"model {spec.model!r} has no versions yet; create one with "
+                             f"`python -m submit versions create v1 --model {spec.model} "
+                             "--origin EXPORT`, or pass --model-dir")
+        return folders[max(folders)]
+    number = models.find_version(base, data, name, spec.model)["number"]
+    if number not in folders:
+        raise UsageError(f"version {name!r} of model {spec.model!r} is not published in "
+                         f"{base}; create it again, or pass --model-dir")
+    return folders[number]

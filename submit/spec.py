@@ -24,7 +24,7 @@ import yaml
 from mljob import machines, storage
 from mljob.errors import first_line, too_many_digits
 from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, WORKER  # noqa: F401
-from submit import tuning_spec
+from submit import containers, spellings, tuning_spec
 from submit.errors import ConfigError, UsageError
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -32,7 +32,7 @@ MAX_CONFIG_DEPTH = 50  # a job config nests 4 deep; parsers recurse per level
 # Each runner owns its own limit (the local runner's is 64 per type); this one only
 # catches a count that cannot be meant, such as a pasted timestamp.
 MAX_REPLICAS_PER_TYPE = 10_000
-JOB_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # whole string: fullmatch
+JOB_ID = spellings.JOB_ID
 MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")  # fullmatch
 URL_SCHEMES = ("file", "memory", "gs")
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
@@ -59,6 +59,10 @@ SCALE_TIERS = {t.name: t for t in (
     ScaleTier("CUSTOM"),
 )}
 
+# Cloud ML's tiers that cannot run anywhere mljob runs (--scale-tier says why)
+REFUSED_TIERS = {"BASIC_TPU": "Cloud TPUs are not available to mljob's runners; use "
+                              "basic-gpu, or custom with acceleratorConfig"}
+
 # Cloud ML's legacy machine names (and Compute Engine's n1 types): mljob/machines.py.
 MACHINE_TYPES = machines.LEGACY_NAMES
 
@@ -75,7 +79,8 @@ TRAINING_INPUT_KEYS: dict[str, tuple] = {
 }
 TOP_LEVEL_KEYS = ("trainingInput", "labels", "jobId")
 # Per replica type: its GPUs, and (as Kubeflow's replica specs) when it is restarted.
-REPLICA_CONFIG_KEYS = ("acceleratorConfig", "restartPolicy", "maxRestarts")
+REPLICA_CONFIG_KEYS = ("acceleratorConfig", "restartPolicy", "maxRestarts", "imageUri",
+                       "containerCommand", "containerArgs")
 MAX_RESTARTS = 100
 ACCELERATOR_KEYS = ("count", "type")
 # (task type, count key, machine type key, replica config key)
@@ -94,6 +99,11 @@ class ReplicaGroup:
     gpus: int = 0
     restart_policy: str = "Never"   # Never, OnFailure, ExitCode, Always
     max_restarts: int = 0
+    # a custom container (Cloud ML's ReplicaConfig.imageUri): the image, its entrypoint
+    # (containerCommand; empty: the image's own) and its args (None: the trainer args)
+    image_uri: str | None = None
+    container_command: tuple[str, ...] = ()
+    container_args: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +143,11 @@ class JobSpec:
         return next((g for g in self.groups if g.task_type == task_type), None)
 
     @property
+    def custom_containers(self) -> bool:
+        """Every replica runs its own image (no package is built or installed)."""
+        return all(g.image_uri for g in self.groups)
+
+    @property
     def gpus_needed(self) -> int:
         return max((g.gpus for g in self.groups), default=0)
 
@@ -148,6 +163,13 @@ def load_config(path: str) -> dict:
     if not isinstance(training_input, dict):
         raise ConfigError(f"--config {path}: trainingInput must be a mapping, not "
                           f"{type(training_input).__name__}")
+    spellings.int64_fields(training_input, spellings.INT64_KEYS, "trainingInput")
+    for key in CONFIG_KEYS.values():  # acceleratorConfig.count is int64 too
+        accel = (training_input.get(key) or {}) if isinstance(training_input.get(key),
+                                                              dict) else {}
+        if isinstance(accel.get("acceleratorConfig"), dict):
+            spellings.int64_fields(accel["acceleratorConfig"], ("count",),
+                                   f"trainingInput.{key}.acceleratorConfig")
     check_training_input(training_input)
     return training_input
 
@@ -188,6 +210,9 @@ def _read_document(path: str) -> dict:
     if not isinstance(document, dict):
         raise ConfigError(f"--config {path} must be a mapping with a 'trainingInput' key, "
                           f"not {type(document).__name__}")
+    # `x-` keys hold YAML anchors for the rest (docker-compose's convention)
+    document = {k: v for k, v in document.items()
+                if not (isinstance(k, str) and k.startswith("x-"))}
     _no_unknown(document, TOP_LEVEL_KEYS, f"--config {path}")
     if "jobId" in document:
         if not isinstance(document["jobId"], str):
@@ -220,7 +245,8 @@ class _ConfigLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode):
+            if isinstance(key_node, yaml.ScalarNode) and \
+                    key_node.tag != "tag:yaml.org,2002:merge":  # `<<: *base`
                 key = self.construct_object(key_node)
                 try:
                     if key in seen:
@@ -267,8 +293,9 @@ def _read_config(path: str) -> bytes:
 
 
 def _safe_yaml(text: str, path: str) -> Any:
-    """yaml.safe_load, after refusing aliases (a few lines of them expand to gigabytes)
-    and deep nesting (the loader recurses once per level: thousands overflow the stack)."""
+    """yaml.safe_load, after refusing deep nesting (the loader recurses once per level:
+    thousands overflow the stack) and aliases that expand too far (a few lines of them
+    expand to gigabytes); anchors and aliases within the bound are YAML as written."""
     depth = 0
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
@@ -280,11 +307,13 @@ def _safe_yaml(text: str, path: str) -> Any:
                         f"more than {MAX_CONFIG_DEPTH} levels deep; a job config needs 4")
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
-            if isinstance(event, yaml.AliasEvent):
-                line = event.start_mark.line + 1
-                raise ConfigError(f"--config {path} line {line} uses the YAML alias "
-                                  f"*{event.anchor}; aliases are refused, write the value out")
-        return yaml.load(text, Loader=_ConfigLoader)  # a SafeLoader, stricter
+        loader = _ConfigLoader(text)  # a SafeLoader, stricter
+        try:
+            node = loader.get_single_node()
+            spellings.check_expansion(node, path, MAX_CONFIG_DEPTH)  # anchors, bounded
+            return None if node is None else loader.construct_document(node)
+        finally:
+            loader.dispose()
     except _RepeatedKey as exc:
         raise ConfigError(f"--config {path} line {exc.line} repeats the key {exc.key!r:.60}; "
                           "give each key once (the last one would silently win)") from None
@@ -325,6 +354,7 @@ def check_training_input(ti: Mapping[str, Any]) -> None:
         if isinstance(most, bool) or not isinstance(most, int) or not 0 <= most <= MAX_RESTARTS:
             raise ConfigError(f"trainingInput.{key}.maxRestarts must be an integer from 0 "
                               f"to {MAX_RESTARTS}, not {most!r:.60}")
+        containers.check_config(config, key)
         accel = config.get("acceleratorConfig", {})
         if not isinstance(accel, dict):
             raise ConfigError(f"trainingInput.{key}.acceleratorConfig must be a mapping "
@@ -347,6 +377,7 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
             worker_machine_type=None, parameter_server_machine_type=None,
             master_accelerator=None, worker_accelerator=None,
             parameter_server_accelerator=None, use_chief_in_tf_config=None,
+            master_image_uri=None, worker_image_uri=None, parameter_server_image_uri=None,
             packages=None, region=None, runtime_version=None, python_version=None,
             staged=True) -> JobSpec:
     """Merge flags (None when not given) over trainingInput and check the result.
@@ -375,16 +406,17 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
                               ("--evaluator-count", "evaluatorCount", evaluator_count)):
         if value is not None:
             ti[key] = value
+    containers.apply_flags(ti, master_image_uri=master_image_uri,
+                           worker_image_uri=worker_image_uri,
+                           parameter_server_image_uri=parameter_server_image_uri)
     type_keys = apply_type_flags(
         ti, master_machine_type=master_machine_type, worker_machine_type=worker_machine_type,
         parameter_server_machine_type=parameter_server_machine_type,
         master_accelerator=master_accelerator, worker_accelerator=worker_accelerator,
         parameter_server_accelerator=parameter_server_accelerator,
         use_chief_in_tf_config=use_chief_in_tf_config)
-    tier_name = (scale_tier or ti.get("scaleTier") or "BASIC").upper()
-    if tier_name not in SCALE_TIERS:
-        raise UsageError(f"unknown scale tier {tier_name!r}; use one of "
-                         f"{', '.join(SCALE_TIERS)}")
+    tier_name = spellings.enum_value(scale_tier or ti.get("scaleTier") or "BASIC",
+                                     SCALE_TIERS, "scale tier", REFUSED_TIERS)
     ti["scaleTier"] = tier_name
     if job_dir is not None:
         ti["jobDir"] = job_dir
@@ -421,6 +453,11 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
             raise UsageError(f"{name} {ti[key]!r:.60} is not a {what}; write {example}")
     package_uri: str | None = None
     extras: tuple[str, ...] = ()
+    if containers.master_image(ti) and (package_path is not None or packages is not None
+                                        or ti.get("packageUris")):
+        raise UsageError("a custom container (--master-image-uri, imageUri) runs its own "
+                         "code: give it or a package (--package-path, --packages, "
+                         "packageUris), not both")
     if packages is not None:
         extras = tuple(_archive(p, "--packages") for p in packages)
     elif ti.get("packageUris"):
@@ -430,13 +467,13 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
         uris = [_archive(u, "trainingInput.packageUris") for u in ti["packageUris"]]
         package_uri, extras = uris[0], tuple(uris[1:])
     local_archives = package_path is not None or any("://" not in e for e in extras) or \
-        (package_uri is None and not extras)
+        (package_uri is None and not extras and not containers.master_image(ti))
     if staged and local_archives and not job_dir and not staging_bucket:
         raise UsageError("If local packages are provided, the --staging-bucket or "
                          "--job-dir flag must be given.")
-    if restart_policy is not None and restart_policy not in RESTART_POLICIES:
-        raise UsageError(f"unknown --restart-policy {restart_policy!r}; use one of "
-                         f"{', '.join(RESTART_POLICIES)}")
+    if restart_policy is not None:  # Never, OnFailure, on-failure, ON_FAILURE, ...
+        restart_policy = spellings.enum_value(restart_policy, RESTART_POLICIES,
+                                              "--restart-policy")
     if max_restarts is not None and (isinstance(max_restarts, bool) or
                                      not 0 <= max_restarts <= MAX_RESTARTS):
         raise UsageError(f"--max-restarts {max_restarts} is out of range; use 0 to "
@@ -445,8 +482,9 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
                                          ("parameterServerCount", parameter_server_count),
                                          ("evaluatorCount", evaluator_count))
                   if value is not None} | type_keys
-    groups = tuple(_with_restarts(g, ti, restart_policy, max_restarts)
-                   for g in _groups(SCALE_TIERS[tier_name], ti, from_flags))
+    groups = containers.with_images(tuple(
+        _with_restarts(g, ti, restart_policy, max_restarts)
+        for g in _groups(SCALE_TIERS[tier_name], ti, from_flags)), ti, CONFIG_KEYS)
     restart_policy = restart_policy or "Never"
     max_restarts = default_max_restarts(restart_policy, max_restarts)
     use_chief = default_use_chief(ti)
@@ -546,10 +584,7 @@ def _gpus(ti: dict, config_key: str, machine: str) -> int:
     return machines.gpus(machine, count)
 
 
-def check_job_id(job_id: str) -> None:
-    if not JOB_ID.fullmatch(job_id or ""):  # `$` would let "job01\n" through
-        raise UsageError(f"invalid job id {job_id!r}: use letters, digits and underscores, "
-                         "starting with a letter, at most 128 characters (e.g. job01)")
+check_job_id = spellings.check_job_id
 
 
 @overload

@@ -55,17 +55,21 @@ def submit(request: Submission, echo: Echo) -> int:
                          "process, which ends at once; use a path or gs:// URL, or stream")
     if not request.dry_run:  # a dry run reads and writes nothing
         check_job_id_free(spec, request.resume, request.runner)
-    builds = not spec.package_uri and (spec.package_path or not spec.extra_packages)
+    # custom containers run their own images: no package is built, staged or installed
+    containers_only = spec.custom_containers and not spec.package_uri and \
+        not spec.package_path and not spec.extra_packages
+    builds = not containers_only and not spec.package_uri and (
+        spec.package_path or not spec.extra_packages)
     source = package.resolve_source(spec.package_path) if builds else None
     for path in spec.extra_packages:
         if "://" not in path and not os.path.isfile(path):
             raise PackageUsageError(f"--packages {path} is not a file; give the sdists "
                                     "(.tar.gz) or wheels (.whl) to install")
     with tempfile.TemporaryDirectory(prefix="mljob-sdist-") as tmp:
-        pkg = with_extras(spec, (_fetch(spec.package_uri, tmp, request.dry_run)
-                                 if spec.package_uri
-                                 else build_package(spec, source, tmp) if source else None),
-                          tmp, request.dry_run)
+        pkg = None if containers_only else with_extras(
+            spec, (_fetch(spec.package_uri, tmp, request.dry_run) if spec.package_uri
+                   else build_package(spec, source, tmp) if source else None),
+            tmp, request.dry_run)
         rendered = runner.render(spec, pkg)
         for note in runner.prepare(spec, pkg):
             echo(note, err=True)  # stdout stays the job object alone
@@ -73,7 +77,7 @@ def submit(request: Submission, echo: Echo) -> int:
             echo(rendered.text)
             return 0
         runner.ready(rendered)
-        for each in pkg.all:
+        for each in pkg.all if pkg else ():
             if each.local_file and not _given_url(spec, each):
                 assert each.url is not None  # with_extras gives every archive its URL
                 package.stage(each, each.url)
@@ -86,7 +90,7 @@ def start(runner: Runner, rendered, record: records.JobRecord, echo: Echo, *,
     """Start a rendered job on its runner; stay with it when `stream`."""
     echo(runner.start(rendered, record, attach=stream))
     if not stream:
-        echo(runner.detached_hint(record))
+        echo(runner.detached_hint(record), err=True)  # a hint: stdout stays the result
         return 0
     return runner.attach(rendered, record, echo)
 

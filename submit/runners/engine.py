@@ -155,14 +155,22 @@ class Runner(abc.ABC):
         """Stop the job and every replica; return the state to record (CANCELLING or
         CANCELLED)."""
 
+    def update_labels(self, record: records.JobRecord, old: Mapping[str, str],
+                      new: Mapping[str, str]) -> str | None:
+        """Change the job's labels on the engine (`jobs update`); the caller keeps them in
+        the record. Returns a note for the user, or None. The local runner's labels are
+        its record's alone."""
+        return None
+
     # The life of a job, written once for every runner.
 
-    def new_record(self, spec: JobSpec, package: Package,
+    def new_record(self, spec: JobSpec, package: Package | None,
                    rendered: Rendered) -> records.JobRecord:
         """The job's record before it starts; replicas are as the engine reports them."""
         return records.JobRecord(
             job_id=spec.job_id, job_dir=spec.job_dir, scale_tier=spec.scale_tier,
-            package_url=package.url, package_sha256=package.sha256,
+            package_url=package.url if package else None,
+            package_sha256=package.sha256 if package else None,
             module=spec.module_name, trainer_args=list(spec.trainer_args),
             training_input=dict(spec.training_input), runner=self.name,
             labels=dict(spec.labels))

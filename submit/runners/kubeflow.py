@@ -74,8 +74,8 @@ class KubeflowEngine(ClusterEngine):
         super().__init__(options)
         self._clients: dict[str | None, kubernetes.client.ApiClient] = {}
 
-    def prepare(self, spec: specs.JobSpec, package: Package) -> list[str]:
-        if not package.local_file:
+    def prepare(self, spec: specs.JobSpec, package: Package | None) -> list[str]:
+        if package is None or not package.local_file:  # custom containers: no build
             return []
         remote = [p.file_name for p in package.all if not p.local_file]
         if remote:  # a dry run leaves staged archives where they are
@@ -94,6 +94,10 @@ class KubeflowEngine(ClusterEngine):
                              f"{spec.job_dir or 'a job dir on this machine'}")
         tfjob_name(spec.job_id)
         kubeflow_render.check_labels(spec)
+        if spec.custom_containers and self.options.image is not None:
+            raise UsageError("--image names the image a package is installed in; custom "
+                             "containers name theirs with --master-image-uri (imageUri): "
+                             "drop --image")
         tuning = _tuning(spec)
         if tuning is not None:
             if tuning.resume_from:
@@ -110,14 +114,15 @@ class KubeflowEngine(ClusterEngine):
             raise UsageError(f"--namespace {self.options.namespace!r} is not a Kubernetes "
                              "namespace name; use lower-case letters, digits and '-'")
 
-    def render(self, spec: specs.JobSpec, package: Package) -> Rendered:
+    def render(self, spec: specs.JobSpec, package: Package | None) -> Rendered:
         name, namespace = tfjob_name(spec.job_id), self._namespace()
-        image = self.options.image or f"mljob-trainer:{package.sha256[:12]}"
+        image = self.options.image or (f"mljob-trainer:{package.sha256[:12]}" if package
+                                       else "")
         body = kubeflow_render.tfjob(spec, package, name=name, namespace=namespace,
                                      image=image,
                                      service_account=self.options.service_account)
         handle = {"name": name, "namespace": namespace, "context": self.options.context,
-                  "image_given": self.options.image is not None}
+                  "image_given": self.options.image is not None or spec.custom_containers}
         kind = "TFJob"
         tuning = _tuning(spec)
         if tuning is not None:
@@ -254,6 +259,25 @@ class KubeflowEngine(ClusterEngine):
                 while not lines.empty():
                     yield lines.get()
                 return
+
+    def update_labels(self, record: records.JobRecord, old: Mapping[str, str],
+                      new: Mapping[str, str]) -> str | None:
+        """The TFJob's (or Experiment's) labels, by a merge patch: removed keys are set to
+        null, mljob's own labels are left as they are. Running pods keep theirs."""
+        handle = record.engine
+        api = kubernetes.client.CustomObjectsApi(self._client(handle))
+        version, plural = _resource(handle)
+        body = {"metadata": {"labels": {**{k: None for k in old if k not in new}, **new}}}
+        kind = handle.get("kind", "TFJob")
+        try:
+            with _api_errors(handle, f"update the {kind}'s labels"):
+                api.patch_namespaced_custom_object(
+                    GROUP, version, handle["namespace"], plural, handle["name"], body,
+                    _request_timeout=TIMEOUT_S)
+        except _Gone:
+            return (f"the {kind} {handle['name']} is gone from namespace "
+                    f"{handle['namespace']}; the labels are changed in the job's record")
+        return None
 
     def cancel(self, handle: Mapping[str, Any]) -> str:
         api = kubernetes.client.CustomObjectsApi(self._client(handle))

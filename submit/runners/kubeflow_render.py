@@ -46,7 +46,7 @@ import yaml
 
 from mljob import contracts, machines
 from mljob.training.signals import STOP_DEADLINE_SECONDS
-from submit import spec as specs
+from submit import containers, spec as specs
 from submit.errors import UsageError
 from submit.package import Package, mljob_home
 
@@ -145,7 +145,7 @@ def check_labels(spec: specs.JobSpec) -> None:
                              "--runner kubeflow")
 
 
-def tfjob(spec: specs.JobSpec, package: Package, *, name: str, namespace: str, image: str,
+def tfjob(spec: specs.JobSpec, package: Package | None, *, name: str, namespace: str, image: str,
           service_account: str | None = None) -> dict:
     """The TFJob as the API takes it."""
     labels = {**spec.labels, "app.kubernetes.io/managed-by": "mljob",
@@ -170,15 +170,23 @@ def tfjob(spec: specs.JobSpec, package: Package, *, name: str, namespace: str, i
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "TFJob",
         "metadata": {"name": name, "namespace": namespace, "labels": labels,
                      "annotations": {"mljob/package-uri": package.url or "",
-                                     "mljob/package-sha256": package.sha256}},
+                                     "mljob/package-sha256": package.sha256}
+                     if package else {}},
         "spec": {"runPolicy": run_policy, "successPolicy": "",
                  "tfReplicaSpecs": replica_specs}}
 
 
-def dry_run_text(spec: specs.JobSpec, package: Package, body: dict, image: str,
+def dry_run_text(spec: specs.JobSpec, package: Package | None, body: dict, image: str,
                  kind: str = "TFJob") -> str:
     """The TFJob (or a tuning job's Experiment) as YAML, under a header holding the
-    image's Dockerfile."""
+    image's Dockerfile (custom containers: the images they name, nothing to build)."""
+    if package is None:
+        header = [f"# {kind} for mljob job {spec.job_id}; apply it with `kubectl apply "
+                  "-f -` or submit without --dry-run.",
+                  "# Custom containers: " + ", ".join(
+                      f"{g.task_type} runs {g.image_uri}" for g in spec.groups)]
+        return "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False,
+                                                         default_flow_style=False)
     docker = dockerfile(package, gpu=spec.gpus_needed > 0)
     header = [f"# {kind} for mljob job " + spec.job_id + "; apply it with "
               "`kubectl apply -f -` or submit without --dry-run.",
@@ -192,12 +200,16 @@ def dry_run_text(spec: specs.JobSpec, package: Package, body: dict, image: str,
 def replica_spec(spec: specs.JobSpec, group: specs.ReplicaGroup, image: str,
                  labels: dict, service_account: str | None) -> dict:
     container: dict[str, Any] = {
-        "name": CONTAINER, "image": image,
+        "name": CONTAINER, "image": group.image_uri or image,
         "command": ["python", "-m", spec.module_name],
-        "args": list(spec.trainer_args),
+        "args": containers.args_for(group, spec.trainer_args),
         "env": [{"name": contracts.JOB_ID_ENV, "value": spec.job_id},
                 {"name": "PYTHONUNBUFFERED", "value": "1"}],
         "ports": [{"name": PORT_NAME, "containerPort": PORT}]}
+    if group.image_uri:  # the image's own entrypoint unless containerCommand names one
+        container.pop("command")
+        if group.container_command:
+            container["command"] = list(group.container_command)
     config = spec.training_input.get(specs.CONFIG_KEYS[group.task_type]) or {}
     accelerator_config = config.get("acceleratorConfig") or {}
     container["resources"] = resources(group, accelerator_config.get("count", 0))

@@ -345,6 +345,11 @@ class LocalEngine(Runner):
 
     def check(self, spec: JobSpec) -> None:
         super().check(spec)
+        if any(g.image_uri for g in spec.groups):
+            raise UsageError("custom containers (--master-image-uri, imageUri) run on "
+                             "--runner kubeflow or --runner vertex; the local runner runs "
+                             "Python packages: pick one of those runners, or drop the "
+                             "image and give --package-path")
         if "hyperparameters" in spec.training_input:
             from submit import tuning, tuning_resume, tuning_spec
             tuning.check_installed()

@@ -30,7 +30,7 @@ from google.cloud import aiplatform_v1
 from google.protobuf import json_format
 
 from mljob import contracts, machines
-from submit import jobs, spec as specs, tuning_spec
+from submit import containers, jobs, spec as specs, tuning_spec
 from submit.errors import UsageError
 from submit.package import Package
 from submit.runners import vertex_logs
@@ -106,6 +106,10 @@ class VertexEngine(ClusterEngine):
         if account is not None and not _EMAIL.fullmatch(account):
             raise UsageError(f"--service-account {account!r} is not a service account "
                              "email; write it like NAME@PROJECT.iam.gserviceaccount.com")
+        if spec.custom_containers and image is not None:
+            raise UsageError("--image names the executor image a package is installed in; "
+                             "custom containers name theirs with --master-image-uri "
+                             "(imageUri): drop --image")
         for group in spec.groups:
             _machine_spec(spec, group)
         room = specs.MAX_LABELS - len(OWN_LABELS)
@@ -119,7 +123,7 @@ class VertexEngine(ClusterEngine):
                              "AI HyperparameterTuningJob cannot continue an earlier study; "
                              "drop it (or tune with the local runner)")
 
-    def render(self, spec: JobSpec, package: Package) -> Rendered:
+    def render(self, spec: JobSpec, package: Package | None) -> Rendered:
         project, region = self._location(spec)
         parent = f"projects/{project}/locations/{region}"
         groups = [spec.group(t) for t in POOLS]
@@ -220,6 +224,13 @@ class VertexEngine(ClusterEngine):
         return EngineStatus(state=state, message=message, training_output=output,
                             prediction_output=predicted)
 
+    def update_labels(self, record, old, new) -> str | None:
+        """Vertex AI's JobService has no update for a CustomJob or a
+        HyperparameterTuningJob (create, get, list, cancel, delete): the job keeps the
+        labels it was created with, and mljob's record gets the new ones."""
+        return ("Vertex AI cannot change a created job's labels (its JobService has no "
+                "update); the labels are changed in the job's record only")
+
     def cancel(self, handle: Mapping[str, Any]) -> str:
         with api_errors(f"cancel job {handle.get('display_name')}", handle):
             client = _job_client(handle["region"])
@@ -239,9 +250,17 @@ class VertexEngine(ClusterEngine):
             ended_now=lambda: self.status(handle).state in jobs.FINAL_STATES)
 
 
-def _pool(spec: JobSpec, group: specs.ReplicaGroup, package: Package, image: str | None,
-          region: str) -> aiplatform_v1.WorkerPoolSpec:
+def _pool(spec: JobSpec, group: specs.ReplicaGroup, package: Package | None,
+          image: str | None, region: str) -> aiplatform_v1.WorkerPoolSpec:
     machine = _machine_spec(spec, group)
+    if group.image_uri:  # a custom container: Vertex's containerSpec, the image as given
+        container = aiplatform_v1.ContainerSpec(
+            image_uri=group.image_uri, command=list(group.container_command),
+            args=containers.args_for(group, spec.trainer_args),
+            env=[aiplatform_v1.EnvVar(name=JOB_ID_ENV, value=spec.job_id)])
+        return aiplatform_v1.WorkerPoolSpec(replica_count=group.count,
+                                            machine_spec=machine, container_spec=container)
+    assert package is not None  # a replica without a container installs the package
     return aiplatform_v1.WorkerPoolSpec(
         replica_count=group.count, machine_spec=machine,
         python_package_spec=aiplatform_v1.PythonPackageSpec(
@@ -387,12 +406,13 @@ def _image(region: str, gpu: bool) -> str:
     return IMAGE.format(registry=registry, kind="gpu" if gpu else "cpu")
 
 
-def _labels(spec: JobSpec, package: Package) -> dict[str, str]:
+def _labels(spec: JobSpec, package: Package | None) -> dict[str, str]:
     """The job's labels (checked by Google Cloud's rules in `submit.spec`) and mljob's own
     (`mljob-*`, a prefix the job's may not use). Vertex label values are at most 63
     lower-case letters, digits, `_` and `-`: job ids are letters, digits and `_`, so
     lower-casing is enough (display_name keeps the case)."""
-    own = (spec.job_id.lower()[:63], spec.scale_tier.lower(), package.sha256[:16])
+    own = (spec.job_id.lower()[:63], spec.scale_tier.lower(),
+           package.sha256[:16] if package else "custom-container")
     return {**spec.labels, **dict(zip(OWN_LABELS, own, strict=True))}
 
 

@@ -64,7 +64,7 @@ def test_describe_shows_each_replicas_peak_and_mean(capsys, tmp_path):
 
     status, out, err = submit_in_process(capsys, "jobs", "describe", "busy")
     assert status == 0, err
-    rows = {line.split()[0]: line.split() for line in out.splitlines()
+    rows = {line.split()[0]: line.split() for line in err.splitlines()
             if line.startswith(("master-replica-0 ", "worker-replica-0 "))}
     assert float(rows["master-replica-0"][1]) == chief["cpuPeak"]
     assert float(rows["master-replica-0"][3]) == chief["memoryPeakMiB"]

@@ -55,7 +55,7 @@ def test_custom_from_flags_with_labels_runs_to_succeeded(reaper, tmp_path):
 
     status, out, err = submit(reaper, tmp_path, "describe", "jobs", "describe", "job")
     assert status == 0, err
-    described = yaml.safe_load(out.split("\nView the logs")[0])
+    described = yaml.safe_load(out)
     assert described["labels"] == {"team": "vision"}
     assert "state: SUCCEEDED" in out
 

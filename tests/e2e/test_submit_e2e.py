@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from tests.support.common import ROOT, pid_alive
 from submit import jobs as records
@@ -72,8 +73,8 @@ def test_standard_1_on_a_local_job_dir(tmp_path):
         assert json.load(f)["state"] == "SUCCEEDED"
     described = submit_cli("jobs", "describe", "job01", timeout=60)
     assert described.returncode == 0
-    assert f"tensorboard --logdir {job_dir}" in described.stdout
-    assert "state: SUCCEEDED" in described.stdout
+    assert f"tensorboard --logdir {job_dir}" in described.stderr  # hints: stderr
+    assert yaml.safe_load(described.stdout)["state"] == "SUCCEEDED"
     again = submit_cli("job01", "--job-dir", job_dir, timeout=60)
     assert again.returncode == 2 and "already used in" in again.stderr
 

@@ -184,7 +184,7 @@ def test_a_restart_policy_alone_survives_a_sigkilled_worker(capsys, tmp_path, pk
     # Every run's status: the SIGKILL, then the stop at the job's end (SIGTERM, 143).
     assert worker.exit_codes == [137, 143], worker
     assert main(["jobs", "describe", "sigkilled"], standalone_mode=False) == 0
-    described = capsys.readouterr().out
+    described = capsys.readouterr().err  # the readable lines, beside the YAML on stdout
     assert "worker-replica-0: STOPPED, 1 restart; exit status of each run: 137, 143" \
         in described
     # The supervisor's events are service lines in stream-logs, in the order they came.

@@ -63,6 +63,8 @@ def test_a_crafted_record_naming_another_process_signals_nothing(capsys, tmp_pat
     assert not record.supervisor_alive()  # the same PID, start time and argv: not ours
 
     status, out, err = run(capsys, "jobs", "describe", "evil")
+    assert status == 0 and "supervisorGone: true" in out and "state: RUNNING" in out
+    status, out, err = run(capsys, "jobs", "list")
     assert status == 0 and "RUNNING?" in out
     status, out, err = run(capsys, "jobs", "cancel", "evil")
     assert status == 0, err

@@ -35,7 +35,7 @@ CASES = [  # (flags changed, words the one-line error holds)
     ({"--model-dir": None}, "exactly one of --model-dir"),
     ({"--model": "m"}, "exactly one of --model-dir"),
     ({"--version": "v1"}, "--version goes with --model"),
-    ({"--model-dir": None, "--model": "nosuch"}, "no model 'nosuch' with versions"),
+    ({"--model-dir": None, "--model": "nosuch"}, "no model 'nosuch' in the local index"),
     ({"--model-dir": None, "--model": "projects/p/locations/r/models/1"},
      "Vertex resource name"),
     ({"--model-dir": None, "--model": "bad name"}, "not a model or version name"),
@@ -96,20 +96,31 @@ def test_split_bytes_variable_is_checked(setup, capsys, monkeypatch):
     assert status == 2 and "MLJOB_PREDICTION_SPLIT_BYTES" in one_error_line(err)
 
 
-def test_model_versions_resolve_to_the_highest_or_the_one_named(setup, capsys):
-    models = os.path.join(os.environ["MLJOB_HOME"], "models", "mnist")
-    for v in ("1", "3", "12"):
-        os.makedirs(os.path.join(models, v))
-        open(os.path.join(models, v, "saved_model.pb"), "wb").close()
-    status, out, err = run(capsys, *base(setup, **{"--model-dir": None, "--model": "mnist"}))
-    assert status == 0, err
-    assert json.loads(out)["model_dir"] == os.path.join(models, "12")
-    status, out, _ = run(capsys, *base(setup, **{"--model-dir": None, "--model": "mnist",
-                                                  "--version": "v3"}))
-    assert json.loads(out)["model_dir"] == os.path.join(models, "3")
-    status, _, err = run(capsys, *base(setup, **{"--model-dir": None, "--model": "mnist",
-                                                  "--version": "v2"}))
-    assert status == 2 and "has no version 'v2'; it has 1, 3, 12" in one_error_line(err)
+def test_model_versions_resolve_to_the_default_or_the_one_named(setup, capsys):
+    from submit import models
+    base = models.create_model("mnist", None, None, {}, [])
+    for v in ("1", "3", "12"):  # published without a name: listed as v1, v3, v12
+        os.makedirs(os.path.join(base, v))
+        open(os.path.join(base, v, "saved_model.pb"), "wb").close()
+    status, out, err = run(capsys, *base_flags(setup, model="mnist"))
+    assert status == 0, err  # no default version: the highest published
+    assert json.loads(out)["model_dir"] == os.path.join(base, "12")
+    status, out, _ = run(capsys, *base_flags(setup, model="mnist", version="v3"))
+    assert json.loads(out)["model_dir"] == os.path.join(base, "3")
+    models.set_default("mnist", "v1")
+    status, out, _ = run(capsys, *base_flags(setup, model="mnist"))
+    assert json.loads(out)["model_dir"] == os.path.join(base, "1")
+    status, _, err = run(capsys, *base_flags(setup, model="mnist", version="v2"))
+    assert status == 2 and "has no version 'v2'" in one_error_line(err)
+    status, _, err = run(capsys, *base_flags(setup, model="nosuch"))
+    assert status == 2 and "no model 'nosuch' in the local index" in one_error_line(err)
+
+
+def base_flags(setup, model, version=None):
+    extra = {"--model-dir": None, "--model": model}
+    if version:
+        extra["--version"] = version
+    return base(setup, **extra)
 
 
 def test_used_job_id_refused_and_resume_only_to_the_same_output(setup, capsys):

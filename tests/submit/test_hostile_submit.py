@@ -71,9 +71,16 @@ CONFIGS = {
     "empty file": ("", "must be a mapping with a 'trainingInput' key, not NoneType"),
     "python tag": ("trainingInput: !!python/object/apply:os.system ['true']\n",
                    "is not valid YAML"),
-    "billion laughs": ("a: &a ['lol','lol','lol','lol','lol','lol','lol','lol','lol']\n"
-                       "b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b]\n",
-                       "uses the YAML alias"),
+    "billion laughs": ("x-a: &a ['lol','lol','lol','lol','lol','lol','lol','lol','lol']\n"
+                       + "".join(f"x-{n}: &{n} [{', '.join(['*' + p] * 9)}]\n"
+                                 for p, n in zip("abcdefgh", "bcdefghi", strict=True))
+                       + "trainingInput: {args: *i}\n",
+                       "its YAML aliases expand to more than 10000 values"),
+    "self-referring alias": ("trainingInput: &t {args: [*t]}\n", "refers to the value that "
+                                                                  "holds it"),
+    "deep through aliases": ("x-a: &a " + "[" * 40 + "x" + "]" * 40 + "\n"
+                             "trainingInput: {args: " + "[" * 20 + "*a" + "]" * 20 + "}\n",
+                             "levels deep through aliases"),
     "deep nesting, unclosed": ("trainingInput: " + "[" * 50_000 + "\n", "--config"),
     "deep nesting": ("trainingInput: {args: " + "[" * 50_000 + "]" * 50_000 + "}\n",
                      "nests values more than 50 levels deep"),
@@ -82,8 +89,8 @@ CONFIGS = {
     "binary garbage": ("\x00\x01\x02\xff" * 100, "--config"),
     "tab indentation": ("trainingInput:\n\tscaleTier: BASIC\n", "is not valid YAML"),
     "args not strings": ("trainingInput:\n  args: [1, 2]\n", "args must be a list of strings"),
-    "unknown replica config key": ("trainingInput:\n  workerConfig: {imageUri: x}\n",
-                                   "workerConfig has unknown key 'imageUri'"),
+    "unknown replica config key": ("trainingInput:\n  workerConfig: {cpus: 4}\n",
+                                   "workerConfig has unknown key 'cpus'"),
     "unknown restart policy": ("trainingInput:\n  workerConfig: {restartPolicy: Sometimes}\n",
                                "workerConfig.restartPolicy must be one of Never, OnFailure"),
     "negative maxRestarts": ("trainingInput:\n  masterConfig: {maxRestarts: -1}\n",
@@ -117,7 +124,8 @@ def test_deeply_nested_json_config_exits_2(capsys, tmp_path, pkg):
 
 
 @pytest.mark.parametrize("flags,words", [
-    (["--restart-policy", "Sometimes"], "Invalid value for '--restart-policy'"),
+    (["--restart-policy", "Sometimes"], "unknown --restart-policy 'Sometimes'; use one of "
+                                        "Never"),
     (["--max-restarts", "101"], "--max-restarts 101 is out of range; use 0 to 100"),
     (["--max-restarts", "-1"], "--max-restarts -1 is out of range"),
 ])

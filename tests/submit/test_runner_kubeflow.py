@@ -651,3 +651,35 @@ def test_experiment_is_created_read_and_deleted(api):
                                                     "requested resource"})
     with pytest.raises(SubmitError, match="no Experiment resource .* install Katib"):
         eng.create(rendered)
+
+
+def test_jobs_update_patches_the_tfjobs_labels(api, capsys):
+    """`jobs update` sends a JSON merge patch of the TFJob's labels (removed keys null,
+    mljob's own untouched); a TFJob gone from the cluster leaves the record's change."""
+    record = records.JobRecord("upd01", runner="kubeflow", labels={"team": "vision",
+                                                                   "env": "dev"},
+                               engine={"namespace": "team-a", "name": "upd01",
+                                       "context": "edge", "kind": "TFJob"})
+    record.set_state(records.RUNNING)
+    records.save(record)
+    api.route("PATCH", TFJOBS + "/upd01", 200, lambda req: req.json())
+    status, out, err = cli(capsys, "jobs", "update", "upd01", "--update-labels",
+                           "env=prod,owner=ana", "--remove-labels", "team")
+    assert status == 0 and out == "Updated job [upd01].\n", err
+    patch = api.requests[-1]
+    assert patch.method == "PATCH" and patch.path == "/apis/kubeflow.org/v1/namespaces/" \
+                                                     "team-a/tfjobs/upd01"
+    assert patch.headers["content-type"] == "application/merge-patch+json"
+    assert patch.json() == {"metadata": {"labels": {"team": None, "env": "prod",
+                                                    "owner": "ana"}}}
+    assert records.load("upd01").labels == {"env": "prod", "owner": "ana"}
+
+    api.route("PATCH", TFJOBS + "/upd01", 404, {"message": "not found"})
+    status, out, err = cli(capsys, "jobs", "update", "upd01", "--clear-labels")
+    assert status == 0 and "is gone from namespace team-a" in err
+    assert api.requests[-1].json() == {"metadata": {"labels": {"env": None, "owner": None}}}
+    assert records.load("upd01").labels == {}
+    api.route("PATCH", TFJOBS + "/upd01", 403, {"message": "forbidden"})
+    status, out, err = cli(capsys, "jobs", "update", "upd01", "--update-labels", "a=b")
+    assert status == 1 and "check your kubeconfig's credentials" in err
+    assert records.load("upd01").labels == {}  # refused: nothing changed

@@ -646,3 +646,20 @@ def test_a_package_that_imports_mljob_gets_mljobs_core_installed(capsys, tmp_pat
         assert len(uris) == 2 and uris[1].endswith("/mljob-0.1.0.tar.gz")
     else:
         assert len(uris) == 1
+
+
+def test_jobs_update_changes_the_record_and_says_vertex_keeps_its_labels(api, capsys):
+    """Vertex AI's JobService has no update for a created job: no request is sent, the
+    record's labels change, and the user is told so on stderr."""
+    record = jobs.JobRecord("upd01", runner="vertex", labels={"team": "vision"},
+                            engine=dict(HANDLE))
+    record.set_state(jobs.SUCCEEDED)
+    jobs.save(record)
+    from submit.__main__ import main
+    status = main(["jobs", "update", "upd01", "--update-labels", "env=prod"],
+                  standalone_mode=False)
+    out, err = capsys.readouterr()
+    assert status == 0 and out == "Updated job [upd01].\n"
+    assert "Vertex AI cannot change a created job's labels" in err
+    assert api.requests == []
+    assert jobs.load("upd01").labels == {"team": "vision", "env": "prod"}

@@ -42,7 +42,7 @@ CASES = [
     (["--config", "{bool_count}"], "trainingInput.evaluatorCount must be an integer, not "
                                    "true or false"),
     (["--config", "{list_doc}"], "must be a mapping with a 'trainingInput' key, not list"),
-    (["--config", "{alias_bomb}"], "uses the YAML alias"),
+    (["--config", "{alias_bomb}"], "its YAML aliases expand to more than 10000 values"),
     (["--config", "{bad_yaml}"], "is not valid YAML"),
     (["--config", "{huge}"], "the limit is 1048576"),
     (["--config", "{bad_machine}"], "unknown masterType 'gigantic'"),
@@ -55,7 +55,8 @@ CASES = [
     (["--staging-bucket", "http://127.0.0.1/x"], "unknown URL scheme 'http'"),
     (["--module-name", "trainer/task.py"], "is not a Python module name"),
     (["--", "--job-dir", "/elsewhere"], "--job-dir is among the trainer arguments"),
-    (["--scale-tier", "HUGE"], "Invalid value for '--scale-tier'"),
+    (["--scale-tier", "HUGE"], "unknown scale tier 'HUGE'; use one of basic, standard-1"),
+    (["--scale-tier", "basic-tpu"], "Cloud TPUs are not available to mljob's runners"),
     (["--no-such-flag"], "No such option '--no-such-flag'"),
     (["stray"], "unexpected extra argument"),
 ]
@@ -72,8 +73,9 @@ def test_usage_errors_exit_2_and_stage_nothing(capsys, tmp_path, pkg, extra, mes
         "wrong_type": "trainingInput:\n  workerCount: 'two'\n",
         "bool_count": '{"trainingInput": {"evaluatorCount": true}}',
         "list_doc": "- trainingInput\n",
-        "alias_bomb": "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a]\n"
-                      "trainingInput: {args: *b}\n",
+        "alias_bomb": "x-a: &a [x, x, x, x, x, x, x, x, x]\nx-b: &b [*a, *a, *a, *a, *a, *a]\n"
+                      "x-c: &c [*b, *b, *b, *b, *b, *b]\nx-d: &d [*c, *c, *c, *c, *c, *c]\n"
+                      "x-e: &e [*d, *d, *d, *d, *d, *d]\ntrainingInput: {args: *e}\n",
         "bad_yaml": "trainingInput: [unclosed\n",
         "huge": "# " + "x" * (1024 * 1024) + "\ntrainingInput: {}\n",
         "bad_machine": "trainingInput:\n  scaleTier: CUSTOM\n  masterType: gigantic\n",

@@ -121,7 +121,11 @@ def test_three_trials_two_at_a_time(capsys, tmp_path):
         assert json.load(f)["training_output"]["trials"] == trials
     status, out, _ = submit_in_process(capsys, "jobs", "describe", "tune01")
     assert status == 0
-    table = out.split("Trials, best first:\n")[1].splitlines()
+    output = yaml.safe_load(out)["trainingOutput"]
+    assert output["trials"] == trials and output["isHyperparameterTuningJob"] is True
+    status, out, _ = submit_in_process(capsys, "jobs", "describe", "tune01", "--summarize")
+    assert status == 0
+    table = out.split("trials completed; best first)\n")[1].splitlines()
     assert table[0].split() == ["TRIAL", "STATE", "SCORE", "STEP", "x"]
     assert [row.split()[0] for row in table[1:4]] == [t["trialId"] for t in trials]
     # one trial's replica picked by --task-name

@@ -1,0 +1,185 @@
+"""`jobs submit|list|describe|stream-logs|cancel|update`, as `gcloud ai-platform jobs`.
+
+`jobs list` and `jobs describe` print Cloud ML's Job resource (`submit.resource`) in
+gcloud's `--format`s; describe's default is its YAML (as gcloud's), and hints go to
+stderr so that stdout stays the resource alone. `jobs submit` is a group: its commands
+(`training`, and others) are added by `submit.__main__`.
+"""
+from __future__ import annotations
+
+import os
+
+import click
+
+from submit import formats, jobs as records, listing, resource, spec as specs, submission, usage
+from submit.cli_base import GcloudGroup, cli, echo
+from submit.errors import EXIT_OK, UsageError
+
+LIST_KEYS = [("jobId", "JOB_ID"), ("state", "STATUS"), ("createTime", "CREATED")]
+
+
+@cli.group("jobs", cls=GcloudGroup)
+def jobs_group():
+    """Submit, list, describe, follow, cancel and update jobs (the local index in
+    $MLJOB_HOME records every job, whatever its runner)."""
+
+
+@jobs_group.group("submit", cls=GcloudGroup)
+def jobs_submit():
+    """Submit a job: `training` (as `gcloud ai-platform jobs submit training`)."""
+
+
+@jobs_group.command("list")
+@click.option("--filter", "filter_text", help="gcloud's simple filters, e.g. state=RUNNING, "
+                                              "labels.team=vision, jobId:job1*.")
+@click.option("--sort-by", help="Field(s) to sort by, ~ to reverse, e.g. ~createTime.")
+@click.option("--limit", type=int, help="At most this many jobs.")
+@click.option("--uri", is_flag=True, help="Print each job's URI (its record) only.")
+@formats.FORMAT_OPTION
+def jobs_list(filter_text, sort_by, limit, uri, fmt):
+    """Jobs in the local index, oldest first."""
+    chosen = listing.select([resource.with_current_labels(r) for r in records.list_all()],
+                            filter_text=filter_text, sort_by=sort_by, limit=limit)
+    if uri:
+        if fmt:
+            raise UsageError("--uri and --format both say what to print; give one")
+        for r in chosen:
+            echo(resource.uri(r))
+        return EXIT_OK
+    if fmt:
+        formats.emit(echo, [resource.job(r) for r in chosen], fmt, single=False,
+                     default_keys=LIST_KEYS)
+        return EXIT_OK
+    echo(f"{'JOB_ID':<24} {'STATUS':<11} {'CREATED':<20} JOB_DIR")
+    for r in chosen:
+        echo(f"{r.job_id:<24} {state(r):<11} {resource.rfc3339(r.create_time):<20} "
+             f"{r.job_dir or '-'}")
+    return EXIT_OK
+
+
+@jobs_group.command("describe")
+@click.argument("job_id")
+@click.option("--summarize", is_flag=True,
+              help="Tables of the job's overview, input and output instead of the "
+                   "whole resource.")
+@formats.FORMAT_OPTION
+def jobs_describe(job_id, summarize, fmt):
+    """The job as Cloud ML's Job resource (YAML unless --format says otherwise); our own
+    fields (runner, replicas, PIDs, restarts, log paths) are under `mljob`."""
+    if summarize and fmt:
+        raise UsageError("--summarize and --format both say what to print; give one")
+    record = records.load(job_id)
+    record = submission.runner_for(record).refresh(record)
+    job = resource.job(record, state(record).rstrip("?"))
+    if summarize:
+        echo(summary(job))
+    else:
+        formats.emit(echo, [job], fmt or "yaml", single=True)
+    if not fmt:
+        # for a reader, on stderr so that stdout stays the resource alone
+        if record.replicas and not summarize:
+            echo("\nReplicas:\n" + "\n".join(records.replica_lines(record)), err=True)
+        if cost := usage.summary_of(record):
+            echo("\nCPU (cores in use) and memory per replica:\n" + usage.table(cost),
+                 err=True)
+        echo(f"\nView the logs:\n  python -m submit jobs stream-logs {job_id}", err=True)
+        if record.job_dir:
+            logdir = record.job_dir
+            if logdir.startswith("memory://"):  # TensorBoard cannot read this process's
+                logdir = os.path.dirname(record.log_dir or "")
+            echo(f"View metrics in TensorBoard:\n  tensorboard --logdir {logdir}",
+                 err=True)
+    return EXIT_OK
+
+
+def summary(job: dict) -> str:
+    """`--summarize`: the job's overview, its input and its output as tables."""
+    overview = [["JOB_ID", "STATE", "CREATED", "STARTED", "ENDED", "LABELS"],
+                [formats.cell(job.get(k)) for k in ("jobId", "state", "createTime",
+                                                   "startTime", "endTime", "labels")]]
+    parts = ["Job Overview", formats.table(overview)]
+    if job.get("errorMessage"):
+        parts.append(f"Error: {job['errorMessage']}")
+    ti = job.get("trainingInput") or {}
+    keys = [k for k in ("scaleTier", "masterType", "workerCount", "parameterServerCount",
+                        "evaluatorCount", "region", "runtimeVersion", "pythonModule",
+                        "jobDir") if k in ti]
+    parts += ["", "Training Input Summary",
+              formats.table([[formats.heading(k) for k in keys],
+                             [formats.cell(ti[k]) for k in keys]])]
+    out = job.get("trainingOutput") or {}
+    if out.get("trials"):
+        from submit import tuning
+        parts += ["", f"Training Output Summary ({out.get('completedTrialCount', '0')} "
+                  "trials completed; best first)", tuning.trials_table(out)]
+    own = job.get(resource.OWN_KEY, {})
+    replicas = own.get("replicas") or []
+    if replicas:
+        fields = ["label", "state", "pid", "exitCode", "restarts"]
+        parts += ["", "Replicas",
+                  formats.table([[formats.heading(f) for f in fields]] +
+                                [[formats.cell(r.get(f)) for f in fields]
+                                 for r in replicas])]
+    return "\n".join(parts)
+
+
+@jobs_group.command("stream-logs")
+@click.argument("job_id")
+@click.option("--task-name", help="Only this replica, e.g. master-replica-0.")
+def jobs_stream_logs(job_id, task_name):
+    """Print the job's logs and follow them until the job ends."""
+    record = records.load(job_id)
+    return submission.runner_for(record).follow(record, echo, task_name=task_name)
+
+
+@jobs_group.command("cancel")
+@click.argument("job_id")
+def jobs_cancel(job_id):
+    """Cancel a running job: every replica is stopped, then the job is CANCELLED."""
+    record = records.load(job_id)
+    record = submission.runner_for(record).cancel_job(record)
+    echo(f"Job [{job_id}] {record.state}.")
+    return EXIT_OK
+
+
+@jobs_group.command("update")
+@click.argument("job_id")
+@click.option("--update-labels", multiple=True, metavar="KEY=VALUE,...",
+              help="Labels to add or change.")
+@click.option("--remove-labels", multiple=True, metavar="KEY,...",
+              help="Label keys to remove (after --update-labels; a missing key is "
+                   "ignored).")
+@click.option("--clear-labels", is_flag=True,
+              help="Remove every label (before --update-labels).")
+def jobs_update(job_id, update_labels, remove_labels, clear_labels):
+    """Change a job's labels, as `gcloud ai-platform jobs update`: on the engine where it
+    keeps them (a Kubeflow TFJob's labels), and in the job's record."""
+    if clear_labels and remove_labels:
+        raise UsageError("--clear-labels and --remove-labels: give at most one of them")
+    if not (update_labels or remove_labels or clear_labels):
+        raise UsageError("nothing to update; give --update-labels KEY=VALUE,..., "
+                         "--remove-labels KEY,... or --clear-labels")
+    record = records.load(job_id)
+    old = resource.current_labels(record)
+    labels = {} if clear_labels else dict(old)
+    labels.update(specs.parse_labels_flag(update_labels) if update_labels else {})
+    for text in remove_labels:
+        for key in filter(None, (k.strip() for k in text.split(","))):
+            labels.pop(key, None)
+    labels = specs.check_labels(labels, "the job's labels after the update")
+    runner = submission.runner_for(record)
+    note = runner.update_labels(record, old, labels)
+    resource.save_labels(record, labels)
+    if not record.running() or record.runner != "local":
+        record.labels = labels  # no supervisor owns the record now: it is ours to write
+        records.save(record, create_in_job_dir=False)
+    if note:
+        echo(note, err=True)
+    echo(f"Updated job [{job_id}].")
+    return EXIT_OK
+
+
+def state(record: records.JobRecord) -> str:
+    if not record.done and record.supervisor_pid and not record.supervisor_alive():
+        return f"{record.state}?"  # its supervisor is gone: `jobs cancel` cleans up
+    return record.state

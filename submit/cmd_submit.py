@@ -1,0 +1,145 @@
+"""`jobs submit training JOB_ID` and its short form `python -m submit JOB_ID`: the flags
+of `gcloud ai-platform jobs submit training`, handed to `submit.submission`."""
+from __future__ import annotations
+
+import click
+
+from submit import runners, spec as specs, submission
+from submit.cli_base import TrainerArgsCommand, cli, echo
+from submit.runners.engine import EngineOptions
+
+
+def training_options(command):
+    """gcloud's `jobs submit training` flags, and the runners' own."""
+    for option in reversed(_OPTIONS):
+        command = option(command)
+    return command
+
+
+_OPTIONS = [
+    click.option("--scale-tier", metavar="TIER",
+                 help="Cluster shape: basic, basic-gpu, standard-1, premium-1 or custom, in "
+                      "any of gcloud's spellings (STANDARD_1, standard_1) [default: the "
+                      "config's scaleTier, else basic]."),
+    click.option("--config", "config_path", type=click.Path(dir_okay=False),
+                 help="config.yaml or JSON shaped like Cloud ML's Job (trainingInput)."),
+    click.option("--job-dir", help="Job output URL: path, file://, memory:// or gs://."),
+    click.option("--staging-bucket", help="Where packages are staged (else <job-dir>/packages)."),
+    click.option("--package-path", type=click.Path(file_okay=False),
+                 help="Your package folder (e.g. trainer), built from its parent with the "
+                      "parent's setup.py or a generated one; or a folder holding setup.py "
+                      "(default: this project's source tree)."),
+    click.option("--packages", "packages", multiple=True,
+                 help="Comma-separated sdists (.tar.gz) or wheels (.whl), paths or URLs, "
+                      "staged and installed with the package."),
+    click.option("--module-name", help="Module each replica runs (default trainer.task)."),
+    click.option("--worker-count", type=int, help="Workers (CUSTOM tier only)."),
+    click.option("--parameter-server-count", type=int, help="Parameter servers (CUSTOM only)."),
+    click.option("--evaluator-count", type=int, help="Evaluators (CUSTOM tier only)."),
+    click.option("--stream-logs/--async", "stream_logs", default=True,
+                 help="Follow the job's logs until it ends (default), or return at once."),
+    click.option("--dry-run", is_flag=True, help="Print the resolved plan as JSON; run nothing."),
+    click.option("--resume", is_flag=True, help="Reuse a job id already used in the job dir."),
+    click.option("--restart-policy", default=None, metavar="POLICY",
+                 help="Never, OnFailure, ExitCode or Always (any case, '-' or '_'): when a "
+                      "replica that exits is started again, for every replica type "
+                      "[default: each type's restartPolicy in --config, else Never]."),
+    click.option("--max-restarts", default=None, type=int,
+                 help="Restarts allowed per replica [default: each type's maxRestarts in "
+                      f"--config, else {specs.DEFAULT_MAX_RESTARTS} with a restart policy, "
+                      "0 without]."),
+    click.option("--labels", multiple=True, metavar="KEY=VALUE,...",
+                 help="Labels for the job, added to (and overriding) the config's labels."),
+    click.option("--master-machine-type", help="The master's machine (CUSTOM tier), e.g. "
+                                               "n1-standard-4 or standard."),
+    click.option("--worker-machine-type", help="The workers' machine (CUSTOM tier)."),
+    click.option("--parameter-server-machine-type", help="The parameter servers' machine "
+                                                         "(CUSTOM tier)."),
+    click.option("--master-accelerator", metavar="count=N,type=TYPE",
+                 help="GPUs per master (CUSTOM tier), e.g. count=1,type=nvidia-tesla-t4."),
+    click.option("--worker-accelerator", metavar="count=N,type=TYPE",
+                 help="GPUs per worker (CUSTOM tier)."),
+    click.option("--parameter-server-accelerator", metavar="count=N,type=TYPE",
+                 help="GPUs per parameter server (CUSTOM tier)."),
+    click.option("--master-image-uri", metavar="IMAGE",
+                 help="A custom container for the master (and, unless they have their "
+                      "own, every replica), as Cloud ML's masterConfig.imageUri; runs on "
+                      "--runner kubeflow or vertex."),
+    click.option("--worker-image-uri", metavar="IMAGE",
+                 help="The workers' container (workerConfig.imageUri)."),
+    click.option("--parameter-server-image-uri", metavar="IMAGE",
+                 help="The parameter servers' container (parameterServerConfig.imageUri)."),
+    click.option("--use-chief-in-tf-config/--no-use-chief-in-tf-config", default=None,
+                 help="Name the chief `chief` in TF_CONFIG, not `master` [default: the "
+                      "config's useChiefInTfConfig, else by runtimeVersion: master before "
+                      "2.1]."),
+    click.option("--runner", default="local", show_default=True,
+                 type=click.Choice(tuple(runners.RUNNERS)),
+                 help="Where the job runs: processes on this machine, a Kubeflow TFJob on "
+                      "the current kubeconfig's cluster, or a Vertex AI CustomJob."),
+    click.option("--image", help="kubeflow: the container image holding the trainer (see "
+                                 "the Dockerfile --dry-run prints); vertex: the executor "
+                                 "image the package is installed into."),
+    click.option("--namespace", help="kubeflow: the namespace [default: the kubeconfig "
+                                     "context's, else default]."),
+    click.option("--kube-context", "context", help="kubeflow: the kubeconfig context "
+                                                   "[default: the current one]."),
+    click.option("--project", help="vertex: the Google Cloud project [default: "
+                                   "$GOOGLE_CLOUD_PROJECT]."),
+    click.option("--region", help="The region, recorded in trainingInput; vertex runs the "
+                                  "job there [default: the config's region, else us-central1]."),
+    click.option("--runtime-version", help="Cloud ML's runtime version (e.g. 2.11), recorded "
+                                           "in trainingInput."),
+    click.option("--python-version", help="Cloud ML's Python version (e.g. 3.7), recorded in "
+                                          "trainingInput."),
+    click.option("--service-account", help="kubeflow: the pods' service account; vertex: "
+                                           "the service account email replicas run as."),
+]
+
+
+@cli.command("submit", cls=TrainerArgsCommand, hidden=True)
+@click.argument("job_id")
+@training_options
+@click.pass_context
+def submit_command(ctx, job_id, **flags):
+    """Submit training job JOB_ID (the short form `python -m submit JOB_ID` means this);
+    everything after `--` goes to the trainer, followed by `--job-dir URL` as Cloud ML
+    passes it."""
+    return submit_training(ctx, job_id, **flags)
+
+
+@click.command("training", cls=TrainerArgsCommand)
+@click.argument("job_id")
+@training_options
+@click.pass_context
+def training_command(ctx, job_id, **flags):
+    """Submit training job JOB_ID, as `gcloud ai-platform jobs submit training`;
+    everything after `--` goes to the trainer, followed by `--job-dir URL` as Cloud ML
+    passes it."""
+    return submit_training(ctx, job_id, **flags)
+
+
+def submit_training(ctx, job_id, scale_tier, config_path, job_dir, staging_bucket,
+                    package_path, packages, module_name, worker_count,
+                    parameter_server_count, evaluator_count, stream_logs, dry_run, resume,
+                    restart_policy, max_restarts, runner, image, namespace, context,
+                    project, region, runtime_version, python_version, service_account,
+                    **job_definition):
+    """The submission the flags ask for, run to its end (or its dry run's print)."""
+    options = EngineOptions(image=image, namespace=namespace, context=context,
+                            project=project, region=region,
+                            service_account=service_account)
+    options.check_for(runner)
+    return submission.submit(submission.Submission(
+        job_id, runner=runner, options=options, config_path=config_path,
+        resolve=dict(scale_tier=scale_tier, worker_count=worker_count,
+                     parameter_server_count=parameter_server_count,
+                     evaluator_count=evaluator_count, job_dir=job_dir,
+                     staging_bucket=staging_bucket, package_path=package_path,
+                     module_name=module_name, args=ctx.meta["trainer_args"],
+                     restart_policy=restart_policy, max_restarts=max_restarts,
+                     packages=[p for given in packages for p in given.split(",") if p]
+                     if packages else None, region=region,
+                     runtime_version=runtime_version, python_version=python_version,
+                     **job_definition),
+        dry_run=dry_run, stream=stream_logs, resume=resume), echo)
