@@ -113,6 +113,10 @@ def _one(entry, where: str, base_dir: str) -> ModelConfig:
         raise UsageError(f"{where}: name must be a non-empty string without / or :")
     if not isinstance(base, str) or not base:
         raise UsageError(f"{where} ({name}): base_path is required")
+    _model_type(entry, where, name)
+    if "logging_config" in entry:
+        raise UsageError(f"{where} ({name}): logging_config (request logging) is not "
+                         "implemented by this server; remove it")
     platform = entry.get("model_platform", "tensorflow")
     if platform != "tensorflow":
         raise UsageError(f"{where} ({name}): model_platform {platform!r} is not served; "
@@ -122,6 +126,20 @@ def _one(entry, where: str, base_dir: str) -> ModelConfig:
     return ModelConfig(name=name, base_path=base,
                        policy=_policy(entry.get("model_version_policy"), where, name),
                        labels=_labels(entry.get("version_labels"), where, name))
+
+
+def _model_type(entry: dict, where: str, name: str) -> None:
+    """TF Serving's deprecated model_type: TENSORFLOW (or unset) only, never beside
+    model_platform."""
+    if "model_type" not in entry:
+        return
+    kind = entry["model_type"]
+    if "model_platform" in entry:
+        raise UsageError(f"{where} ({name}): Illegal setting both model_type (deprecated) "
+                         "and model_platform; keep model_platform")
+    if kind not in ("TENSORFLOW", "MODEL_TYPE_UNSPECIFIED", 1, 0):
+        raise UsageError(f"{where} ({name}): model_type {kind!r} is not served; use "
+                         "model_platform: \"tensorflow\"")
 
 
 def _policy(value, where: str, name: str) -> VersionPolicy:

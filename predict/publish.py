@@ -17,10 +17,17 @@ from predict.errors import UsageError
 from predict.repository import MARKERS, scan_versions
 
 
-def publish(model_dir: str, base_path: str, version: int | None = None) -> int:
+def publish(model_dir: str, base_path: str, version: int | None = None, *,
+            warmup_requests: str | None = None) -> int:
     """Copy the export at model_dir to base_path/<version> (default: the highest
-    version there plus one); returns the version."""
+    version there plus one); returns the version. `warmup_requests`: a TFRecord file of
+    PredictionLog records, checked and published as the version's
+    assets.extra/tf_serving_warmup_requests (TF Serving's warmup file)."""
     scratch = None
+    warmup_data = None
+    if warmup_requests is not None:
+        from predict import warmup
+        warmup_data = warmup.check_file(warmup_requests)
     try:
         if storage.is_local(model_dir):
             local = storage.local_path(model_dir)
@@ -39,6 +46,16 @@ def publish(model_dir: str, base_path: str, version: int | None = None) -> int:
             raise UsageError(f"{model_dir} holds no export: looked for "
                              f"{contracts.SAVED_MODEL_MARKER} and "
                              f"{contracts.LEGACY_EXPORT_MARKER}")
+        if warmup_data is not None:
+            from predict import warmup
+            if scratch is None:  # never write into the user's own export
+                scratch = tempfile.mkdtemp(prefix="mljob-publish-")
+                shutil.copytree(local, os.path.join(scratch, "export"))
+                local = os.path.join(scratch, "export")
+            target = os.path.join(local, warmup.WARMUP_FILE)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(warmup_data)
         try:
             existing = scan_versions(base_path)
         except FileNotFoundError:
