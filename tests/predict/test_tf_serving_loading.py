@@ -245,3 +245,22 @@ def test_classify_and_regress_use_the_exports_labels(exports):
     _, values = inference.regress(regressor, "regression", [example(r) for r in ROWS])
     np.testing.assert_allclose(values, regressor.predict({"x": ROWS})["outputs"][:, 0],
                                rtol=1e-6)
+
+
+@pytest.mark.parametrize("field, words", [
+    ("model_type: OTHER", "model_type 'OTHER' is not served"),
+    ('model_type: TENSORFLOW model_platform: "tensorflow"',
+     "Illegal setting both model_type (deprecated) and model_platform"),
+    ("logging_config { sampling_config { sampling_rate: 0.1 } }",
+     "logging_config (request logging) is not implemented"),
+])
+def test_model_config_fields_tf_serving_checks(tmp_path, field, words):
+    from predict import config
+    path = tmp_path / "models.config"
+    path.write_text(f'model_config_list {{ config {{ name: "m" base_path: "/b" {field} }} }}')
+    with pytest.raises(UsageError) as raised:
+        config.read(str(path))
+    assert words in str(raised.value)
+    path.write_text('model_config_list { config { name: "m" base_path: "/b" '
+                    'model_type: TENSORFLOW } }')
+    assert config.read(str(path))[0].name == "m"  # the deprecated spelling of tensorflow

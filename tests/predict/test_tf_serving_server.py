@@ -141,7 +141,7 @@ def test_classify_and_regress_over_rest(server, direct):
     np.testing.assert_allclose(answer.json()["result"],
                                direct["reg"].predict({"x": ROWS})["outputs"][:, 0], rtol=1e-5)
     for body, words in [({"examples": []}, "\"examples\" must be a non-empty list"),
-                        ({"examples": [{"x": [1, "a"]}]}, "all numbers or all strings"),
+                        ({"examples": [{"x": [1, "a"]}]}, "must all be numbers or all strings"),
                         ({"examples": [{"x": [1.0] * 4}], "instances": []}, "unknown key"),
                         ({"signature_name": "serving_default", "examples": [{"x": [1.0] * 4}]},
                          "Expected classification signature method_name")]:
