@@ -157,6 +157,11 @@ def main(argv=None) -> None:
                 stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
                 return lambda: stub.Predict(request, timeout=60)
 
+            if not batching:
+                results["one client in its own process"] = lone_client(url, grpc_port,
+                                                                       export_dir)
+                print(f"one client in its own process: "
+                      f"{results['one client in its own process']}", flush=True)
             for api, make in (("rest", rest_call), ("grpc", grpc_call)):
                 for clients in clients_list:
                     row = f"{api} batching {'on' if batching else 'off'}"
@@ -189,6 +194,72 @@ def main(argv=None) -> None:
     common.write_json("serving", payload, load_before)
     plot(results, clients_list)
     shutil.rmtree(scratch, ignore_errors=True)
+
+
+LONE_CLIENT = r"""
+import json, sys, time
+import numpy as np
+api, target, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)
+if api == "rest":
+    import httpx
+    client = httpx.Client(base_url=target, timeout=60)
+    body = json.dumps({"instances": [{"image": image[0].tolist(), "key": 1}]}).encode()
+    call = lambda: client.post("/v1/models/default:predict", content=body,
+                               headers={"content-type": "application/json"})
+else:
+    import grpc, tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "default"
+    request.inputs["image"].CopyFrom(tf.make_tensor_proto(image))
+    request.inputs["key"].CopyFrom(tf.make_tensor_proto(np.array([1], np.int64)))
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(target))
+    call = lambda: stub.Predict(request, timeout=60)
+for _ in range(30):
+    call()
+times = []
+for _ in range(n):
+    t0 = time.perf_counter()
+    call()
+    times.append(time.perf_counter() - t0)
+print(json.dumps(times))
+"""
+
+
+def lone_client(url: str, grpc_port: int, export_dir: str, n: int = 400) -> dict:
+    """p50/p99 of one client alone in its own process (the threads above share this
+    process with TensorFlow), sequential requests on one connection; the floor beside
+    it measured the same way (the signature called in a fresh process)."""
+    out = {}
+    for api, target in (("rest", url), ("grpc", f"127.0.0.1:{grpc_port}")):
+        done = subprocess.run([sys.executable, "-c", LONE_CLIENT, api, target, str(n)],
+                              capture_output=True, text=True, timeout=600)
+        times = json.loads(done.stdout.strip().splitlines()[-1])
+        out[api] = summary(times, sum(times))
+    floor = subprocess.run([sys.executable, "-c", FLOOR, export_dir, str(n)],
+                           capture_output=True, text=True, timeout=600)
+    times = json.loads(floor.stdout.strip().splitlines()[-1])
+    out["floor"] = summary(times, sum(times))
+    out["rest p50 over the floor's"] = round(out["rest"]["p50_ms"] / out["floor"]["p50_ms"], 1)
+    return out
+
+
+FLOOR = r"""
+import json, sys, time
+import numpy as np, tensorflow as tf
+fn = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+image = tf.constant(np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32))
+key = tf.constant([1], tf.int64)
+for _ in range(30):
+    fn(image=image, key=key)
+times = []
+for _ in range(int(sys.argv[2])):
+    t0 = time.perf_counter()
+    fn(image=image, key=key)
+    times.append(time.perf_counter() - t0)
+print(json.dumps(times))
+"""
 
 
 def reload_under_load(export_dir: str, scratch: str, body: bytes, request,

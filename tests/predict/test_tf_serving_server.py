@@ -211,3 +211,72 @@ def test_reload_by_grpc_and_by_polling_then_the_log(server):
                  f"model config reloaded from {server['config']}: iris, reg"):
         assert line in log, log
     assert "Traceback" not in log
+
+
+def _serve(reaper, *args, wait=True):
+    import subprocess
+    import sys
+    proc = reaper.popen([sys.executable, "-m", "predict", "serve", *args],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if not wait:
+        return proc, proc.communicate(timeout=300)
+    line = proc.stdout.readline()
+    assert line.startswith("serving model "), (line, proc.stderr.read())
+    return proc, line + proc.stdout.readline()
+
+
+@pytest.mark.slow
+def test_rest_is_off_by_default_timeouts_and_tags(server, reaper):
+    """TF Serving's defaults and flags, each against what TF Serving documents: REST
+    off unless --rest_api_port (gRPC alone answers); --rest_api_timeout_in_ms answers
+    504 while gRPC waits; --saved_model_tags picks the MetaGraph (a tag set the export
+    lacks fails the load, exit 2 after --max_num_load_retries)."""
+    from tensorflow_serving.apis import predict_pb2
+    import tensorflow as tf
+    model = server["models"]["reg"]
+    grpc_port, rest_port = free_ports(2)
+    proc, lines = _serve(reaper, f"--model_dir={model}", f"--port={grpc_port}")
+    assert "serving model default over gRPC (REST off: --rest_api_port=0)" in lines
+    assert f"serving gRPC at 127.0.0.1:{grpc_port}" in lines
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "default"
+    request.inputs["x"].CopyFrom(tf.make_tensor_proto(ROWS))
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        assert len(tf.make_ndarray(stub.Predict(request, timeout=60).outputs["outputs"])) == 3
+    reaper.stop(proc)
+
+    proc, _ = _serve(reaper, f"--model_dir={model}", f"--port={grpc_port}",
+                     f"--rest_api_port={rest_port}", "--rest_api_timeout_in_ms=300",
+                     "--enable_batching", "--batch_timeout_micros=2000000",
+                     "--saved_model_tags=serve")
+    started = time.time()
+    slow = httpx.post(f"http://127.0.0.1:{rest_port}/v1/models/default:predict",
+                      json={"instances": [r.tolist() for r in ROWS]}, timeout=60)
+    assert slow.status_code == 504 and "--rest_api_timeout_in_ms" in slow.json()["error"]
+    assert time.time() - started < 1.9  # answered at the timeout, not after the batch
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        assert stub.Predict(request, timeout=60).model_spec.version.value == 1
+    reaper.stop(proc)
+
+    proc, (out, err) = _serve(reaper, f"--model_dir={model}", f"--port={grpc_port}",
+                              "--saved_model_tags=serve,gpu", "--max_num_load_retries=0",
+                              wait=False)
+    assert proc.returncode == 2
+    assert "has no MetaGraph tagged 'serve,gpu' (--saved_model_tags); it has serve" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_tensorflow_thread_pools_follow_the_flags():
+    import subprocess
+    import sys
+    code = ("from predict import flags, serving; import tensorflow as tf; "
+            "serving._tensorflow_threads(flags.parse(['--model_dir=x', "
+            "'--tensorflow_intra_op_parallelism=3', '--tensorflow_session_parallelism=2'], "
+            "environ={})); t = tf.config.threading; "
+            "print(t.get_intra_op_parallelism_threads(), t.get_inter_op_parallelism_threads())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.stdout.split() == ["3", "2"], done.stderr[-2000:]
