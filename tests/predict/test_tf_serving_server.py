@@ -246,17 +246,27 @@ def test_rest_is_off_by_default_timeouts_and_tags(server, reaper):
         assert len(tf.make_ndarray(stub.Predict(request, timeout=60).outputs["outputs"])) == 3
     reaper.stop(proc)
 
+    params = server["root"] / "slow-batches.config"
+    params.write_text("max_batch_size { value: 4 }\nbatch_timeout_micros { value: 3000000 }\n"
+                      "max_enqueued_batches { value: 1 }\n")
     proc, _ = _serve(reaper, f"--model_dir={model}", f"--port={grpc_port}",
                      f"--rest_api_port={rest_port}", "--rest_api_timeout_in_ms=300",
-                     "--enable_batching", "--batch_timeout_micros=2000000",
+                     "--enable_batching", f"--batching_parameters_file={params}",
                      "--saved_model_tags=serve")
+    rest = f"http://127.0.0.1:{rest_port}/v1/models/default:predict"
     started = time.time()
-    slow = httpx.post(f"http://127.0.0.1:{rest_port}/v1/models/default:predict",
-                      json={"instances": [r.tolist() for r in ROWS]}, timeout=60)
+    slow = httpx.post(rest, json={"instances": [r.tolist() for r in ROWS]}, timeout=60)
     assert slow.status_code == 504 and "--rest_api_timeout_in_ms" in slow.json()["error"]
-    assert time.time() - started < 1.9  # answered at the timeout, not after the batch
+    assert time.time() - started < 2.5  # answered at the timeout, not after the batch
+    # its 3 rows still wait in the one batch allowed: 3 more do not fit, no room for more
+    full = httpx.post(rest, json={"instances": [r.tolist() for r in ROWS]}, timeout=60)
+    assert full.status_code == 503 and "the batch queue is full" in full.json()["error"]
     with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.Predict(request, timeout=60)
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+        time.sleep(3)
         assert stub.Predict(request, timeout=60).model_spec.version.value == 1
     reaper.stop(proc)
 
