@@ -37,6 +37,7 @@ import os
 import yaml
 
 from mljob import storage
+from predict import request_log
 from predict.errors import UsageError
 from predict.repository import ModelConfig, VersionPolicy, parse_version
 
@@ -114,9 +115,9 @@ def _one(entry, where: str, base_dir: str) -> ModelConfig:
     if not isinstance(base, str) or not base:
         raise UsageError(f"{where} ({name}): base_path is required")
     _model_type(entry, where, name)
+    logging = None
     if "logging_config" in entry:
-        raise UsageError(f"{where} ({name}): logging_config (request logging) is not "
-                         "implemented by this server; remove it")
+        logging = request_log.parse(entry["logging_config"], f"{where} ({name})", base_dir)
     platform = entry.get("model_platform", "tensorflow")
     if platform != "tensorflow":
         raise UsageError(f"{where} ({name}): model_platform {platform!r} is not served; "
@@ -125,7 +126,8 @@ def _one(entry, where: str, base_dir: str) -> ModelConfig:
         base = os.path.join(base_dir, base)
     return ModelConfig(name=name, base_path=base,
                        policy=_policy(entry.get("model_version_policy"), where, name),
-                       labels=_labels(entry.get("version_labels"), where, name))
+                       labels=_labels(entry.get("version_labels"), where, name),
+                       logging=logging)
 
 
 def _model_type(entry: dict, where: str, name: str) -> None:

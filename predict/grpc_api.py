@@ -37,6 +37,10 @@ _CODE_NAMES = {grpc.StatusCode.OK: "OK", grpc.StatusCode.NOT_FOUND: "NOT_FOUND",
                grpc.StatusCode.UNAVAILABLE: "UNAVAILABLE"}
 
 
+_LOG_KINDS = {"Predict": "predict_log", "Classify": "classify_log", "Regress": "regress_log",
+              "MultiInference": "multi_inference_log"}
+
+
 def _apis():
     try:
         from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
@@ -127,7 +131,9 @@ class GrpcApi:
             name = request.model_spec.name
         code, message = grpc.StatusCode.OK, ""
         try:
-            return fn(request)
+            response = fn(request)
+            self._log(api, name, request, response)
+            return response
         except NotFoundError as exc:
             code, message = grpc.StatusCode.NOT_FOUND, str(exc)
         except Unavailable as exc:
@@ -142,6 +148,22 @@ class GrpcApi:
                 metrics.request(name, api, "GRPC", _CODE_NAMES.get(code, code.name),
                                 time.perf_counter() - start)
         context.abort(code, message)
+
+    def _log(self, api: str, name: str, request, response) -> None:
+        """A sampled request and its response into the model's logging_config log."""
+        kind = _LOG_KINDS.get(api)
+        served = self.service.repository.models.get(name)
+        if kind is None or served is None:
+            return
+        logger = self.service.loggers.get(served)
+        if logger is None or not logger.sampled():
+            return
+        spec = response.results[0].model_spec if api == "MultiInference" \
+            else response.model_spec
+        try:
+            logger.write(kind, spec, request, response)
+        except Exception:  # a full disk must not fail the request
+            log.exception("cannot write the request log %s", logger.path)
 
     # --- what they do -------------------------------------------------------------------
     def _served(self, spec):

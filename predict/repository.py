@@ -118,6 +118,7 @@ class ModelConfig:
     model_dir: str | None = None     # one export served as version 1, not watched
     policy: VersionPolicy = VersionPolicy()
     labels: dict = field(default_factory=dict)   # label -> version
+    logging: object = None  # predict.request_log.LoggingSpec: sampled request logs
 
 
 def parse_version(text) -> int:

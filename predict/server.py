@@ -39,7 +39,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from predict import decode, inference, loop
+from predict import decode, inference, loop, request_log
 from predict.batching import Unavailable
 from predict.errors import InputError, InstanceError, UsageError
 from predict.instances import parse_json
@@ -79,6 +79,7 @@ class PredictionService:
         self.timeout_s = timeout_s
         self.health = health
         self.vertex = vertex or {}  # health_route, predict_route, model
+        self.loggers = request_log.Loggers()  # each model's logging_config
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="predict")
 
     async def handle(self, request: Request) -> Response:
@@ -211,7 +212,14 @@ class PredictionService:
         with self._answering():
             with served.use(version, label) as (number, model):
                 model = self._batched(model, served, number)
-                return json.dumps(self.predict(body, model)).encode()
+                logger = self.loggers.get(served)
+                tap = request_log.Tap(model) if logger and logger.sampled() else None
+                answer = json.dumps(self.predict(body, tap or model)).encode()
+                if tap is not None and tap.calls:
+                    batch, outputs, signature = tap.calls[0]
+                    self._log(logger, "predict_log", request_log.predict_messages(
+                        served.name, number, signature, batch, outputs))
+                return answer
 
     def classify_json(self, raw: bytes, served: ServedModel, version: int | None = None,
                       label: str | None = None) -> bytes:
@@ -235,11 +243,25 @@ class PredictionService:
             with served.use(version, label) as (number, model):
                 model = self._batched(model, served, number)
                 if classify:
-                    _, rows = inference.classify(model, name, records)
+                    used, rows = inference.classify(model, name, records)
                     result: list = [[[lab, score] for lab, score in row] for row in rows]
                 else:
-                    _, result = inference.regress(model, name, records)
+                    used, rows = inference.regress(model, name, records)
+                    result = rows
+                logger = self.loggers.get(served)
+                if logger is not None and logger.sampled():
+                    kind = "classify_log" if classify else "regress_log"
+                    self._log(logger, kind, request_log.example_messages(
+                        kind, served.name, number, used, records, rows))
                 return json.dumps({"result": result}).encode()
+
+    @staticmethod
+    def _log(logger, kind: str, messages) -> None:
+        request, response = messages
+        try:
+            logger.write(kind, response.model_spec, request, response)
+        except Exception:  # a full disk must not fail the request
+            log.exception("cannot write the request log %s", logger.path)
 
     @contextmanager
     def _answering(self):

@@ -252,7 +252,11 @@ def test_classify_and_regress_use_the_exports_labels(exports):
     ('model_type: TENSORFLOW model_platform: "tensorflow"',
      "Illegal setting both model_type (deprecated) and model_platform"),
     ("logging_config { sampling_config { sampling_rate: 0.1 } }",
-     "logging_config (request logging) is not implemented"),
+     "log collector type '' is not served; use type: \"tfrecord\""),
+    ('logging_config { log_collector_config { type: "tfrecord" filename_prefix: "l" } '
+     "sampling_config { sampling_rate: 2 } }", "sampling_rate must lie in [0, 1]"),
+    ('logging_config { log_collector_config { type: "tfrecord" filename_prefix: "gs://b/l" } }',
+     "needs filename_prefix, a local path"),
 ])
 def test_model_config_fields_tf_serving_checks(tmp_path, field, words):
     from predict import config

@@ -25,7 +25,9 @@ from tensorflow_serving.config import model_server_config_pb2  # noqa: E402
 
 ROWS = features(3, seed=9)
 CONFIG = """model_config_list {{
-  config {{ name: "iris" base_path: "{iris}" model_platform: "tensorflow" }}
+  config {{ name: "iris" base_path: "{iris}" model_platform: "tensorflow"
+           logging_config {{ log_collector_config {{ type: "tfrecord" filename_prefix: "logs/iris" }}
+                             sampling_config {{ sampling_rate: 1.0 }} }} }}
   config {{ name: "reg" base_path: "{reg}" model_platform: "tensorflow" }}
 }}
 """
@@ -149,6 +151,29 @@ def test_classify_and_regress_over_rest(server, direct):
         assert bad.status_code == 400 and words in bad.json()["error"], bad.text
 
 
+def test_sampled_requests_are_logged_as_prediction_logs(server):
+    """logging_config: every request of "iris" (rate 1.0) in TF Serving's PredictionLog
+    records, REST and gRPC alike; the file is a valid warmup file; "reg" logs none."""
+    from tensorflow_serving.apis import prediction_log_pb2
+    from predict import records, warmup
+    (path,) = (server["root"] / "logs").glob("iris-*.tfrecord")
+    with open(path, "rb") as f:
+        logs = [prediction_log_pb2.PredictionLog.FromString(r)
+                for r in records.read_tfrecords(f)]
+    kinds = [log.WhichOneof("log_type") for log in logs]
+    # the gRPC test's Classify and MultiInference (its failing calls are not logged),
+    # then the REST test's two :classify; the warmup before traffic is not logged
+    assert kinds == ["classify_log", "multi_inference_log", "classify_log", "classify_log"]
+    rest = logs[2]
+    assert rest.log_metadata.model_spec.name == "iris"
+    assert rest.log_metadata.sampling_config.sampling_rate == 1.0
+    assert len(rest.classify_log.request.input.example_list.examples) == 2
+    assert [c.label for c in rest.classify_log.response.result.classifications[0].classes] \
+        == LABELS
+    warmup.check_file(str(path))
+    assert sorted(p.name.split("-")[0] for p in (server["root"] / "logs").iterdir()) == ["iris"]
+
+
 def test_health_vertex_routes_and_metrics(server, direct):
     client = server["rest"]
     assert client.get("/healthz").json() == {"status": "SERVING",
@@ -158,6 +183,15 @@ def test_health_vertex_routes_and_metrics(server, direct):
                                                   "parameters": {}})
     np.testing.assert_allclose(answer.json()["predictions"],
                                direct["iris"].predict({"x": ROWS})["outputs"], rtol=1e-5)
+    from tensorflow_serving.apis import prediction_log_pb2
+    import tensorflow as tf
+    from predict import records
+    (path,) = (server["root"] / "logs").glob("iris-*.tfrecord")
+    with open(path, "rb") as f:
+        last = prediction_log_pb2.PredictionLog.FromString(list(records.read_tfrecords(f))[-1])
+    np.testing.assert_allclose(tf.make_ndarray(last.predict_log.request.inputs["x"]), ROWS)
+    np.testing.assert_allclose(tf.make_ndarray(last.predict_log.response.outputs["outputs"]),
+                               answer.json()["predictions"], rtol=1e-6)
     refused = client.post("/vertex/predict", json={"instances": [ROWS[0].tolist()],
                                                    "parameters": {"top_k": 2}})
     assert refused.status_code == 400 and "takes no parameters" in refused.json()["error"]
