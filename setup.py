@@ -24,7 +24,8 @@ setup(
         "starlette>=0.37",
         "uvicorn>=0.29",
         "prometheus-client>=0.17",  # `predict serve`'s /monitoring/prometheus/metrics
-        "grpcio>=1.60",             # `predict serve --grpc-port`
+        "grpcio>=1.60",             # `predict serve`'s gRPC API (--port)
+        "grpcio-health-checking>=1.60",  # grpc.health.v1 on the gRPC port
     ],
     extras_require={
         # TensorFlow is an extra: on this machine `cpu` installs it; on a cluster the
@@ -66,6 +67,8 @@ setup(
         "console_scripts": [
             "mljob-submit=submit.__main__:main",
             "mljob-predict=predict.__main__:main",
+            # TF Serving's binary name and flags (predict.flags), for its command lines
+            "tensorflow_model_server=predict.serving:main_model_server",
         ],
     },
 )

@@ -55,12 +55,13 @@ def rate(times: list[float], batch: int) -> float:
 
 
 def start_server(export_dir: str, max_instances: int) -> tuple[subprocess.Popen, str]:
-    port = common.free_ports(1)[0]
+    port, grpc_port = common.free_ports(2)
     env = {**os.environ, **common.REPLICA_ENV,
            "PYTHONPATH": common.ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "predict", "serve", "--model-dir", export_dir, "--port",
-         str(port), "--max-instances", str(max_instances), "--max-body-bytes",
+        [sys.executable, "-m", "predict", "serve", "--model-dir", export_dir,
+         "--rest_api_port", str(port), "--port", str(grpc_port),
+         "--max-instances", str(max_instances), "--max-body-bytes",
          str(16 * 2**20)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env=env, start_new_session=True)
     deadline = time.time() + 120

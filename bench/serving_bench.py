@@ -1,6 +1,7 @@
 """Serving under concurrency: p50 and p99 latency and throughput at 1, 16 and 64
-concurrent clients, REST and gRPC, with `--enable-batching` off and on, beside the
-floor (the signature called in-process, one instance a call).
+concurrent clients, REST and gRPC, with `--enable_batching` off and on, beside the
+floor (the signature called in-process, one instance a call); then requests lost while
+the model config is reloaded under load.
 
     python -m bench.serving_bench                  # about 3 minutes on 2 cores
     python -m bench.serving_bench --seconds 2 --clients 1,16
@@ -9,8 +10,12 @@ Every request holds one instance (a 784-pixel image and a key): what online traf
 looks like, and where batching can help. Each client is a thread with its own
 keep-alive connection (REST: httpx; gRPC: the official tensorflow-serving-api stub on
 one channel a client). Each cell runs for `--seconds`, with the server started fresh
-for each batching setting (`--threads 16`; batching: `--max-batch-size 64
---batch-timeout-micros 2000`). The clients run in this process, so they share the
+for each batching setting (`--rest_api_num_threads=16`; batching: `--max_batch_size=64
+--batch_timeout_micros=2000`). The reload phase serves a `--model_config_file` polled
+every second and, while 8 REST and 8 gRPC clients predict without pause for
+`--reload-seconds`, reloads the config over and over, alternating a second model in
+and out, by gRPC HandleReloadConfigRequest and by rewriting the file; every failed
+request is counted. The clients run in this process, so they share the
 machine's 2 cores with the server: compare the rows with each other, not with a
 bigger machine.
 
@@ -34,16 +39,18 @@ import numpy as np
 from bench import common
 
 CLIENTS = (1, 16, 64)
-BATCHING = ["--enable-batching", "--max-batch-size", "64", "--batch-timeout-micros", "2000"]
+BATCHING = ["--enable_batching", "--max_batch_size=64", "--batch_timeout_micros=2000"]
 
 
-def start_server(export_dir: str, extra: list) -> tuple[subprocess.Popen, str, int]:
+def start_server(export_dir: str, extra: list,
+                 source: str = "--model_dir") -> tuple[subprocess.Popen, str, int]:
     rest, grpc_port = common.free_ports(2)
     env = {**os.environ, **common.REPLICA_ENV,
            "PYTHONPATH": common.ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "predict", "serve", "--model-dir", export_dir, "--port",
-         str(rest), "--grpc-port", str(grpc_port), "--threads", "16", *extra],
+        [sys.executable, "-m", "predict", "serve", f"{source}={export_dir}",
+         f"--rest_api_port={rest}", f"--port={grpc_port}", "--rest_api_num_threads=16",
+         *extra],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
         start_new_session=True)
     deadline = time.time() + 300
@@ -102,6 +109,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--clients", default=",".join(map(str, CLIENTS)))
+    parser.add_argument("--reload-seconds", type=float, default=20.0)
     args = parser.parse_args(argv)
     clients_list = [int(c) for c in args.clients.split(",")]
 
@@ -149,6 +157,11 @@ def main(argv=None) -> None:
                 stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
                 return lambda: stub.Predict(request, timeout=60)
 
+            if not batching:
+                results["one client in its own process"] = lone_client(url, grpc_port,
+                                                                       export_dir)
+                print(f"one client in its own process: "
+                      f"{results['one client in its own process']}", flush=True)
             for api, make in (("rest", rest_call), ("grpc", grpc_call)):
                 for clients in clients_list:
                     row = f"{api} batching {'on' if batching else 'off'}"
@@ -164,9 +177,16 @@ def main(argv=None) -> None:
             off = results[f"{api} batching off"][str(clients)]["throughput_per_s"]
             on = results[f"{api} batching on"][str(clients)]["throughput_per_s"]
             ratios[f"{api} {clients} clients"] = round(on / off, 2) if off else None
+    results["reload under load"] = reload_under_load(export_dir, scratch, body, request,
+                                                     args.reload_seconds)
+    print(f"reload under load: {results['reload under load']}", flush=True)
+    one = results["rest batching off"].get("1")
+    if one and one["p50_ms"]:
+        results["rest p50 at 1 client over the floor's"] = round(
+            one["p50_ms"] / results["floor"]["p50_ms"], 1)
     payload = {
         "model": "mlp", "seconds_per_cell": args.seconds, "instances_per_request": 1,
-        "server": "--threads 16; batching: " + " ".join(BATCHING),
+        "server": "--rest_api_num_threads=16; batching: " + " ".join(BATCHING),
         "command": "python -m bench.serving_bench " + " ".join(argv or sys.argv[1:]),
         "note": "2 cores shared by the clients, the server and other work; single runs",
         "results": results, "throughput_ratio_batching_on_over_off": ratios,
@@ -176,10 +196,161 @@ def main(argv=None) -> None:
     shutil.rmtree(scratch, ignore_errors=True)
 
 
+LONE_CLIENT = r"""
+import json, sys, time
+import numpy as np
+api, target, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)
+if api == "rest":
+    import httpx
+    client = httpx.Client(base_url=target, timeout=60)
+    body = json.dumps({"instances": [{"image": image[0].tolist(), "key": 1}]}).encode()
+    call = lambda: client.post("/v1/models/default:predict", content=body,
+                               headers={"content-type": "application/json"})
+else:
+    import grpc, tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "default"
+    request.inputs["image"].CopyFrom(tf.make_tensor_proto(image))
+    request.inputs["key"].CopyFrom(tf.make_tensor_proto(np.array([1], np.int64)))
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(target))
+    call = lambda: stub.Predict(request, timeout=60)
+for _ in range(30):
+    call()
+times = []
+for _ in range(n):
+    t0 = time.perf_counter()
+    call()
+    times.append(time.perf_counter() - t0)
+print(json.dumps(times))
+"""
+
+
+def lone_client(url: str, grpc_port: int, export_dir: str, n: int = 400) -> dict:
+    """p50/p99 of one client alone in its own process (the threads above share this
+    process with TensorFlow), sequential requests on one connection; the floor beside
+    it measured the same way (the signature called in a fresh process)."""
+    out = {}
+    for api, target in (("rest", url), ("grpc", f"127.0.0.1:{grpc_port}")):
+        done = subprocess.run([sys.executable, "-c", LONE_CLIENT, api, target, str(n)],
+                              capture_output=True, text=True, timeout=600)
+        times = json.loads(done.stdout.strip().splitlines()[-1])
+        out[api] = summary(times, sum(times))
+    floor = subprocess.run([sys.executable, "-c", FLOOR, export_dir, str(n)],
+                           capture_output=True, text=True, timeout=600)
+    times = json.loads(floor.stdout.strip().splitlines()[-1])
+    out["floor"] = summary(times, sum(times))
+    out["rest p50 over the floor's"] = round(out["rest"]["p50_ms"] / out["floor"]["p50_ms"], 1)
+    return out
+
+
+FLOOR = r"""
+import json, sys, time
+import numpy as np, tensorflow as tf
+fn = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+image = tf.constant(np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32))
+key = tf.constant([1], tf.int64)
+for _ in range(30):
+    fn(image=image, key=key)
+times = []
+for _ in range(int(sys.argv[2])):
+    t0 = time.perf_counter()
+    fn(image=image, key=key)
+    times.append(time.perf_counter() - t0)
+print(json.dumps(times))
+"""
+
+
+def reload_under_load(export_dir: str, scratch: str, body: bytes, request,
+                      seconds: float) -> dict:
+    """16 clients (8 REST, 8 gRPC) predict while the config is reloaded without pause,
+    a second model alternating in and out, by gRPC and by the polled file."""
+    import grpc
+    import httpx
+    from tensorflow_serving.apis import (model_management_pb2, model_service_pb2_grpc,
+                                         prediction_service_pb2_grpc)
+    base = os.path.join(scratch, "base")
+    shutil.copytree(export_dir, os.path.join(base, "1"))
+    config = os.path.join(scratch, "models.config")
+    one = f'config {{ name: "default" base_path: "{base}" }}'
+    two = one + f' config {{ name: "other" base_path: "{base}" }}'
+    with open(config, "w") as f:
+        f.write(f"model_config_list {{ {one} }}")
+    proc, url, grpc_port = start_server(config, ["--model_config_file_poll_wait_seconds=1"],
+                                        source="--model_config_file")
+    counts = {"requests": 0, "failed": 0, "reloads": 0, "failures": []}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def client(kind):
+        if kind == "rest":
+            http = httpx.Client(base_url=url, timeout=60)
+            headers = {"content-type": "application/json"}
+
+            def call():
+                answer = http.post("/v1/models/default:predict", content=body,
+                                   headers=headers)
+                if answer.status_code != 200:
+                    raise RuntimeError(answer.text)
+        else:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(
+                grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+
+            def call():
+                stub.Predict(request, timeout=60)
+        while not stop.is_set():
+            try:
+                call()
+                ok = True
+            except Exception as exc:
+                ok = False
+                error = repr(exc)[:200]
+            with lock:
+                counts["requests"] += 1
+                if not ok:
+                    counts["failed"] += 1
+                    counts["failures"] = (counts["failures"] + [error])[:5]
+
+    def reloader():
+        service = model_service_pb2_grpc.ModelServiceStub(
+            grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+        i = 0
+        while not stop.is_set():
+            text = f"model_config_list {{ {two if i % 2 else one} }}"
+            if i % 4 < 2:
+                reload = model_management_pb2.ReloadConfigRequest()
+                from google.protobuf import text_format
+                text_format.Parse(text, reload.config)
+                service.HandleReloadConfigRequest(reload, timeout=120)
+            else:
+                with open(config + ".tmp", "w") as f:
+                    f.write(text)
+                os.replace(config + ".tmp", config)
+                stop.wait(1.5)
+            i += 1
+            with lock:
+                counts["reloads"] += 1
+    threads = [threading.Thread(target=client, args=(k,)) for k in ["rest"] * 8 + ["grpc"] * 8]
+    threads.append(threading.Thread(target=reloader))
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(seconds)
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        stop.set()
+        common.stop_process(proc)
+    return counts
+
+
 def plot(results: dict, clients_list: list) -> None:
     plt = common.pyplot()
     fig, (tput, lat) = plt.subplots(1, 2, figsize=(12, 4.5))
-    rows = [r for r in results if r != "floor"]
+    rows = [r for r in results if r.startswith(("rest", "grpc")) and
+            isinstance(results[r], dict) and str(clients_list[0]) in results[r]]
     width = 0.8 / len(rows)
     for i, row in enumerate(rows):
         xs = [x + i * width for x in range(len(clients_list))]

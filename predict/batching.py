@@ -1,25 +1,38 @@
-"""`--enable-batching`: concurrent requests merged into one signature call, as TF
-Serving's batching session does.
+"""`--enable_batching`: concurrent requests merged into one signature call, as TF
+Serving's batching session does, with its BatchingParameters (predict.protos).
 
-A request's decoded batch joins the queue of its (loaded version, signature). One
-thread per queue takes the first waiting batch, then waits up to `timeout_s` for more
-until `max_batch_size` instances are gathered, concatenates the inputs along the batch
-dimension, calls the signature once and hands every request its own rows of the
-outputs. A request larger than `max_batch_size` runs alone, as it would unbatched. A
-queue's thread ends after IDLE_S without work, so an unloaded version is not kept
-alive by it.
-
-Off by default: on 2 cores, merging trades a little latency at low load for fewer,
-larger model calls under concurrency (bench/serving_bench.py measures both).
+A request's decoded batch joins the queue of its model, *version* and signature (a
+queue per loaded version: after a swap the new version's requests never share a call
+with the old one's). The queue holds batches: a request joins the open batch when its
+rows fit (at most `max_batch_size`), else it opens a new one; past
+`max_enqueued_batches` waiting batches the request is refused with Unavailable (HTTP
+503, gRPC UNAVAILABLE), TF Serving's back-pressure. `num_batch_threads` threads a
+queue take the oldest batch once it is full or `batch_timeout_micros` after its first
+request, concatenate the inputs along the batch dimension, pad the batch up to the
+next of `allowed_batch_sizes` (copies of the first row, as TF Serving pads), call the
+signature once and hand every request its own rows. With
+`pad_variable_length_inputs`, inputs whose other dimensions differ are padded to the
+largest with their first element's value (TF Serving's rule); without it such requests
+run in separate calls. A request larger than `max_batch_size` runs alone (TF Serving
+refuses it). A queue's threads end after IDLE_S without work, so an unloaded version is
+not kept alive by them.
 """
 from __future__ import annotations
 
-import queue
+import collections
 import threading
+import time
 
 import numpy as np
 
+from predict.errors import PredictError
+from predict.protos import BatchingParameters
+
 IDLE_S = 5.0
+
+
+class Unavailable(PredictError):
+    """The batch queue is full (max_enqueued_batches): HTTP 503, gRPC UNAVAILABLE."""
 
 
 class _Item:
@@ -33,88 +46,134 @@ class _Item:
         self.error: BaseException | None = None
 
 
+class _Batch:
+    __slots__ = ("items", "rows", "opened", "closed")
+
+    def __init__(self, item: _Item):
+        self.items = [item]
+        self.rows = item.rows
+        self.opened = time.monotonic()
+        self.closed = False
+
+
+class _Queue:
+    def __init__(self):
+        self.batches: collections.deque = collections.deque()
+        self.cond = threading.Condition()
+        self.threads = 0
+
+
 class Batcher:
-    def __init__(self, *, max_batch_size: int = 64, timeout_s: float = 0.001, metrics=None):
-        self.max_batch_size = max_batch_size
-        self.timeout_s = timeout_s
+    def __init__(self, params: BatchingParameters | None = None, *, metrics=None,
+                 max_batch_size: int | None = None, timeout_s: float | None = None):
+        params = params or BatchingParameters()
+        if max_batch_size is not None:
+            params = _replace(params, max_batch_size=max_batch_size)
+        if timeout_s is not None:
+            params = _replace(params, batch_timeout_micros=int(timeout_s * 1e6))
+        self.params = params
+        self.max_batch_size = params.max_batch_size
+        self.timeout_s = params.batch_timeout_micros / 1e6
         self.metrics = metrics
         self._lock = threading.Lock()
-        self._queues: dict = {}  # (id(model), signature) -> queue.Queue
+        self._queues: dict = {}  # (model name, version, signature) -> _Queue
         self._stopped = False
 
-    def wrap(self, model, model_name: str) -> "BatchedModel":
-        return BatchedModel(self, model, model_name)
+    def wrap(self, model, model_name: str, version: int = 0) -> "BatchedModel":
+        return BatchedModel(self, model, model_name, version)
 
-    def predict(self, model, model_name: str, batch: dict, signature_name: str) -> dict:
+    def predict(self, model, model_name: str, batch: dict, signature_name: str,
+                version: int = 0) -> dict:
         rows = len(next(iter(batch.values())))
         if rows >= self.max_batch_size or self._stopped:
             return model.predict(batch, signature_name)
         item = _Item(batch, rows)
-        key = (id(model), signature_name)
+        key = (model_name, version, signature_name)
         with self._lock:
             work = self._queues.get(key)
             if work is None:
-                work = self._queues[key] = queue.Queue()
-                threading.Thread(target=self._worker, args=(key, work, model, model_name,
-                                                            signature_name),
-                                 name="batcher", daemon=True).start()
-            work.put(item)
+                work = self._queues[key] = _Queue()
+            with work.cond:
+                self._enqueue(work, item)
+                if work.threads < self.params.num_batch_threads:
+                    work.threads += 1
+                    threading.Thread(target=self._worker, args=(key, work, model,
+                                                                model_name, signature_name),
+                                     name="batcher", daemon=True).start()
+                work.cond.notify()
         item.done.wait()
         if item.error is not None:
             raise item.error
         assert item.result is not None  # the worker sets a result or an error
         return item.result
 
-    def _worker(self, key, work: queue.Queue, model, model_name: str, signature: str):
-        import time
-        carry = None
+    def _enqueue(self, work: _Queue, item: _Item) -> None:
+        last = work.batches[-1] if work.batches else None
+        if last is not None and not last.closed and \
+                last.rows + item.rows <= self.max_batch_size and _fits(last, item, self.params):
+            last.items.append(item)
+            last.rows += item.rows
+            return
+        if len(work.batches) >= self.params.max_enqueued_batches:
+            raise Unavailable(f"the batch queue is full ({self.params.max_enqueued_batches} "
+                              "batches waiting, max_enqueued_batches); retry later")
+        if last is not None:
+            last.closed = True
+        work.batches.append(_Batch(item))
+
+    def _worker(self, key, work: _Queue, model, model_name: str, signature: str):
         while True:
-            if carry is None:
-                try:
-                    first = work.get(timeout=IDLE_S)
-                except queue.Empty:
-                    with self._lock:
-                        if work.empty():  # nothing raced in: retire this queue
+            with work.cond:
+                idle_until = time.monotonic() + IDLE_S
+                while True:
+                    first = work.batches[0] if work.batches else None
+                    now = time.monotonic()
+                    if first is not None:
+                        due = first.opened + self.timeout_s
+                        if first.closed or first.rows >= self.max_batch_size or now >= due \
+                                or len(work.batches) > 1:
+                            batch = work.batches.popleft()
+                            batch.closed = True
+                            break
+                        work.cond.wait(due - now)
+                    elif now >= idle_until:
+                        batch = None
+                        break
+                    else:
+                        work.cond.wait(idle_until - now)
+            if batch is None:
+                with self._lock, work.cond:  # the order predict() takes them in
+                    if not work.batches:
+                        work.threads -= 1
+                        if work.threads == 0 and self._queues.get(key) is work:
                             del self._queues[key]
-                            return
-                    continue
-            else:
-                first, carry = carry, None
-            items, rows = [first], first.rows
-            deadline = time.monotonic() + self.timeout_s
-            while rows < self.max_batch_size:
-                remaining = deadline - time.monotonic()
-                try:
-                    item = work.get(timeout=remaining) if remaining > 0 else \
-                        work.get_nowait()
-                except queue.Empty:
-                    break
-                if rows + item.rows > self.max_batch_size:
-                    carry = item  # starts the next batch
-                    break
-                items.append(item)
-                rows += item.rows
-            self._run(model, model_name, signature, items, rows)
+                        return
+                continue
+            self._run(model, model_name, signature, batch.items, batch.rows)
 
     def _run(self, model, model_name: str, signature: str, items: list, rows: int) -> None:
         if self.metrics is not None:
             self.metrics.batch_size.labels(model_name).observe(rows)
         try:
-            if len(items) == 1:
+            if len(items) == 1 and not self.params.allowed_batch_sizes:
                 items[0].result = model.predict(items[0].batch, signature)
+                return
+            merged = {name: _concat([i.batch[name] for i in items])
+                      for name in items[0].batch}
+            size = next((s for s in self.params.allowed_batch_sizes if s >= rows), rows)
+            if size > rows:  # pad with copies of the first row, as TF Serving does
+                merged = {name: np.concatenate([value, np.repeat(value[:1], size - rows, 0)])
+                          for name, value in merged.items()}
+            outputs = model.predict(merged, signature)
+            if any(len(np.shape(v)) == 0 or len(v) != size for v in outputs.values()):
+                for item in items:  # outputs without a batch dimension: one by one
+                    item.result = model.predict(item.batch, signature)
             else:
-                merged = {name: np.concatenate([i.batch[name] for i in items])
-                          for name in items[0].batch}
-                outputs = model.predict(merged, signature)
-                if any(len(np.shape(v)) == 0 or len(v) != rows for v in outputs.values()):
-                    for item in items:  # outputs without a batch dimension: one by one
-                        item.result = model.predict(item.batch, signature)
-                else:
-                    start = 0
-                    for item in items:
-                        item.result = {name: value[start:start + item.rows]
-                                       for name, value in outputs.items()}
-                        start += item.rows
+                start = 0
+                for item in items:
+                    item.result = {name: value[start:start + item.rows]
+                                   for name, value in outputs.items()}
+                    start += item.rows
         except Exception as exc:  # the model refused the merged batch: tell each request
             for item in items:
                 item.error = exc
@@ -126,13 +185,41 @@ class Batcher:
         self._stopped = True
 
 
+def _fits(batch: _Batch, item: _Item, params: BatchingParameters) -> bool:
+    """Same non-batch dimensions, or padding allowed."""
+    if params.pad_variable_length_inputs:
+        return True
+    first = batch.items[0].batch
+    return all(np.shape(first[k])[1:] == np.shape(v)[1:] for k, v in item.batch.items())
+
+
+def _concat(values: list) -> np.ndarray:
+    shapes = {np.shape(v)[1:] for v in values}
+    if len(shapes) == 1:
+        return np.concatenate(values)
+    rank = len(next(iter(shapes)))
+    widest = tuple(max(s[d] for s in shapes) for d in range(rank))
+    padded = []
+    for value in values:
+        pad = [(0, 0)] + [(0, w - s) for w, s in zip(widest, np.shape(value)[1:], strict=True)]
+        fill = value.flat[0] if value.size else 0
+        padded.append(np.pad(value, pad, constant_values=fill))
+    return np.concatenate(padded)
+
+
+def _replace(params: BatchingParameters, **changes) -> BatchingParameters:
+    import dataclasses
+    return dataclasses.replace(params, **changes)
+
+
 class BatchedModel:
     """A loaded model whose `predict` goes through the batcher."""
 
-    def __init__(self, batcher: Batcher, model, model_name: str):
+    def __init__(self, batcher: Batcher, model, model_name: str, version: int = 0):
         self._batcher = batcher
         self._model = model
         self._name = model_name
+        self._version = version
         self.signatures = model.signatures
         self.source = model.source
 
@@ -141,7 +228,8 @@ class BatchedModel:
 
     def predict(self, batch: dict, signature_name: str | None = None) -> dict:
         sig = self._model.signature(signature_name)
-        return self._batcher.predict(self._model, self._name, batch, sig.name)
+        return self._batcher.predict(self._model, self._name, batch, sig.name,
+                                     self._version)
 
 
-__all__ = ["Batcher", "BatchedModel"]
+__all__ = ["Batcher", "BatchedModel", "Unavailable"]

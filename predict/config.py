@@ -37,6 +37,7 @@ import os
 import yaml
 
 from mljob import storage
+from predict import request_log
 from predict.errors import UsageError
 from predict.repository import ModelConfig, VersionPolicy, parse_version
 
@@ -142,6 +143,10 @@ def _one(entry, where: str, base_dir: str) -> ModelConfig:
         raise UsageError(f"{where}: name must be a non-empty string without / or :")
     if not isinstance(base, str) or not base:
         raise UsageError(f"{where} ({name}): base_path is required")
+    _model_type(entry, where, name)
+    logging = None
+    if "logging_config" in entry:
+        logging = request_log.parse(entry["logging_config"], f"{where} ({name})", base_dir)
     platform = entry.get("model_platform", "tensorflow")
     if platform != "tensorflow":
         raise UsageError(f"{where} ({name}): model_platform {platform!r} is not served; "
@@ -150,7 +155,22 @@ def _one(entry, where: str, base_dir: str) -> ModelConfig:
         base = os.path.join(base_dir, base)
     return ModelConfig(name=name, base_path=base,
                        policy=_policy(entry.get("model_version_policy"), where, name),
-                       labels=_labels(entry.get("version_labels"), where, name))
+                       labels=_labels(entry.get("version_labels"), where, name),
+                       logging=logging)
+
+
+def _model_type(entry: dict, where: str, name: str) -> None:
+    """TF Serving's deprecated model_type: TENSORFLOW (or unset) only, never beside
+    model_platform."""
+    if "model_type" not in entry:
+        return
+    kind = entry["model_type"]
+    if "model_platform" in entry:
+        raise UsageError(f"{where} ({name}): Illegal setting both model_type (deprecated) "
+                         "and model_platform; keep model_platform")
+    if kind not in ("TENSORFLOW", "MODEL_TYPE_UNSPECIFIED", 1, 0):
+        raise UsageError(f"{where} ({name}): model_type {kind!r} is not served; use "
+                         "model_platform: \"tensorflow\"")
 
 
 def _policy(value, where: str, name: str) -> VersionPolicy:

@@ -1,5 +1,6 @@
-"""TF Serving's gRPC API on `--grpc-port`: `tensorflow.serving.PredictionService`
-(Predict, GetModelMetadata, Classify) and `ModelService.GetModelStatus`.
+"""TF Serving's gRPC API on `--port`: `tensorflow.serving.PredictionService`
+(Predict, GetModelMetadata, Classify, Regress, MultiInference), `ModelService`
+(GetModelStatus, HandleReloadConfigRequest) and `grpc.health.v1.Health`.
 
 The messages and service stubs are TF Serving's own, from the `tensorflow-serving-api`
 package. That package requires the full `tensorflow` distribution, which would lay a
@@ -9,12 +10,9 @@ protobuf, TensorFlow's own protos) is already there.
 
 Requests go through the same repository, checks and predict loop as REST, so both
 APIs give the same answers and the same errors (as gRPC status codes: NOT_FOUND for an
-unknown model, version or label, INVALID_ARGUMENT for a bad request).
-
-Classify, "where the signature allows": a signature whose outputs include `scores`
-([batch, K]) answers it. Each `tf.train.Example` of the request's `input` becomes one
-instance (features named after the signature's inputs, as `predict batch` reads
-TFRecords), and its result lists K classes labelled "0".."K-1" with their scores.
+unknown model, version or label, INVALID_ARGUMENT for a bad request, UNAVAILABLE when
+the batch queue is full). Classify, Regress and MultiInference need signatures that
+declare them (predict.inference).
 """
 from __future__ import annotations
 
@@ -24,9 +22,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-import numpy as np
 
-from predict import decode, loop, records
+from predict import decode, inference
+from predict.batching import Unavailable
 from predict.errors import InputError, InstanceError, UsageError, clip, shown
 from predict.repository import NotFoundError
 
@@ -36,7 +34,12 @@ _SERVING_API = ("gRPC needs TF Serving's API protos: pip install --no-deps "
                 "tensorflow-serving-api (without --no-deps it pulls a second TensorFlow)")
 _CODE_NAMES = {grpc.StatusCode.OK: "OK", grpc.StatusCode.NOT_FOUND: "NOT_FOUND",
                grpc.StatusCode.INVALID_ARGUMENT: "INVALID_ARGUMENT",
-               grpc.StatusCode.INTERNAL: "INTERNAL"}
+               grpc.StatusCode.INTERNAL: "INTERNAL",
+               grpc.StatusCode.UNAVAILABLE: "UNAVAILABLE"}
+
+
+_LOG_KINDS = {"Predict": "predict_log", "Classify": "classify_log", "Regress": "regress_log",
+              "MultiInference": "multi_inference_log"}
 
 
 def _apis():
@@ -50,16 +53,21 @@ def _apis():
             model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc)
 
 
-def start(service, host: str, port: int, *, threads: int = 4):
-    """Start the gRPC server beside the REST one; returns (server, bound port)."""
+def start(service, host: str, port: int, *, threads: int = 4, reload=None, health=None):
+    """Start the gRPC server beside the REST one; returns (server, bound port).
+    `reload(configs)` answers HandleReloadConfigRequest; `health` is a
+    grpc_health HealthServicer to register."""
     (_, _, _, model_service_grpc, _, prediction_service_grpc) = _apis()
     server = grpc.server(ThreadPoolExecutor(max_workers=threads,
                                             thread_name_prefix="grpc"),
                          options=[("grpc.max_receive_message_length",
                                    service.max_body_bytes)])
-    api = GrpcApi(service)
+    api = GrpcApi(service, reload)
     prediction_service_grpc.add_PredictionServiceServicer_to_server(api, server)
     model_service_grpc.add_ModelServiceServicer_to_server(api, server)
+    if health is not None:
+        from grpc_health.v1 import health_pb2_grpc
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
     shown = f"[{host}]" if ":" in host else host
     try:
         bound = server.add_insecure_port(f"{shown}:{port}")
@@ -67,7 +75,7 @@ def start(service, host: str, port: int, *, threads: int = 4):
         bound = 0
     if not bound:
         raise UsageError(f"cannot listen on {host}:{port} for gRPC; pick another "
-                         "--grpc-port")
+                         "--port")
     server.start()
     return server, bound
 
@@ -75,8 +83,9 @@ def start(service, host: str, port: int, *, threads: int = 4):
 class GrpcApi:
     """Both servicers in one object; each method is a unary RPC."""
 
-    def __init__(self, service):
+    def __init__(self, service, reload=None):
         self.service = service
+        self._reload = reload
         (self.classification_pb2, self.metadata_pb2, self.status_pb2, _, self.predict_pb2,
          _) = _apis()
 
@@ -94,25 +103,42 @@ class GrpcApi:
         return self._call("GetModelStatus", request, context, self._status)
 
     def Regress(self, request, context):
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "Regress is not served; use Predict")
+        return self._call("Regress", request, context, self._regress)
 
     def MultiInference(self, request, context):
-        context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                      "MultiInference is not served; use Predict")
+        return self._call("MultiInference", request, context, self._multi)
 
     def HandleReloadConfigRequest(self, request, context):
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "reloading the model config is not "
-                      "served; new versions under a base path are picked up by themselves")
+        from tensorflow_serving.apis import model_management_pb2
+        if self._reload is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server serves a --model_dir "
+                          "and takes no config; start it with --model_config_file or "
+                          "--model_base_path")
+        try:
+            self._reload(request.config)
+        except UsageError as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except Exception:
+            log.exception("HandleReloadConfigRequest failed")
+            context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server's log")
+        return model_management_pb2.ReloadConfigResponse()
 
     def _call(self, api: str, request, context, fn):
         metrics = self.service.metrics
         start = time.perf_counter()
-        name = request.model_spec.name
+        if hasattr(request, "tasks"):  # MultiInference names its model in each task
+            name = request.tasks[0].model_spec.name if request.tasks else ""
+        else:
+            name = request.model_spec.name
         code, message = grpc.StatusCode.OK, ""
         try:
-            return fn(request)
+            response = fn(request)
+            self._log(api, name, request, response)
+            return response
         except NotFoundError as exc:
             code, message = grpc.StatusCode.NOT_FOUND, clip(str(exc))
+        except Unavailable as exc:
+            code, message = grpc.StatusCode.UNAVAILABLE, clip(str(exc))
         except (InputError, InstanceError, UsageError) as exc:
             code, message = grpc.StatusCode.INVALID_ARGUMENT, clip(str(exc))
         except Exception:  # a real fault: log it, answer INTERNAL
@@ -124,6 +150,22 @@ class GrpcApi:
                                 time.perf_counter() - start)
         context.abort(code, message)
 
+    def _log(self, api: str, name: str, request, response) -> None:
+        """A sampled request and its response into the model's logging_config log."""
+        kind = _LOG_KINDS.get(api)
+        served = self.service.repository.models.get(name)
+        if kind is None or served is None:
+            return
+        logger = self.service.loggers.get(served)
+        if logger is None or not logger.sampled():
+            return
+        spec = response.results[0].model_spec if api == "MultiInference" \
+            else response.model_spec
+        try:
+            logger.write(kind, spec, request, response)
+        except Exception:  # a full disk must not fail the request
+            log.exception("cannot write the request log %s", logger.path)
+
     # --- what they do -------------------------------------------------------------------
     def _served(self, spec):
         served = self.service.repository.get(spec.name)
@@ -133,34 +175,14 @@ class GrpcApi:
         return served, version, label
 
     def _predict(self, request):
-        import tensorflow as tf
         served, version, label = self._served(request.model_spec)
         with served.use(version, label) as (number, model):
-            model = self.service._batched(model, served)
-            sig = model.signature(request.model_spec.signature_name or None)
-            arrays = {}
-            for key, proto in request.inputs.items():
-                _check_elements(key, proto, self.service.max_body_bytes)
-                try:
-                    arrays[key] = tf.make_ndarray(proto)
-                except Exception as exc:  # a malformed TensorProto
-                    raise InputError(f"input {shown(key)}",
-                                     f"not a valid tensor: {exc}") from None
-            try:
-                batch = decode.check_columns(arrays, sig)
-            except InstanceError as exc:
-                raise InputError("inputs", str(exc)) from None
-            self.service._check_count(next(iter(batch.values())).shape[0])
-            outputs = model.predict(batch, sig.name)
-            wanted = list(request.output_filter) or decode.shown_outputs(outputs, batch, sig)
-            unknown = [n for n in wanted if n not in outputs]
-            if unknown:
-                raise InputError("output_filter", f"unknown output {shown(unknown[0])}; "
-                                 f"{sig.name} gives {', '.join(sorted(outputs))}")
-            response = self.predict_pb2.PredictResponse()
-            self._spec(response.model_spec, served.name, number, sig.name)
-            for name in wanted:
-                response.outputs[name].CopyFrom(tf.make_tensor_proto(outputs[name]))
+            model = self.service._batched(model, served, number)
+            response = predict_response(self.predict_pb2, model, request,
+                                        self.service._check_count,
+                                        self.service.max_body_bytes)
+            self._spec(response.model_spec, served.name, number,
+                       response.model_spec.signature_name)
             return response
 
     def _metadata(self, request):
@@ -179,36 +201,33 @@ class GrpcApi:
 
     def _classify(self, request):
         served, version, label = self._served(request.model_spec)
-        kind = request.input.WhichOneof("kind")
-        if kind != "example_list":
-            raise InputError("input", "Classify takes input.example_list (a list of "
-                                      "tf.train.Example)")
-        examples = request.input.example_list.examples
-        if not examples:
-            raise InputError("input", "example_list is empty")
+        records = inference.serialized(request.input, self.service.max_instances)
         with served.use(version, label) as (number, model):
-            model = self.service._batched(model, served)
-            sig = model.signature(request.model_spec.signature_name or None)
-            if "scores" not in sig.outputs:
-                raise InputError("signature", f"{sig.name} has no 'scores' output, so it "
-                                 "cannot classify; use Predict")
-            self.service._check_count(len(examples))
-            instances = []
-            for index, example in enumerate(examples):
-                try:
-                    instances.append((f"example {index}", records.to_instance(
-                        example.SerializeToString(), sig)))
-                except InstanceError as exc:
-                    raise InputError(f"example {index}", str(exc)) from None
-            decoded = loop.decode_labelled(instances, sig)
-            scores = model.predict(decode.stack(decoded, sig), sig.name)["scores"]
+            model = self.service._batched(model, served, number)
+            name, rows = inference.classify(model, request.model_spec.signature_name,
+                                            records)
             response = self.classification_pb2.ClassificationResponse()
-            self._spec(response.model_spec, served.name, number, sig.name)
-            for row in np.asarray(scores):
-                result = response.result.classifications.add()
-                for index, score in enumerate(np.ravel(row)):
-                    result.classes.add(label=str(index), score=float(score))
+            self._spec(response.model_spec, served.name, number, name)
+            inference.fill_classification(response.result, rows)
             return response
+
+    def _regress(self, request):
+        from tensorflow_serving.apis import regression_pb2
+        served, version, label = self._served(request.model_spec)
+        records = inference.serialized(request.input, self.service.max_instances)
+        with served.use(version, label) as (number, model):
+            model = self.service._batched(model, served, number)
+            name, values = inference.regress(model, request.model_spec.signature_name,
+                                             records)
+            response = regression_pb2.RegressionResponse()
+            self._spec(response.model_spec, served.name, number, name)
+            inference.fill_regression(response.result, values)
+            return response
+
+    def _multi(self, request):
+        from tensorflow_serving.apis import inference_pb2
+        return multi_inference(self.service, inference_pb2, request, self._served,
+                               self._spec)
 
     def _status(self, request):
         served, version, label = self._served(request.model_spec)
@@ -253,6 +272,78 @@ def _many(n: int) -> str:
     return f"{n:,}" if n < 10 ** 15 else f"more than 10^{len(str(n)) - 1}"
 
 
+def predict_response(predict_pb2, model, request, check_count, max_elements: int):
+    """A PredictRequest run on a loaded model -> PredictResponse (its model_spec names
+    only the signature; the caller adds model and version)."""
+    import tensorflow as tf
+    sig = model.signature(request.model_spec.signature_name or None)
+    arrays = {}
+    for key, proto in request.inputs.items():
+        _check_elements(key, proto, max_elements)
+        try:
+            arrays[key] = tf.make_ndarray(proto)
+        except Exception as exc:  # a malformed TensorProto
+            raise InputError(f"input {shown(key)}",
+                             f"not a valid tensor: {exc}") from None
+    try:
+        batch = decode.check_columns(arrays, sig)
+    except InstanceError as exc:
+        raise InputError("inputs", str(exc)) from None
+    check_count(next(iter(batch.values())).shape[0])
+    outputs = model.predict(batch, sig.name)
+    wanted = list(request.output_filter) or decode.shown_outputs(outputs, batch, sig)
+    unknown = [n for n in wanted if n not in outputs]
+    if unknown:
+        raise InputError("output_filter", f"unknown output {shown(unknown[0])}; "
+                         f"{sig.name} gives {', '.join(sorted(outputs))}")
+    response = predict_pb2.PredictResponse()
+    response.model_spec.signature_name = sig.name
+    for name in wanted:
+        response.outputs[name].CopyFrom(tf.make_tensor_proto(outputs[name]))
+    return response
+
+
+def multi_inference(service, inference_pb2, request, served_of, spec_of):
+    """TF Serving's MultiInference: classify and regress tasks over one input, on one
+    model version (every task must name the same model and version, and signatures
+    once each)."""
+    tasks = list(request.tasks)
+    if not tasks:
+        raise InputError("tasks", "MultiInferenceRequest holds no tasks")
+    first = tasks[0].model_spec
+    for task in tasks[1:]:
+        if task.model_spec.name != first.name or \
+                task.model_spec.WhichOneof("version_choice") != \
+                first.WhichOneof("version_choice") or \
+                task.model_spec.version.value != first.version.value or \
+                task.model_spec.version_label != first.version_label:
+            raise InputError("tasks", "All ModelSpecs in a MultiInferenceRequest must "
+                             "access the same model name and version")
+    names = [t.model_spec.signature_name or "serving_default" for t in tasks]
+    if len(set(names)) != len(names):
+        raise InputError("tasks", "Duplicate evaluation of signature: "
+                         + next(n for n in names if names.count(n) > 1))
+    served, version, label = served_of(first)
+    records = inference.serialized(request.input, service.max_instances)
+    with served.use(version, label) as (number, model):
+        model = service._batched(model, served, number)
+        response = inference_pb2.MultiInferenceResponse()
+        for task, name in zip(tasks, names, strict=True):
+            result = response.results.add()
+            if task.method_name == inference.CLASSIFY:
+                used, rows = inference.classify(model, name, records)
+                inference.fill_classification(result.classification_result, rows)
+            elif task.method_name == inference.REGRESS:
+                used, values = inference.regress(model, name, records)
+                inference.fill_regression(result.regression_result, values)
+            else:
+                raise InputError("tasks", f"Unsupported signature method_name: "
+                                 f"{task.method_name!r} (use {inference.CLASSIFY} or "
+                                 f"{inference.REGRESS})")
+            spec_of(result.model_spec, served.name, number, used)
+        return response
+
+
 def signature_def(sig):
     """Our Signature -> TensorFlow's SignatureDef proto."""
     import tensorflow as tf
@@ -274,4 +365,4 @@ def signature_def(sig):
     return proto
 
 
-__all__ = ["start", "GrpcApi", "signature_def"]
+__all__ = ["start", "GrpcApi", "signature_def", "predict_response", "multi_inference"]

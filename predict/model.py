@@ -83,7 +83,7 @@ class Model:
 class SavedModel(Model):
     format = "saved_model"
 
-    def __init__(self, source: str, local_dir: str):
+    def __init__(self, source: str, local_dir: str, tags=None):
         import tensorflow as tf
         from tensorflow.core.protobuf import saved_model_pb2
 
@@ -100,11 +100,20 @@ class SavedModel(Model):
         if not proto.meta_graphs:
             raise ModelLoadError(f"{source}/{SAVED_MODEL_MARKER} holds no graph; export "
                                  "the model again")
-        defs = proto.meta_graphs[0].signature_def
+        graph = proto.meta_graphs[0]
+        if tags is not None:  # TF Serving's --saved_model_tags: the graph with that set
+            graph = next((g for g in proto.meta_graphs
+                          if set(g.meta_info_def.tags) == set(tags)), None)
+            if graph is None:
+                have = [",".join(g.meta_info_def.tags) for g in proto.meta_graphs]
+                raise ModelLoadError(f"the SavedModel at {source} has no MetaGraph tagged "
+                                     f"{','.join(tags)!r} (--saved_model_tags); it has "
+                                     f"{'; '.join(have)}")
+        defs = graph.signature_def
         signatures = {name: _from_signature_def(name, sig) for name, sig in defs.items()
                       if not name.startswith("__")}
         try:
-            self._loaded = tf.saved_model.load(local_dir)
+            self._loaded = tf.saved_model.load(local_dir, tags=tags)
         except Exception as exc:  # TF raises many types for bad exports
             raise ModelLoadError(f"cannot load the SavedModel at {source}: "
                                  f"{first_line(exc)}") from None
@@ -187,10 +196,11 @@ def detect_format(local_dir: str) -> str:
     return "unknown"
 
 
-def load(url: str) -> Model:
-    """Load the export at URL (a local path or any fsspec URL)."""
+def load(url: str, tags=None) -> Model:
+    """Load the export at URL (a local path or any fsspec URL); `tags` picks a
+    SavedModel's MetaGraph (default: its first)."""
     if storage.is_local(url):
-        return _load_local(url, storage.local_path(url))
+        return _load_local(url, storage.local_path(url), tags)
     scratch = tempfile.mkdtemp(prefix="mljob-model-")
     try:
         try:
@@ -200,19 +210,19 @@ def load(url: str) -> Model:
                                  "folder (<job-dir>/model) as --model-dir") from None
         except storage.StorageError as exc:
             raise ModelLoadError(str(exc)) from None
-        return _load_local(url, scratch)
+        return _load_local(url, scratch, tags)
     finally:
         # Both backends have read everything they need by the time they return.
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _load_local(url: str, path: str) -> Model:
+def _load_local(url: str, path: str, tags=None) -> Model:
     if not os.path.isdir(path):
         raise ModelLoadError(f"model dir {url} does not exist; pass the export folder "
                              "(<job-dir>/model) as --model-dir")
     fmt = detect_format(path)
     if fmt == SavedModel.format:
-        return SavedModel(url, path)
+        return SavedModel(url, path, tags)
     if fmt == LegacyExport.format:
         return LegacyExport(url, path)
     raise ModelLoadError(f"{url} holds no export: looked for {SAVED_MODEL_MARKER} "

@@ -33,9 +33,12 @@ CLAIMS = ".publish-claims"
 MAX_ATTEMPTS = 100  # numbers tried before giving up (each taken by a concurrent publisher)
 
 
-def publish(model_dir: str, base_path: str, version: int | None = None) -> int:
+def publish(model_dir: str, base_path: str, version: int | None = None, *,
+            warmup_requests: str | None = None) -> int:
     """Copy the export at model_dir to base_path/<version> (default: the highest
-    version there, or claimed there, plus one); returns the version."""
+    version there, or claimed there, plus one); returns the version. `warmup_requests`:
+    a TFRecord file of PredictionLog records, checked and published as the version's
+    assets.extra/tf_serving_warmup_requests (TF Serving's warmup file)."""
     if version is not None and not 1 <= version <= MAX_VERSION:
         raise UsageError(f"--version {version} is outside 1 to {MAX_VERSION}; versions "
                          "are int64, as TF Serving's are")
@@ -44,6 +47,10 @@ def publish(model_dir: str, base_path: str, version: int | None = None) -> int:
         raise UsageError(f"--model-base-path {base_path} is a file; give the folder a "
                          "server watches (BASE/<version>/ is written under it)")
     scratch = None
+    warmup_data = None
+    if warmup_requests is not None:
+        from predict import warmup
+        warmup_data = warmup.check_file(warmup_requests)
     try:
         local = _local_export(model_dir)
         if not storage.is_local(model_dir):
@@ -53,6 +60,16 @@ def publish(model_dir: str, base_path: str, version: int | None = None) -> int:
             raise UsageError(f"{model_dir} holds no export: looked for "
                              f"{contracts.SAVED_MODEL_MARKER} and "
                              f"{contracts.LEGACY_EXPORT_MARKER}")
+        if warmup_data is not None:
+            from predict import warmup
+            if scratch is None:  # never write into the user's own export
+                scratch = tempfile.mkdtemp(prefix="mljob-publish-")
+                shutil.copytree(local, os.path.join(scratch, "export"))
+                local = os.path.join(scratch, "export")
+            target = os.path.join(local, warmup.WARMUP_FILE)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(warmup_data)
         version, claim = _claim_version(base_path, version)
         try:
             storage.publish_dir(local, storage.join(base_path, str(version)), marker=marker)

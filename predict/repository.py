@@ -13,8 +13,14 @@ every base path each `poll_seconds` and follows these rules:
   version no longer wanted is unloaded only when a wanted one is available
   (availability first, TF Serving's default), and closed when the last request using
   it has finished, so a swap never fails a request;
-- a version that fails to load is reported in the status (state END with the error)
-  and is not tried again; it never replaces a good version;
+- a version that fails to load is tried again `max_num_load_retries` times (TF
+  Serving's default 5), `load_retry_interval_micros` apart (60 s), staying LOADING;
+  then it is reported in the status (state END with the error) and not tried again;
+  it never replaces a good version;
+- with warmup on, a loaded version first replays its `assets.extra/
+  tf_serving_warmup_requests` (predict.warmup) and takes traffic only after;
+- one log line per version event: loading, available, failed (with its error),
+  unloaded;
 - a storage outage while listing is logged and changes nothing.
 
 A request names a version, a label (which names a version) or neither (the highest
@@ -22,6 +28,7 @@ available version).
 """
 from __future__ import annotations
 
+import dataclasses as _dataclasses
 import functools
 import gc
 import logging
@@ -43,6 +50,16 @@ log = logging.getLogger("predict.repository")
 MARKERS = (contracts.SAVED_MODEL_MARKER, contracts.LEGACY_EXPORT_MARKER)
 MAX_VERSION = 2 ** 63 - 1
 KEEP_ENDED = 16  # unloaded or failed versions kept in the status answer
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How versions load: TF Serving's --max_num_load_retries,
+    --load_retry_interval_micros, and the warmup replayed before traffic."""
+
+    max_retries: int = 5
+    retry_interval_s: float = 60.0
+    warmup: object = None  # callable(model, version_url) or None
 
 
 class NotFoundError(PredictError):
@@ -101,6 +118,7 @@ class ModelConfig:
     model_dir: str | None = None     # one export served as version 1, not watched
     policy: VersionPolicy = VersionPolicy()
     labels: dict = field(default_factory=dict)   # label -> version
+    logging: object = None  # predict.request_log.LoggingSpec: sampled request logs
 
     def __post_init__(self):
         # a newline in a name forged a second "ready" line in the server's log
@@ -162,12 +180,15 @@ class _Version:
 class ServedModel:
     """One model's versions: loads, serves, unloads."""
 
-    def __init__(self, config: ModelConfig, loader=None, events=None):
+    def __init__(self, config: ModelConfig, loader=None, events=None,
+                 load_options: LoadOptions = LoadOptions(), stop=None):
         from predict import model as models
         self.config = config
         self.name = config.name
         self._load = loader or models.load
         self._events = events  # called as events(model_name, what, version, url) when set
+        self._options = load_options
+        self._stop = stop or threading.Event()  # ends load retries early
         self._lock = threading.Lock()
         self._versions: dict = {}  # number -> _Version (loading, available, ended)
         self._file_labels: dict = {}  # BASE/mljob-model.json's (`versions set-default`)
@@ -209,16 +230,29 @@ class ServedModel:
         return {**self._file_labels, **self.config.labels}
 
     def _load_version(self, version: _Version) -> None:
-        log.info("model %s: loading version %d from %s", self.name, version.number,
-                 version.url)
-        try:
-            model = self._load(version.url)
-        except Exception as exc:  # a bad export: report it, keep serving the others
-            message = str(exc) if isinstance(exc, PredictError) else first_line(exc)
+        attempts = 1 + self._options.max_retries
+        message: str | None = None
+        for attempt in range(1, attempts + 1):
+            log.info("model %s: loading version %d from %s", self.name, version.number,
+                     version.url)
+            try:
+                model = self._load(version.url)
+            except Exception as exc:  # a bad export: report it, keep serving the others
+                message = str(exc) if isinstance(exc, PredictError) else first_line(exc)
+            else:
+                message = self._warm(model, version)
+                if message is None:
+                    break
+            if attempt < attempts:
+                log.warning("model %s: version %d failed to load (attempt %d of %d): %s; "
+                            "retrying in %gs", self.name, version.number, attempt,
+                            attempts, message, self._options.retry_interval_s)
+                if not self._stop.wait(self._options.retry_interval_s):
+                    continue
             log.error("model %s: version %d failed to load: %s", self.name,
                       version.number, message)
             with self._lock:
-                version.state, version.error = "END", message
+                version.state, version.error = "END", message or "load failed"
             self._event("load_failed", version)
             return
         with self._lock:
@@ -227,10 +261,29 @@ class ServedModel:
         log.info("model %s: version %d available", self.name, version.number)
         self._event("loaded", version)
 
-    def _unload_unwanted(self, wanted: set) -> None:
+    def _warm(self, model, version: _Version) -> str | None:
+        """Replay the version's warmup requests; the error, or None when warm."""
+        if self._options.warmup is None:
+            return None
+        try:
+            count = self._options.warmup(model, version.url)  # type: ignore[operator]
+        except Exception as exc:  # a bad warmup file fails the load, as in TF Serving
+            model.close()
+            message = str(exc) if isinstance(exc, PredictError) else first_line(exc)
+            return f"warmup failed: {message}"
+        if count:
+            log.info("model %s: version %d warmed up with %d requests", self.name,
+                     version.number, count)
+        return None
+
+    def retire(self) -> None:
+        """The model left the config: unload every version (requests in flight finish)."""
+        self._unload_unwanted(set(), force=True)
+
+    def _unload_unwanted(self, wanted: set, force: bool = False) -> None:
         with self._lock:
-            if not any(v.state == "AVAILABLE" and n in wanted
-                       for n, v in self._versions.items()):
+            if not force and not any(v.state == "AVAILABLE" and n in wanted
+                                     for n, v in self._versions.items()):
                 return  # nothing wanted is up yet: keep serving what we have
             closing = []
             for number, version in self._versions.items():
@@ -329,16 +382,18 @@ class ServedModel:
 class Repository:
     """Every served model, and the watcher thread that polls their base paths."""
 
-    def __init__(self, configs, *, poll_seconds: float = 1.0, loader=None, events=None):
-        names = [c.name for c in configs]
-        if len(set(names)) != len(names):
-            dup = next(n for n in names if names.count(n) > 1)
-            raise UsageError(f"model name {dup!r} is given twice; each model needs its own "
-                             "name")
-        self.models = {c.name: ServedModel(c, loader, events) for c in configs}
-        self.poll_seconds = poll_seconds
+    def __init__(self, configs, *, poll_seconds: float = 1.0, loader=None, events=None,
+                 load_options: LoadOptions = LoadOptions(),
+                 labels_for_unavailable: bool = False):
+        _check_names(configs)
         self._stop = threading.Event()
+        self._new = functools.partial(ServedModel, loader=loader, events=events,
+                                      load_options=load_options, stop=self._stop)
+        self.models = {c.name: self._new(c) for c in configs}
+        self.poll_seconds = poll_seconds
+        self.labels_for_unavailable = labels_for_unavailable
         self._thread: threading.Thread | None = None
+        self._reload_lock = threading.Lock()
 
     def start(self) -> None:
         """Poll once now (a missing base path or a first version that cannot load is
@@ -361,14 +416,63 @@ class Repository:
             if not served.status():
                 log.warning("model %s: no published version under %s yet; waiting",
                             config.name, config.base_path)
+        self.check_labels({n: m.config for n, m in self.models.items()}, {})
         if self.poll_seconds > 0 and any(m.config.base_path for m in self.models.values()):
             self._thread = threading.Thread(target=self._watch, name="version-watcher",
                                             daemon=True)
             self._thread.start()
 
+    def reload(self, configs) -> None:
+        """TF Serving's ReloadConfig: serve exactly these models. New models are loaded,
+        models no longer named are unloaded, changed ones take their new policy and
+        labels; labels are checked only once the new versions are loaded, and a label
+        naming a version that is not available fails the reload (UsageError) and
+        keeps the labels before (TF Serving's rule), unless
+        --allow_version_labels_for_unavailable_models lets a *new* label do so."""
+        _check_names(configs)
+        with self._reload_lock:
+            wanted = {c.name: c for c in configs}
+            before = {n: m.config for n, m in self.models.items()}
+            models = dict(self.models)
+            for name, config in wanted.items():
+                served = models.get(name)
+                if served is None:
+                    models[name] = self._new(config)
+                else:
+                    served.config = _dataclasses.replace(config, labels=served.config.labels)
+            for name in set(models) - set(wanted):
+                models.pop(name).retire()
+                log.info("model %s: removed from the config; its versions are unloaded",
+                         name)
+            self.models = models
+            for name in wanted:
+                try:
+                    self.models[name].poll()
+                except FileNotFoundError:
+                    raise UsageError(f"model {name!r}: base path "
+                                     f"{self.models[name].config.base_path} does not "
+                                     "exist") from None
+            self.check_labels(wanted, before)
+            for name, config in wanted.items():
+                self.models[name].config = config
+
+    def check_labels(self, wanted: dict, before: dict) -> None:
+        for name, config in wanted.items():
+            available = set(self.models[name].available())
+            old = before[name].labels if name in before else {}
+            for label, version in sorted(config.labels.items()):
+                if version in available or old.get(label) == version:
+                    continue
+                if self.labels_for_unavailable and label not in old:
+                    continue
+                raise UsageError(f"model {name!r}: label {label!r} names version {version}, "
+                                 "which is not available; labels may name only loaded "
+                                 "versions (or pass --allow_version_labels_for_unavailable_"
+                                 "models for new labels)")
+
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_seconds):
-            for served in self.models.values():
+            for served in list(self.models.values()):
                 if served.config.base_path is None:
                     continue
                 try:
@@ -392,5 +496,13 @@ class Repository:
             served.close()
 
 
-__all__ = ["VersionPolicy", "ModelConfig", "ServedModel", "Repository", "NotFoundError",
-           "scan_versions", "parse_version"]
+def _check_names(configs) -> None:
+    names = [c.name for c in configs]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise UsageError(f"model name {dup!r} is given twice; each model needs its own "
+                         "name")
+
+
+__all__ = ["LoadOptions", "VersionPolicy", "ModelConfig", "ServedModel", "Repository",
+           "NotFoundError", "scan_versions", "parse_version"]

@@ -4,6 +4,10 @@ Routes (everything else is 404, a known route with the wrong method 405):
   GET  /v1/models/NAME[/versions/N | /labels/LABEL]            status
   GET  /v1/models/NAME[/versions/N | /labels/LABEL]/metadata   signatures
   POST /v1/models/NAME[/versions/N | /labels/LABEL]:predict    predictions
+  POST /v1/models/NAME[...]:classify, :regress                 tf.Example inference
+  GET  /healthz (and AIP_HEALTH_ROUTE)                         health (predict.health)
+  POST AIP_PREDICT_ROUTE                                       Vertex AI's predict
+  GET  the monitoring config's Prometheus path                 metrics, when enabled
 
 Which versions exist is the repository's business (`predict.repository`): one export
 served as version 1, or numbered versions under a watched base path. A request without
@@ -22,7 +26,9 @@ import logging
 import re
 import signal
 import socket
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import h11
 import uvicorn
@@ -33,12 +39,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from predict import decode, loop
+from predict import decode, inference, loop, request_log
+from predict.batching import Unavailable
 from predict.errors import InputError, InstanceError, UsageError, clip
 from predict.instances import parse_json
 from predict.repository import MAX_VERSION, NotFoundError, Repository, ServedModel
 
 log = logging.getLogger("predict.server")
+REST_HEALTH = "/healthz"
 
 DRAIN_LIMIT = 64 * 1024 * 1024  # past this an oversized body is cut off, not drained
 KEEP_ALIVE = 75  # seconds an idle keep-alive connection stays open
@@ -59,20 +67,37 @@ class PredictionService:
     """What the routes do, independent of the HTTP plumbing."""
 
     def __init__(self, repository: Repository, *, max_body_bytes: int,
-                 max_instances: int, threads: int, metrics=None, batcher=None):
+                 max_instances: int, threads: int, metrics=None, batcher=None,
+                 timeout_s: float = 30.0, metrics_path: str | None = None,
+                 health=None, vertex: dict | None = None):
         self.repository = repository
         self.max_body_bytes = max_body_bytes
         self.max_instances = max_instances
         self.metrics = metrics
+        self.metrics_path = metrics_path if metrics is not None else None
         self.batcher = batcher
+        self.timeout_s = timeout_s
+        self.health = health
+        self.vertex = vertex or {}  # health_route, predict_route, model
+        self.loggers = request_log.Loggers()  # each model's logging_config
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="predict")
 
     async def handle(self, request: Request) -> Response:
-        if self.metrics is not None and request.url.path == self.metrics.PATH:
+        path = request.url.path
+        if self.metrics_path is not None and path == self.metrics_path:
             return Response(self.metrics.exposition(), media_type=self.metrics.CONTENT_TYPE)
+        if self.health is not None and path in (REST_HEALTH, self.vertex.get("health_route")) \
+                and request.method == "GET":
+            ok, models = self.health.ready()
+            return _json(200 if ok else 503, {
+                "status": "SERVING" if ok else "NOT_SERVING",
+                "models": {n: [str(v) for v in vs] for n, vs in models.items()}})
         timer = self.metrics.timer("REST") if self.metrics is not None else None
         try:
-            status, body = await self._route(request, timer)
+            if self.vertex.get("predict_route") == path:
+                status, body = await self._vertex_predict(request, timer)
+            else:
+                status, body = await self._route(request, timer)
         except HTTPError as exc:
             status, body = exc.status, json.dumps({"error": clip(str(exc))}).encode()
             headers = exc.headers
@@ -104,16 +129,19 @@ class PredictionService:
         version = _version(name, match["version"])
         if timer is not None:
             timer.model_name = name
-        if rest == ":predict":
+        verbs = {":predict": ("Predict", self.predict_json),
+                 ":classify": ("Classify", self.classify_json),
+                 ":regress": ("Regress", self.regress_json)}
+        if rest in verbs:
             _allow(request, "POST")
             body = await self._read_body(request)
-            loop_ = asyncio.get_running_loop()
+            api, fn = verbs[rest]
             if timer is not None:
-                timer.api = "Predict"
-            return 200, await loop_.run_in_executor(
-                self.pool, self.predict_json, body, served, version, label)
+                timer.api = api
+            return 200, await self._in_pool(fn, body, served, version, label)
         if rest is not None and rest.startswith(":"):
-            raise HTTPError(404, f"unknown method {rest}; this server answers :predict")
+            raise HTTPError(404, f"unknown method {rest}; this server answers :predict, "
+                                 ":classify and :regress")
         _allow(request, "GET")
         try:
             if rest == "/metadata":
@@ -127,6 +155,27 @@ class PredictionService:
         except NotFoundError as exc:
             raise HTTPError(404, str(exc)) from None
         return 200, json.dumps(payload).encode()
+
+    async def _in_pool(self, fn, *args):
+        """Run fn in the thread pool; past --rest_api_timeout_in_ms the client gets 504
+        (TF Serving's DEADLINE_EXCEEDED) while the call finishes on its own."""
+        future = asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise HTTPError(504, f"the request took longer than "
+                                 f"{self.timeout_s * 1000:g} ms (--rest_api_timeout_in_ms)"
+                            ) from None
+
+    async def _vertex_predict(self, request: Request, timer=None):
+        """Vertex AI's predict route: {"instances": [...], "parameters": {...}} for the
+        container's model; answers {"predictions": [...]}."""
+        _allow(request, "POST")
+        served = self._served(self.vertex["model"])
+        if timer is not None:
+            timer.model_name, timer.api = served.name, "Predict"
+        raw = await self._read_body(request)
+        return 200, await self._in_pool(self.predict_json, raw, served, None, None, True)
 
     def _served(self, name: str) -> ServedModel:
         try:
@@ -156,25 +205,82 @@ class PredictionService:
         return b"".join(chunks)
 
     def predict_json(self, raw: bytes, served: ServedModel, version: int | None = None,
-                     label: str | None = None) -> bytes:
+                     label: str | None = None, vertex: bool = False) -> bytes:
         """A :predict body -> the answer's bytes (runs in the thread pool)."""
+        body = _parse_body(raw)
+        if vertex and isinstance(body, dict) and "parameters" in body:
+            if body["parameters"] not in ({}, None):
+                raise HTTPError(400, "parameters: a SavedModel signature takes no "
+                                     "parameters; send only \"instances\"")
+            body = {k: v for k, v in body.items() if k != "parameters"}
+        with self._answering():
+            with served.use(version, label) as (number, model):
+                model = self._batched(model, served, number)
+                logger = self.loggers.get(served)
+                tap = request_log.Tap(model) if logger and logger.sampled() else None
+                answer = json.dumps(self.predict(body, tap or model)).encode()
+                if tap is not None and tap.calls:
+                    batch, outputs, signature = tap.calls[0]
+                    self._log(logger, "predict_log", request_log.predict_messages(
+                        served.name, number, signature, batch, outputs))
+                return answer
+
+    def classify_json(self, raw: bytes, served: ServedModel, version: int | None = None,
+                      label: str | None = None) -> bytes:
+        return self._example_json(raw, served, version, label, classify=True)
+
+    def regress_json(self, raw: bytes, served: ServedModel, version: int | None = None,
+                     label: str | None = None) -> bytes:
+        return self._example_json(raw, served, version, label, classify=False)
+
+    def _example_json(self, raw, served, version, label, *, classify: bool) -> bytes:
+        """:classify / :regress, TF Serving's JSON: {"result": [[[label, score], ...]]}
+        or {"result": [value, ...]}."""
+        body = _parse_body(raw)
+        with self._answering():
+            if not isinstance(body, dict):
+                raise InputError("request", "must be a JSON object with \"examples\"")
+            name = body.get("signature_name")
+            if name is not None and not isinstance(name, str):
+                raise InputError("request", "signature_name must be a string")
+            records = inference.examples_from_json(body, self.max_instances)
+            with served.use(version, label) as (number, model):
+                model = self._batched(model, served, number)
+                if classify:
+                    used, rows = inference.classify(model, name, records)
+                    result: list = [[[lab, score] for lab, score in row] for row in rows]
+                else:
+                    used, rows = inference.regress(model, name, records)
+                    result = rows
+                logger = self.loggers.get(served)
+                if logger is not None and logger.sampled():
+                    kind = "classify_log" if classify else "regress_log"
+                    self._log(logger, kind, request_log.example_messages(
+                        kind, served.name, number, used, records, rows))
+                return json.dumps({"result": result}).encode()
+
+    @staticmethod
+    def _log(logger, kind: str, messages) -> None:
+        request, response = messages
         try:
-            body = parse_json(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise HTTPError(400, "request body is not UTF-8 JSON") from None
-        except InstanceError as exc:
-            raise HTTPError(400, f"request body: {str(exc).replace('empty line', 'empty body')}") \
-                from None
+            logger.write(kind, response.model_spec, request, response)
+        except Exception:  # a full disk must not fail the request
+            log.exception("cannot write the request log %s", logger.path)
+
+    @contextmanager
+    def _answering(self):
         try:
-            with served.use(version, label) as (_, model):
-                return json.dumps(self.predict(body, self._batched(model, served))).encode()
+            yield
         except NotFoundError as exc:
             raise HTTPError(404, str(exc)) from None
+        except Unavailable as exc:
+            raise HTTPError(503, str(exc)) from None
         except (InputError, InstanceError, UsageError) as exc:
             raise HTTPError(400, str(exc)) from None
 
-    def _batched(self, model, served: ServedModel):
-        return model if self.batcher is None else self.batcher.wrap(model, served.name)
+    def _batched(self, model, served: ServedModel, version: int = 0):
+        return model if self.batcher is None else \
+            self.batcher.wrap(model, served.name, version)
 
     def predict(self, body, model) -> dict:
         if not isinstance(body, dict):
@@ -217,6 +323,16 @@ class PredictionService:
             return {"model_spec": {"name": served.name, "signature_name": "",
                                    "version": str(number)},
                     "metadata": {"signature_def": {"signature_def": signature_defs(model)}}}
+
+
+def _parse_body(raw: bytes):
+    try:
+        return parse_json(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise HTTPError(400, "request body is not UTF-8 JSON") from None
+    except InstanceError as exc:
+        raise HTTPError(400, f"request body: {str(exc).replace('empty line', 'empty body')}") \
+            from None
 
 
 def signature_defs(model) -> dict:
@@ -270,26 +386,43 @@ class _JSONErrorsH11(H11Protocol):
         self.transport.close()
 
 
-def serve(repository: Repository, *, host: str, port: int, max_body_bytes: int,
-          max_instances: int, threads: int, grpc_port: int | None = None,
-          metrics=None, batcher=None) -> None:
-    """Load the models, serve until SIGTERM or SIGINT, then return (the process exits 0)."""
-    sock = _bind(host, port)
+def serve(repository: Repository, *, host: str, rest_port: int | None, grpc_port: int,
+          threads: int, batcher=None, reload=None, health=None, after_start=None,
+          **service_options) -> None:
+    """Load the models, serve gRPC on grpc_port and REST on rest_port (None: REST off)
+    until SIGTERM or SIGINT, then return (the process exits 0). `reload(proto)`
+    answers HandleReloadConfigRequest; `after_start()` runs once the models are loaded
+    (the config file poller)."""
+    sock = _bind(host, rest_port) if rest_port is not None else None
     grpc_server = None
     try:
         repository.start()
-        service = PredictionService(repository, max_body_bytes=max_body_bytes,
-                                    max_instances=max_instances, threads=threads,
-                                    metrics=metrics, batcher=batcher)
+        service = PredictionService(repository, threads=threads, batcher=batcher,
+                                    health=health, **service_options)
+        from predict import grpc_api
+        grpc_server, bound = grpc_api.start(
+            service, host, grpc_port, threads=threads, reload=reload,
+            health=health.grpc_servicer() if health is not None else None)
+        if after_start is not None:
+            after_start()
         shown_host = f"[{host}]" if ":" in host else host
-        base = f"http://{shown_host}:{sock.getsockname()[1]}/v1/models"
         # The first line is always a model's: readers wait for `serving model `.
-        lines = [f"serving model {name} at {base}/{name}"
-                 for name in sorted(repository.models)]
-        if grpc_port is not None:
-            from predict import grpc_api
-            grpc_server, bound = grpc_api.start(service, host, grpc_port, threads=threads)
-            lines.append(f"serving gRPC at {shown_host}:{bound}")
+        if sock is not None:
+            base = f"http://{shown_host}:{sock.getsockname()[1]}/v1/models"
+            lines = [f"serving model {name} at {base}/{name}"
+                     for name in sorted(repository.models)]
+        else:
+            lines = [f"serving model {name} over gRPC (REST off: --rest_api_port=0)"
+                     for name in sorted(repository.models)]
+        lines.append(f"serving gRPC at {shown_host}:{bound}")
+        if sock is None:
+            stop = threading.Event()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: stop.set())
+            print("\n".join(lines), flush=True)
+            while not stop.wait(1):
+                pass
+            return
         # An idle keep-alive connection is closed after KEEP_ALIVE s: a version load
         # holds the GIL for seconds, and with uvicorn's 5 s default a client's next
         # request could meet a connection closed while the loop was starved.
@@ -303,7 +436,8 @@ def serve(repository: Repository, *, host: str, port: int, max_body_bytes: int,
         _ReadyServer(config, "\n".join(lines)).run(sockets=[sock])
         service.pool.shutdown(wait=True, cancel_futures=True)
     finally:
-        sock.close()
+        if sock is not None:
+            sock.close()
         if grpc_server is not None:
             grpc_server.stop(grace=5).wait()
         if batcher is not None:
@@ -336,7 +470,7 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise UsageError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another "
-                         "--port or --host") from None
+                         "--rest_api_port or --host") from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock

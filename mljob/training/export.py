@@ -12,7 +12,12 @@ Signatures (from `Serving`, which the predictor and `saved_model_cli` read):
 - `serving_default`: the model's inputs by name and the instance key (int64 [None],
   named `key` unless told otherwise) -> `Serving.outputs(model outputs)` and the key,
   unchanged, so a client can match answers to instances;
-- optionally `Serving.keyless_signature`: the inputs -> the outputs, without the key.
+- optionally `Serving.keyless_signature`: the inputs -> the outputs, without the key;
+- optionally (`export(..., inference_signature=...)`) TF Serving's Classify or Regress
+  signature, `classification` or `regression`: serialized tf.train.Example records
+  (features named after the inputs, parsed with the inputs' shapes and dtypes) -> for a
+  classifier `scores` (the model's output, [batch, K]) and `classes` (the given labels,
+  [batch, K] strings); for a regressor `outputs` ([batch]).
 """
 from __future__ import annotations
 
@@ -32,21 +37,87 @@ from mljob.training.errors import TrainingError, UsageError
 MARKER = contracts.SAVED_MODEL_MARKER  # what a reader looks for; published last
 
 
-def export(model_fn, weights: Sequence[np.ndarray], url: str, serving: Serving) -> str:
+def export(model_fn, weights: Sequence[np.ndarray], url: str, serving: Serving, *,
+           inference_signature: dict | None = None) -> str:
     """Write the SavedModel of `model_fn()` with `weights` (in `get_weights()` order) to
-    URL, replacing any previous export there whole. Returns URL."""
+    URL, replacing any previous export there whole. Returns URL.
+
+    inference_signature: also export TF Serving's tf.Example signature, either
+    `{"classify": ["label 0", "label 1", ...]}` (one label per output column) or
+    `{"regress": True}`."""
+    extra = _inference_kind(inference_signature)
     tmp = tempfile.mkdtemp(prefix="mljob-export-")
     try:
         saved = os.path.join(tmp, "model")
         _on_clean_thread(lambda: _save(model_fn, [np.asarray(w) for w in weights],
-                                       serving, saved))
+                                       serving, saved, extra))
         storage.publish_dir(saved, url, marker=MARKER)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return url
 
 
-def _save(model_fn, weights: list[np.ndarray], serving: Serving, path: str) -> None:
+def _inference_kind(spec: dict | None):
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or len(spec) != 1 or \
+            next(iter(spec)) not in ("classify", "regress"):
+        raise UsageError("inference_signature must be {'classify': [labels...]} or "
+                         "{'regress': True}")
+    (kind, value), = spec.items()
+    if kind == "classify":
+        if not isinstance(value, (list, tuple)) or not value or \
+                not all(isinstance(v, str) for v in value):
+            raise UsageError("inference_signature {'classify': labels}: labels must be a "
+                             "non-empty list of strings, one per output column")
+        return kind, tuple(value)
+    if value is not True:
+        raise UsageError("inference_signature {'regress': True} takes True")
+    return kind, None
+
+
+def _example_function(keras_model, serving: Serving, kind: str, labels):
+    """Serialized tf.Examples -> TF Serving's classify or regress outputs."""
+    names = list(serving.inputs)
+    features = {n: tf.io.FixedLenFeature(serving.inputs[n].shape[1:],
+                                         serving.inputs[n].dtype) for n in names}
+
+    def run(examples):
+        parsed = tf.io.parse_example(examples, features)
+        value = keras_model(parsed[names[0]] if len(names) == 1 else parsed, training=False)
+        if not isinstance(value, tf.Tensor):
+            raise UsageError("inference_signature needs a model with one output tensor")
+        value = tf.cast(value, tf.float32)
+        if kind == "regress":
+            return {"outputs": tf.reshape(value, [-1])}
+        if value.shape.rank != 2 or value.shape[1] != len(labels):
+            raise UsageError(f"inference_signature: {len(labels)} labels for a model "
+                             f"output of shape {value.shape}; give one label per column")
+        batch = tf.shape(value)[0]
+        classes = tf.tile(tf.constant([list(labels)]), tf.stack([batch, 1]))
+        return {"scores": value, "classes": classes}
+
+    fn = tf.function(run, input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    return fn.get_concrete_function()
+
+
+def _with_method(path: str, name: str, method: str) -> None:
+    """Give signature `name` TF Serving's method name (tf.saved_model.save writes
+    tensorflow/serving/predict for every signature)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+    marker = os.path.join(path, MARKER)
+    proto = saved_model_pb2.SavedModel()
+    with open(marker, "rb") as f:
+        proto.ParseFromString(f.read())
+    for graph in proto.meta_graphs:
+        if name in graph.signature_def:
+            graph.signature_def[name].method_name = method
+    with open(marker, "wb") as f:
+        f.write(proto.SerializeToString())
+
+
+def _save(model_fn, weights: list[np.ndarray], serving: Serving, path: str,
+          extra=None) -> None:
     keras_model = model_fn()
     expected = [tuple(w.shape) for w in keras_model.weights]
     got = [tuple(w.shape) for w in weights]
@@ -58,8 +129,15 @@ def _save(model_fn, weights: list[np.ndarray], serving: Serving, path: str) -> N
     module = ServingModule(keras_model, serving)
     # experimental_io_device=None and no device scope: the graph names no devices, so it
     # loads on any machine and in TensorFlow Serving.
-    tf.saved_model.save(module, path, signatures=module.signatures(),
+    signatures = module.signatures()
+    if extra is not None:
+        kind, labels = extra
+        name = "classification" if kind == "classify" else "regression"
+        signatures[name] = _example_function(keras_model, serving, kind, labels)
+    tf.saved_model.save(module, path, signatures=signatures,
                         options=tf.saved_model.SaveOptions(experimental_io_device=None))
+    if extra is not None:
+        _with_method(path, name, f"tensorflow/serving/{extra[0]}")
 
 
 class ServingModule(tf.Module):

@@ -1,4 +1,4 @@
-"""`python -m predict serve --grpc-port`: TF Serving's gRPC API, called with the
+"""`python -m predict serve --port`: TF Serving's gRPC API, called with the
 official `tensorflow-serving-api` stubs over 127.0.0.1; its answers agree with the REST
 API's and with `saved_model_cli run`. Also the Prometheus metrics both APIs feed, and
 `--enable-batching`."""
@@ -99,13 +99,13 @@ def test_metadata_status_and_classify(served):
         example = classify.input.example_list.examples.add()
         example.features.feature["image"].float_list.value.extend(img.tolist())
         example.features.feature["key"].int64_list.value.append(key)
-    result = stub.Classify(classify, timeout=60).result
-    predicted = stub.Predict(predict_request(IMAGES, KEYS), timeout=60)
-    scores = tf.make_ndarray(predicted.outputs["scores"])
-    assert len(result.classifications) == len(KEYS)
-    for row, want in zip(result.classifications, scores, strict=True):
-        assert [c.label for c in row.classes] == [str(i) for i in range(10)]
-        np.testing.assert_allclose([c.score for c in row.classes], want, rtol=1e-6)
+    # TF Serving classifies only with a classification signature (tf.Example in);
+    # tests/predict/test_tf_serving_inference.py serves one
+    with pytest.raises(grpc.RpcError) as raised:
+        stub.Classify(classify, timeout=60)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "Expected classification signature method_name to be " \
+        "tensorflow/serving/classify. Was: tensorflow/serving/predict" in raised.value.details()
 
 
 def test_grpc_errors_have_tf_servings_codes(served):

@@ -103,7 +103,9 @@ ERRORS = [
      "model 'other' not found"),
     ("unknown version", "GET", f"{MODEL}/versions/7", None, 404, "no version '7'"),
     ("unknown route", "GET", "/v2/whatever", None, 404, "no route /v2/whatever"),
-    ("unknown verb", "POST", f"{MODEL}:classify", {}, 404, "unknown method :classify"),
+    ("unknown verb", "POST", f"{MODEL}:explain", {}, 404, "unknown method :explain"),
+    ("classify a predict signature", "POST", f"{MODEL}:classify", {"examples": [{"key": 1}]},
+     400, "Expected classification signature method_name to be tensorflow/serving/classify"),
     ("GET predict", "GET", f"{MODEL}:predict", None, 405, "use POST"),
     ("POST status", "POST", MODEL, {}, 405, "use GET"),
     ("DELETE metadata", "DELETE", f"{MODEL}/metadata", None, 405, "use GET"),
@@ -231,7 +233,13 @@ def test_port_in_use_is_a_usage_error(exports):
         s.listen()
         port = s.getsockname()[1]
         done = subprocess.run([sys.executable, "-m", "predict", "serve", "--model-dir",
-                               exports["saved"], "--port", str(port)],
+                               exports["saved"], "--rest_api_port", str(port)],
                               capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    assert f"error: cannot listen on 127.0.0.1:{port}" in done.stderr
+        assert done.returncode == 2
+        assert f"error: cannot listen on 127.0.0.1:{port}" in done.stderr
+        grpc_busy = subprocess.run([sys.executable, "-m", "predict", "serve", "--model-dir",
+                                    exports["saved"], f"--port={port}"],
+                                   capture_output=True, text=True, timeout=120)
+    assert grpc_busy.returncode == 2
+    assert f"error: cannot listen on 127.0.0.1:{port} for gRPC; pick another --port" \
+        in grpc_busy.stderr

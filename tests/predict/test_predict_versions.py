@@ -180,7 +180,7 @@ def test_half_published_and_broken_versions_never_replace_a_good_one(
     base = tmp_path / "base"
     publish_version(exports[1], str(base), 1)
     proc, url = start_server(reaper.popen, str(base), "--file-system-poll-wait-seconds",
-                             "0.2", flag="--model-base-path")
+                             "0.2", "--max_num_load_retries=0", flag="--model-base-path")
     with httpx.Client(base_url=url, timeout=60) as client:
         (base / "5" / "variables").mkdir(parents=True)      # no saved_model.pb yet
         shutil.copytree(exports[2] + "/variables", base / "5" / "variables",
@@ -408,7 +408,7 @@ def test_usage_errors_exit_2_with_one_line(tmp_path):
     label = run("--model-base-path", str(tmp_path), "--version-label", "stable")
     assert label.returncode == 2 and "must be LABEL=VERSION" in label.stderr
     both = run("--model-base-path", str(tmp_path), "--model-dir", str(tmp_path))
-    assert both.returncode == 2 and "exactly one of --model-dir" in both.stderr
+    assert both.returncode == 2 and "give one of --model_dir, --model_base_path" in both.stderr
     for done in (missing, policy, label):
         assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
 

@@ -67,19 +67,29 @@ def instance_lines(imgs: np.ndarray, keys=None) -> str:
                    for img, k in zip(imgs, keys, strict=True))
 
 
+MONITORING_CONFIG = os.path.join(os.path.dirname(__file__), "monitoring.config")
+
+
 def start_server(popen, model_dir: str, *extra: str, timeout: float = 180.0,
-                 flag: str = "--model-dir"):
-    """Start `python -m predict serve FLAG model_dir` with popen (the reaper's) on a free
-    port and wait for its ready line; returns (process, base URL)."""
+                 flag: str = "--model-dir", env=None):
+    """Start `python -m predict serve FLAG model_dir` with popen (the reaper's), REST on
+    a free port (--rest_api_port), gRPC on another unless extra names --port or
+    --grpc-port, Prometheus metrics on, and wait for its ready line; returns (process,
+    base URL)."""
     import select
     import subprocess
     import sys
     import time
     from tests.support.common import free_ports
-    port = free_ports(1)[0]
-    proc = popen([sys.executable, "-m", "predict", "serve", flag, model_dir,
-                  "--port", str(port), *extra],
-                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    port, grpc_port = free_ports(2)
+    named = {a.split("=")[0].replace("-", "_") for a in extra}
+    args = ["--rest_api_port", str(port)]
+    if not named & {"__port", "__grpc_port"}:
+        args += ["--port", str(grpc_port)]
+    if "__monitoring_config_file" not in named:
+        args += ["--monitoring_config_file", MONITORING_CONFIG]
+    proc = popen([sys.executable, "-m", "predict", "serve", flag, model_dir, *args, *extra],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + timeout
     while time.time() < deadline:
         ready, _, _ = select.select([proc.stdout], [], [], 0.5)

@@ -1,0 +1,224 @@
+"""The model server's process: TF Serving's flags (predict.flags) turned into a
+repository, a batcher, the REST and gRPC servers, and the config file poller.
+
+`tensorflow_model_server` (the console script) and `python -m predict serve` both end
+here; the first listens on 0.0.0.0 as TF Serving does, the second on 127.0.0.1 unless
+`--host` says otherwise.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import threading
+
+from mljob.errors import first_line
+from predict import flags as serving_flags
+from predict.errors import PredictError, UsageError
+
+log = logging.getLogger("predict.serving")
+
+
+def main_model_server(argv=None) -> int:
+    """The `tensorflow_model_server` console script."""
+    return main(sys.argv[1:] if argv is None else argv, prog="tensorflow_model_server",
+                drop_in=True)
+
+
+def main(argv, *, prog: str, drop_in: bool = False) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        options = serving_flags.parse(argv, drop_in=drop_in)
+    except serving_flags.HelpRequested:
+        print(serving_flags.help_text(prog))
+        return 0
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_status
+    try:
+        run(options)
+    except PredictError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_status
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def run(options) -> None:
+    from mljob.storage import StorageError
+    _logging()
+    try:
+        _run(options)
+    except StorageError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _run(options) -> None:
+    from predict import batching, config as model_config, health as health_mod, metrics
+    from predict import protos, repository, server, warmup
+    _tensorflow_threads(options)
+    configs = _configs(options)
+    metrics_path = None
+    if options.monitoring_config_file:
+        metrics_path = protos.read_monitoring(options.monitoring_config_file)
+    registry = metrics.Metrics() if metrics_path else None
+    batcher = None
+    if options.enable_batching:
+        params = protos.BatchingParameters(num_batch_threads=_cpus())
+        if options.batching_parameters_file:
+            params = protos.read_batching(options.batching_parameters_file, _cpus())
+        changes = {k: v for k, v in (("max_batch_size", options.max_batch_size),
+                                     ("batch_timeout_micros", options.batch_timeout_micros))
+                   if v is not None}
+        if changes:
+            import dataclasses
+            params = dataclasses.replace(params, **changes)
+            protos.check_batching(params, "--max_batch_size/--batch_timeout_micros")
+        batcher = batching.Batcher(params, metrics=registry)
+    warm = warmup.replayer(options.num_request_iterations_for_warmup,
+                           options.max_instances) if options.enable_model_warmup else None
+    load_options = repository.LoadOptions(
+        max_retries=options.max_num_load_retries,
+        retry_interval_s=options.load_retry_interval_micros / 1e6, warmup=warm)
+    health = health_mod.Health(None)
+    events = _events(registry, health)
+    tags = [t.strip() for t in options.saved_model_tags.split(",") if t.strip()]
+    loader = None
+    if tags != ["serve"]:
+        from predict import model as models
+        loader = functools.partial(models.load, tags=tags)
+    repo = repository.Repository(
+        configs, poll_seconds=options.file_system_poll_wait_seconds, events=events,
+        load_options=load_options, loader=loader,
+        labels_for_unavailable=options.allow_version_labels_for_unavailable_models)
+    health.repository = repo
+
+    def reload(proto) -> None:
+        from google.protobuf import json_format
+        doc = json_format.MessageToDict(proto, preserving_proto_field_name=True)
+        repo.reload(model_config.parse(doc, "(HandleReloadConfigRequest)"))
+        health.refresh()
+        log.info("model config reloaded (HandleReloadConfigRequest): %s",
+                 ", ".join(sorted(repo.models)))
+
+    poller = ConfigPoller(options.model_config_file, configs, repo, health,
+                          options.model_config_file_poll_wait_seconds)
+    vertex = _vertex(options, configs)
+    server.serve(repo, host=options.host,
+                 rest_port=options.rest_api_port or None, grpc_port=options.port,
+                 threads=options.rest_api_num_threads, batcher=batcher,
+                 reload=None if options.model_dir else reload, health=health,
+                 after_start=poller.start, max_body_bytes=options.max_body_bytes,
+                 max_instances=options.max_instances, metrics=registry,
+                 timeout_s=options.rest_api_timeout_in_ms / 1000,
+                 metrics_path=metrics_path, vertex=vertex)
+    poller.stop()
+
+
+def _configs(options) -> list:
+    from predict import config as model_config, repository
+    if options.model_config_file:
+        return model_config.read(options.model_config_file)
+    if options.model_base_path:
+        return [repository.ModelConfig(
+            name=options.model_name, base_path=options.model_base_path,
+            policy=repository.VersionPolicy.parse(options.model_version_policy),
+            labels=model_config.parse_labels(options.version_label))]
+    return [repository.ModelConfig(name=options.model_name, model_dir=options.model_dir)]
+
+
+def _vertex(options, configs) -> dict:
+    """Vertex AI's custom container contract: AIP_HEALTH_ROUTE, AIP_PREDICT_ROUTE (for
+    the first model: a Vertex container serves one)."""
+    health = os.environ.get("AIP_HEALTH_ROUTE")
+    predict = os.environ.get("AIP_PREDICT_ROUTE")
+    for name, route in (("AIP_HEALTH_ROUTE", health), ("AIP_PREDICT_ROUTE", predict)):
+        if route is not None and not route.startswith("/"):
+            raise UsageError(f"{name}={route!r} must be a path starting with /")
+    if (health or predict) and not options.rest_api_port:
+        raise UsageError("AIP_HEALTH_ROUTE/AIP_PREDICT_ROUTE need the REST API: set "
+                         "AIP_HTTP_PORT or --rest_api_port")
+    return {"health_route": health, "predict_route": predict, "model": configs[0].name}
+
+
+def _events(registry, health):
+    def event(model_name, what, version, url):
+        if registry is not None:
+            registry.model_event(model_name, what, version, url)
+        health.refresh()
+    return event
+
+
+def _tensorflow_threads(options) -> None:
+    intra = options.tensorflow_intra_op_parallelism or options.tensorflow_session_parallelism
+    inter = options.tensorflow_inter_op_parallelism or options.tensorflow_session_parallelism
+    if intra or inter:
+        import tensorflow as tf
+        if intra:
+            tf.config.threading.set_intra_op_parallelism_threads(intra)
+        if inter:
+            tf.config.threading.set_inter_op_parallelism_threads(inter)
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+
+
+def _logging() -> None:
+    """Version events and reloads, one line each on stderr, as TF Serving logs them."""
+    root = logging.getLogger("predict")
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s] "
+                                               "%(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        root.propagate = False
+
+
+class ConfigPoller:
+    """--model_config_file_poll_wait_seconds: re-read the config file and reload when
+    it changed. A file that cannot be read or parsed, or a reload that fails, is logged
+    and the models served stay as they were (TF Serving's behaviour)."""
+
+    def __init__(self, url: str, configs: list, repo, health, seconds: float):
+        self.url = url
+        self.current = list(configs)
+        self.repo = repo
+        self.health = health
+        self.seconds = seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.url and self.seconds > 0:
+            self._thread = threading.Thread(target=self._watch, name="config-poller",
+                                            daemon=True)
+            self._thread.start()
+
+    def _watch(self) -> None:
+        from predict import config as model_config
+        while not self._stop.wait(self.seconds):
+            try:
+                configs = model_config.read(self.url)
+                if configs == self.current:
+                    continue
+                self.repo.reload(configs)
+                self.current = configs
+                self.health.refresh()
+                log.info("model config reloaded from %s: %s", self.url,
+                         ", ".join(c.name for c in configs))
+            except Exception as exc:  # keep serving what we have
+                message = str(exc) if isinstance(exc, PredictError) else first_line(exc)
+                log.error("cannot reload the model config %s: %s", self.url, message)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+
+__all__ = ["main", "main_model_server", "run", "ConfigPoller"]

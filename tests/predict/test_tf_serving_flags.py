@@ -1,0 +1,112 @@
+"""`tensorflow_model_server` / `predict serve` flags: TF Serving's names, meanings and
+defaults (tensorflow_serving/model_servers/main.cc and server.h's Options), its
+Docker image's environment and Vertex AI's, parsed without starting a server."""
+import os
+
+import pytest
+
+from predict import flags
+from predict.errors import UsageError
+
+BASE = ["--model_base_path=/models/m"]
+
+
+def parse(*args, env=None, drop_in=False):
+    return flags.parse(list(args), environ=env or {}, drop_in=drop_in)
+
+
+def test_defaults_are_tf_servings():
+    o = parse(*BASE)
+    cpus = len(os.sched_getaffinity(0))
+    assert (o.port, o.rest_api_port, o.model_name) == (8500, 0, "default")
+    assert o.rest_api_num_threads == 4 * cpus and o.rest_api_timeout_in_ms == 30000
+    assert o.file_system_poll_wait_seconds == 1
+    assert o.model_config_file_poll_wait_seconds == 0
+    assert o.max_num_load_retries == 5 and o.load_retry_interval_micros == 60_000_000
+    assert o.enable_model_warmup is True and o.num_request_iterations_for_warmup == 0
+    assert o.enable_batching is False and o.allow_version_labels_for_unavailable_models is False
+    assert o.saved_model_tags == "serve" and o.monitoring_config_file == ""
+    assert o.tensorflow_intra_op_parallelism == 0 == o.tensorflow_inter_op_parallelism
+    assert o.host == "127.0.0.1" and parse(*BASE, drop_in=True).host == "0.0.0.0"
+
+
+def test_port_is_grpc_and_rest_is_its_own_flag():
+    o = parse("--port=9000", "--rest_api_port=9001", *BASE)
+    assert (o.port, o.rest_api_port) == (9000, 9001)
+    o = parse("--port", "9000", "--rest-api-port", "9001", *BASE)  # ours: spaces, dashes
+    assert (o.port, o.rest_api_port) == (9000, 9001)
+    assert parse("--grpc-port=7000", *BASE).port == 7000  # our older spelling
+    with pytest.raises(UsageError, match="--rest_api_port cannot be the same as --port"):
+        parse("--port=8500", "--rest_api_port=8500", *BASE)
+
+
+def test_booleans_take_tf_servings_forms():
+    assert parse("--enable_batching", *BASE).enable_batching is True
+    assert parse("--enable_batching=true", *BASE).enable_batching is True
+    assert parse("--enable_batching=false", *BASE).enable_batching is False
+    assert parse("--enable_model_warmup=false", *BASE).enable_model_warmup is False
+    with pytest.raises(UsageError, match="a boolean flag takes true or false"):
+        parse("--enable_batching=yes", *BASE)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--no_such_flag=1"], "unknown flag --no_such_flag"),
+    (["--grpc_channel_arguments=a=1"], "--grpc_channel_arguments is a TF Serving flag this "
+                                       "server does not implement"),
+    (["--ssl_config_file=x"], "does not implement (TLS)"),
+    (["--enable_cors_support"], "does not implement (CORS headers)"),
+    (["--port=abc"], "--port=abc: not an integer"),
+    (["--port=-1"], "--port=-1: must lie in 0..2147483647"),
+    (["--rest_api_num_threads=0"], "must lie in 1.."),
+    (["--file_system_poll_wait_seconds=nan"], "must lie in 0.."),
+    (["--model_config_file_poll_wait_seconds=5"], "needs --model_config_file"),
+    (["--batching_parameters_file=b.txt"], "needs --enable_batching"),
+    (["--model_name"], "--model_name needs a value"),
+    (["stray"], "unexpected argument 'stray'"),
+])
+def test_bad_flags_are_refused_in_one_line(args, words):
+    with pytest.raises(UsageError) as raised:
+        parse(*BASE, *args)
+    assert words in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_nothing_to_serve_names_the_flags():
+    with pytest.raises(UsageError, match="nothing to serve: give --model_base_path"):
+        parse("--port=8500")
+
+
+def test_config_file_wins_over_the_single_model_flags_as_in_tf_serving():
+    o = parse("--model_config_file=/c.config", "--model_name=x", "--model_base_path=/b")
+    assert o.model_config_file == "/c.config" and o.model_base_path == ""
+
+
+def test_the_images_environment_and_flags_over_it():
+    env = {"MODEL_NAME": "half_plus_two"}
+    o = parse(env=env)
+    assert (o.model_name, o.model_base_path) == ("half_plus_two", "/models/half_plus_two")
+    assert (o.port, o.rest_api_port) == (8500, 8501)
+    o = parse(env={"MODEL_NAME": "m", "MODEL_BASE_PATH": "gs://b/models/"})
+    assert o.model_base_path == "gs://b/models/m"
+    o = parse("--model_base_path=/elsewhere", "--rest_api_port=0", env=env)
+    assert (o.model_name, o.model_base_path, o.rest_api_port) == (
+        "half_plus_two", "/elsewhere", 0)
+
+
+def test_vertex_ais_variables():
+    env = {"AIP_HTTP_PORT": "8080", "AIP_STORAGE_URI": "gs://bucket/model"}
+    o = parse(env=env)
+    assert (o.rest_api_port, o.host, o.model_dir) == (8080, "0.0.0.0", "gs://bucket/model")
+    o = parse("--model_base_path=/b", env=env)  # flags name the model: AIP_STORAGE_URI unused
+    assert (o.model_base_path, o.model_dir) == ("/b", "")
+    with pytest.raises(UsageError, match="AIP_HTTP_PORT"):
+        parse(env={"AIP_HTTP_PORT": "http", "AIP_STORAGE_URI": "/m"})
+
+
+def test_help_lists_every_flag_and_says_which_are_ours():
+    text = flags.help_text("tensorflow_model_server")
+    for flag in flags.TF_SERVING + flags.OURS:
+        assert f"--{flag.name}=" in text
+    assert "--port=8500" in text and "--rest_api_port=0" in text
+    assert all(f.help.startswith("ours:") for f in flags.OURS)
+    with pytest.raises(flags.HelpRequested):
+        parse("--help")
