@@ -211,7 +211,7 @@ def _fit(tmp_path, **overrides):
     (lambda keras: {"optimizer": keras.optimizers.Adam()},
      "give the optimizer as a function that returns a new one"),
     (lambda keras: {"optimizer": lambda: "adam"}, "optimizer gave str, not a Keras optimizer"),
-    (lambda keras: {"metrics": ["f1"]}, "unknown metric 'f1'; use one of accuracy"),
+    (lambda keras: {"metrics": ["f1"]}, "unknown metric 'f1'; give a Keras metric name"),
     (lambda keras: {"metrics": {"loss": "accuracy"}}, "a name other than 'loss'"),
     (lambda keras: {"loss": "no_such_loss"}, "unknown loss 'no_such_loss'"),
 ], ids=["optimizer instance", "optimizer not one", "unknown metric", "metric named loss",
