@@ -82,7 +82,8 @@ class ServingModule(tf.Module):
         inputs = serving.inputs if serving.inputs is not None else model_inputs(keras_model)
         names = list(inputs)
         specs = [_spec(inputs[n], n) for n in names]
-        convert = serving.outputs or (lambda outputs: {"outputs": outputs})
+        output_names = list(getattr(keras_model, "output_names", None) or [])
+        convert = serving.outputs or (lambda outputs: _named_outputs(outputs, output_names))
 
         def outputs(*tensors):
             features = tensors[0] if len(tensors) == 1 else dict(zip(names, tensors, strict=True))
@@ -113,6 +114,18 @@ class ServingModule(tf.Module):
             assert name is not None  # self.keyless is made only for a keyless_signature
             out[name] = self.keyless.get_concrete_function()
         return out
+
+
+def _named_outputs(outputs, names: list) -> dict:
+    """Serving's default outputs: a model's dict of outputs as it is, a list by the
+    model's output names, a single tensor as `outputs`."""
+    if isinstance(outputs, dict):
+        return dict(outputs)
+    if isinstance(outputs, (list, tuple)):
+        if len(names) != len(outputs):
+            names = [f"output_{i}" for i in range(len(outputs))]
+        return dict(zip(names, outputs, strict=True))
+    return {"outputs": outputs}
 
 
 def model_inputs(keras_model) -> dict:

@@ -252,7 +252,11 @@ class Objective:
         self.loss_means = [keras.metrics.Mean(name=f"{entry[3]}_loss")
                            for entry in losses] if len(losses) > 1 else []
         self.loss_mean = keras.metrics.Mean(name="loss")
-        self._warm(y_true, y_pred, w_spec)
+        try:
+            self._warm(y_true, y_pred, w_spec)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"a metric does not fit the labels or outputs: "
+                             f"{str(exc).splitlines()[0]}") from None
         self.variables = list(self.metrics.variables) + [
             v for m in [*self.loss_means, self.loss_mean] for v in m.variables]
         self.initial = [np.array(v.numpy()) for v in self.variables]
@@ -316,8 +320,6 @@ class Objective:
         """(the total loss: each output's batch mean, weighted and added; each
         output's unweighted batch mean)."""
         y_true, y_pred = self._aligned(y_true, y_pred)
-        if self.class_weight is not None:
-            sample_weight = self.class_weights(tree.flatten(y_true)[0])
 
         def resolve(path, obj):
             for key in path:
