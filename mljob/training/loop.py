@@ -271,7 +271,7 @@ class Replica:
 
         objective = self.objective
 
-        def step(i, weights, ms, vs, ns, _loss, state):
+        def step(i, weights, ms, vs, ns, _loss, metric_state):
             features, labels, sample_weight = unpack(next(iterator))
             if objective.class_weight is not None:
                 sample_weight = objective.class_weights(tree.flatten(labels)[0])
@@ -287,10 +287,11 @@ class Replica:
             t = tf.cast(t0 + tf.cast(i, t0.dtype) + 1, tf.float32)
             alpha = lr * tf.sqrt(1 - tf.pow(b2, t)) / (1 - tf.pow(b1, t))
             weights, ms, vs = _adam_step(weights, ms, vs, grads, alpha, b1, b2, eps)
-            state = objective.update(state, labels, outputs, sample_weight, each, mean_loss)
-            return i + 1, weights, ms, vs, ns, loss, state
+            metric_state = objective.update(metric_state, labels, outputs, sample_weight,
+                                            each, mean_loss)
+            return i + 1, weights, ms, vs, ns, loss, metric_state
 
-        _, *end, loss, state = tf.while_loop(
+        _, *end, loss, metric_state = tf.while_loop(
             lambda i, *_: i < num_steps, step,
             (tf.constant(0), *start, tf.constant(0.0), objective.zero_state()))
         weight_share = self.num_workers ** (-0.5 if self.merge == "sqrt" else -1.0)
@@ -302,7 +303,7 @@ class Replica:
         for var, new in zip(state, end[3], strict=True):
             var.assign(new)
         opt.iterations.assign_add(tf.cast(num_steps, opt.iterations.dtype))
-        return loss, state, stop_flag
+        return loss, metric_state, stop_flag
 
     def _stateless_forward(self, features, weights, state_values):
         """The model on the given weight parts and non-trainable values: (outputs, the
