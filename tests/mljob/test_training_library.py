@@ -316,12 +316,12 @@ def test_accuracy_is_resolved_as_keras_resolves_it():
                            metrics=["accuracy"])
     assert _metrics_of(objective, labels, probabilities) == {"accuracy": 0.75}
     # From logits: threshold at 0 (sigmoid 0.5), for accuracy and AUC given by name.
-    logits = np.array([[-0.2], [0.3], [-1.0], [0.4]], np.float32)
+    logits = np.array([[-0.2], [0.3], [0.2], [-1.0]], np.float32)
     objective = _objective(_sigmoid_model(None),
                            loss=keras.losses.BinaryCrossentropy(from_logits=True),
                            metrics=["accuracy", "auc"])
     got = _metrics_of(objective, labels, logits)
-    assert got["accuracy"] == 0.5
+    assert got["accuracy"] == 1.0  # at 0.5 the logits 0.3 and 0.2 would count as 0
     auc = keras.metrics.AUC(from_logits=True)
     auc.update_state(labels, logits)
     assert got["auc"] == pytest.approx(float(auc.result()))
@@ -347,7 +347,8 @@ def test_metric_states_merge_into_the_metric_over_every_example():
     scores = np.clip(labels * 0.3 + rng.random((64, 1)) * 0.7, 0, 1).astype(np.float32)
     scores[:32] = scores[:32] * 0.5  # the halves score on different scales
     metrics = lambda: [keras.metrics.AUC(name="auc"),  # noqa: E731
-                       keras.metrics.Precision(name="precision"), "accuracy"]
+                       keras.metrics.Precision(name="precision"),
+                       keras.metrics.TruePositives(name="tp"), "accuracy"]
     objective = _objective(_sigmoid_model(), loss="binary_crossentropy", metrics=metrics())
     states = []
     for half in (slice(0, 32), slice(32, 64)):
@@ -356,7 +357,7 @@ def test_metric_states_merge_into_the_metric_over_every_example():
                                        tf.constant(scores[half]), None, each, loss))
     loss, merged = objective.results(objective.merge(states))
     whole = {}
-    for metric in metrics()[:2] + [keras.metrics.BinaryAccuracy(name="accuracy")]:
+    for metric in metrics()[:3] + [keras.metrics.BinaryAccuracy(name="accuracy")]:
         metric.update_state(labels, scores)
         whole[metric.name] = float(metric.result())
     assert merged == pytest.approx(whole, rel=1e-6)
@@ -405,3 +406,52 @@ def test_a_compiled_model_supplies_loss_metrics_and_optimizer_and_arguments_win(
     out = capsys.readouterr().out
     line = [s for s in out.splitlines() if s.startswith("step 2/2 ")][0]
     assert " mae=" in line and " accuracy=" not in line and " top1=" not in line, line
+
+
+def test_the_issues_lookup_table_model_exports_with_its_table(tmp_path):
+    """The issue's minimal case: StringLookup -> Embedding -> Dense, exported with
+    mljob.training.export (was an "untracked resource" traceback); the export takes the
+    raw strings and answers as the model does."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from mljob import training
+    from mljob.training import export as export_lib
+
+    def model_fn():
+        keras.utils.set_random_seed(3)
+        x = keras.Input((), dtype="string", name="x")
+        ids = keras.layers.StringLookup(vocabulary=["a", "b"])(x)
+        h = keras.layers.Embedding(3, 4)(ids)
+        return keras.Model(x, keras.layers.Dense(2)(h))
+
+    model = model_fn()
+    url = str(tmp_path / "model")
+    export_lib.export(model_fn, model.get_weights(), url, training.Serving())
+    loaded = export_lib.load(url)
+    words = tf.constant(["a", "b", "zzz", "a"])
+    out = loaded.signatures["serving_default"](x=words, key=tf.constant([4, 3, 2, 1],
+                                                                          tf.int64))
+    assert out["key"].numpy().tolist() == [4, 3, 2, 1]
+    np.testing.assert_allclose(out["outputs"].numpy(), model(words).numpy(), rtol=1e-6)
+    assert not np.allclose(out["outputs"].numpy()[0], out["outputs"].numpy()[2])
+
+
+def test_class_weight_weighs_the_training_loss(tmp_path, capsys):
+    """Every label is 1 (_tiny_data): with class 1 weighing 0 the loss a step reports
+    is 0 and nothing moves; weighing 3, the loss is three times the unweighted one."""
+    import keras
+
+    def seeded():
+        keras.utils.set_random_seed(1)
+        return _tiny_model()
+    losses = {}
+    for name, weights in (("none", None), ("zero", {1: 0.0}), ("three", {1: 3.0})):
+        assert _fit(tmp_path / name, model_fn=seeded, class_weight=weights,
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)) == 0
+        out = capsys.readouterr().out
+        line = [s for s in out.splitlines() if s.startswith("step 1/2 ")][0]
+        losses[name] = float(line.split("loss=")[1].split()[0])
+    assert losses["zero"] == 0.0 and losses["none"] > 0.1
+    assert losses["three"] == pytest.approx(3 * losses["none"], rel=1e-3)

@@ -35,7 +35,7 @@ class Entry:
     name: str
     model_fn: Callable[[], Any]
     data: Callable[[int, int], tuple]
-    fit: dict = dataclasses.field(default_factory=dict)
+    fit: Callable[[], dict] = dict  # made when a run starts: metrics hold variables
     serving: Any = None
     reference: Callable[[Any], Any] | None = None  # compiles a model as fit ran it
     ps: int = 1
@@ -354,7 +354,7 @@ def _imbalanced_model():
 ZOO: dict[str, Entry] = {e.name: e for e in [
     Entry("census", model_fn=_census_model, data=_census_data, reference=lambda m: m),
     Entry("text", input="text", model_fn=_text_model, data=_text_data,
-          fit=dict(loss=keras.losses.BinaryCrossentropy(from_logits=True),
+          fit=lambda: dict(loss=keras.losses.BinaryCrossentropy(from_logits=True),
                    optimizer=lambda: keras.optimizers.Adam(0.05), metrics=["accuracy"]),
           # Keras would threshold the logits at 0.5; the library at 0 (sigmoid 0.5).
           reference=_compiled(loss=lambda: keras.losses.BinaryCrossentropy(from_logits=True),
@@ -364,12 +364,13 @@ ZOO: dict[str, Entry] = {e.name: e for e in [
           reference=lambda m: m),
     Entry("tickets", model_fn=_ticket_model, data=_ticket_data, reference=lambda m: m),
     Entry("regression", input="x", model_fn=_regression_model, data=_regression_data,
-          fit=dict(loss="mse", optimizer=lambda: keras.optimizers.Adam(0.03),
+          fit=lambda: dict(loss="mse", optimizer=lambda: keras.optimizers.Adam(0.03),
                    metrics=["mae", keras.metrics.RootMeanSquaredError(name="rmse")]),
           reference=_compiled(loss="mse", metrics=lambda: [
               "mae", keras.metrics.RootMeanSquaredError(name="rmse")])),
     Entry("multilabel", input="features", model_fn=_multilabel_model, data=_multilabel_data,
-          fit=dict(loss="binary_crossentropy", optimizer=lambda: keras.optimizers.Adam(0.03),
+          fit=lambda: dict(loss="binary_crossentropy",
+                           optimizer=lambda: keras.optimizers.Adam(0.03),
                    metrics=["binary_accuracy", keras.metrics.AUC(multi_label=True, name="auc"),
                             keras.metrics.Precision(name="precision"),
                             keras.metrics.Recall(name="recall")]),
@@ -380,19 +381,19 @@ ZOO: dict[str, Entry] = {e.name: e for e in [
     Entry("sequence", input="tokens", model_fn=_sequence_model, data=_sequence_data,
           reference=lambda m: m),
     Entry("subclassed", model_fn=_subclassed_model, data=_subclassed_data,
-          fit=dict(loss="mse", optimizer="adam", metrics=["mae"]),
+          fit=lambda: dict(loss="mse", optimizer="adam", metrics=["mae"]),
           serving=training.Serving(inputs={"x": tf.TensorSpec([None, 3], tf.float32),
                                            "colour": tf.TensorSpec([None], tf.string)}),
           reference=_compiled(loss="mse", metrics=lambda: ["mae"])),
     Entry("big_embedding", input="item", model_fn=_big_embedding_model, data=_big_embedding_data,
-          fit=dict(loss="sparse_categorical_crossentropy", optimizer=lambda:
+          fit=lambda: dict(loss="sparse_categorical_crossentropy", optimizer=lambda:
                    keras.optimizers.Adam(0.05), metrics=["accuracy"]),
           reference=_compiled(loss="sparse_categorical_crossentropy",
                               metrics=lambda: ["accuracy"]), ps=2),
     Entry("mixed", input="features", model_fn=_mixed_model, data=_mixed_data,
           reference=lambda m: m, tolerance=2e-2),
     Entry("imbalanced", input="features", model_fn=_imbalanced_model, data=_imbalanced_data,
-          fit=dict(loss="categorical_crossentropy",
+          fit=lambda: dict(loss="categorical_crossentropy",
                    optimizer=lambda: keras.optimizers.Adam(0.05),
                    metrics=["accuracy", keras.metrics.F1Score(average="macro", name="f1")],
                    class_weight={0: 1.0, 1: 6.0}),
@@ -431,7 +432,7 @@ def fit_arguments(entry: Entry, *, train_n: int = 512, eval_n: int = 256) -> dic
 
     serving = entry.serving or training.Serving()
     return dict(train_dataset_fn=train_dataset_fn, eval_dataset_fn=eval_dataset_fn,
-                serving=serving, describe=f"model={entry.name}", **entry.fit)
+                serving=serving, describe=f"model={entry.name}", **entry.fit())
 
 
 def main() -> None:
