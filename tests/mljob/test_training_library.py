@@ -455,3 +455,25 @@ def test_class_weight_weighs_the_training_loss(tmp_path, capsys):
         losses[name] = float(line.split("loss=")[1].split()[0])
     assert losses["zero"] == 0.0 and losses["none"] > 0.1
     assert losses["three"] == pytest.approx(3 * losses["none"], rel=1e-3)
+
+
+def test_weighted_metrics_take_the_sample_weights_and_metrics_do_not():
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    labels = np.array([[1.0], [2.0], [4.0]], np.float32)
+    outputs = np.array([[1.5], [1.0], [4.0]], np.float32)
+    weights = np.array([2.0, 0.0, 1.0], np.float32)
+    objective = _objective(_sigmoid_model(None), loss="mse", metrics=["mae"],
+                           weighted_metrics=["mae"])
+    loss, each = objective.loss(tf.constant(labels), tf.constant(outputs), tf.constant(weights))
+    state = objective.update(objective.zero_state(), tf.constant(labels), tf.constant(outputs),
+                             tf.constant(weights), each, loss)
+    _, got = objective.results(state)
+    plain, weighted = keras.metrics.MeanAbsoluteError(), keras.metrics.MeanAbsoluteError()
+    plain.update_state(labels, outputs)
+    weighted.update_state(labels, outputs, sample_weight=weights)
+    assert got == pytest.approx({"mae": float(plain.result()),
+                                 "weighted_mae": float(weighted.result())})
+    assert float(loss) == pytest.approx(float(keras.losses.MeanSquaredError()(
+        labels, outputs, sample_weight=weights)))
