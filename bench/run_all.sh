@@ -24,11 +24,13 @@ if [[ ${#quick[@]} -eq 0 ]]; then
   python -m bench.batch_predict
   python -m bench.input_pipeline
   python -m bench.local_update
+  python -m bench.zoo --steps 100
 else
   python -m bench.serving_bench --seconds 2
   python -m bench.batch_predict --cnn-instances 300 --tabular-instances 3000 --seconds 1
   python -m bench.input_pipeline --batches 500
   python -m bench.local_update --functions 3
+  python -m bench.zoo --steps 20
 fi
 python -m bench.ps_speed "${quick[@]}"
 # The CNN's ps setups four times over, interleaved, with the opt-in bfloat16 ones (their

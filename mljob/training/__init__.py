@@ -49,30 +49,41 @@ os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
 
 
 def fit(model_fn: Callable[[], Any], train_dataset_fn: Callable[[Any], Any], *,
-        loss: Any, optimizer: Any, config: RunConfig,
-        metrics: Mapping[str, Any] | Sequence[Any] = (),
+        config: RunConfig, loss: Any = None, optimizer: Any = None,
+        metrics: Mapping[str, Any] | Sequence[Any] | None = None,
+        loss_weights: Any = None, weighted_metrics: Any = None,
+        class_weight: Mapping[int, float] | None = None,
         eval_dataset_fn: Callable[[], Any] | None = None, serving: Serving | None = None,
         describe: str | Callable[[], str] = "",
         info: cluster_lib.ClusterInfo | None = None, stop: StopSignal | None = None) -> int:
     """Play this replica's role in the run; returns 0, raises TrainingError subclasses.
 
     model_fn() -> a Keras 3 model (called inside the strategy's scope, again for the
-    evaluator and the export). train_dataset_fn(context) -> an endless tf.data.Dataset
-    of (features, labels) batches of `context.batch_size` for one input pipeline;
-    `context` is a `tf.distribute.InputContext` (`input_pipeline_id` is a scalar tensor
-    under ps) with `batch_size` and `seed` added. Under ps it runs on the workers: build
-    everything inside it. loss: (labels, outputs) -> per-example losses, a
-    `keras.losses.Loss` or its name. optimizer: a Keras optimizer's name or a function
-    returning a new one (it must be built inside the scope). metrics: names ("accuracy")
-    or {name: (labels, outputs) -> per-example values}. eval_dataset_fn() -> a finite
-    dataset of (features, labels) batches. serving: the export's signature; None: no
-    export. describe: extra `key=value` text for the "training started" line (its first
-    pair, the model's name, comes before `replicas=`, the rest before `job_dir=`).
-    info and stop default to the environment's cluster and a new StopSignal.
+    evaluator and the export), compiled or not. train_dataset_fn(context) -> an endless
+    tf.data.Dataset of (features, labels) or (features, labels, sample_weight) batches
+    of `context.batch_size` for one input pipeline; `context` is a
+    `tf.distribute.InputContext` (`input_pipeline_id` is a scalar tensor under ps) with
+    `batch_size` and `seed` added. Under ps it runs on the workers: build everything
+    inside it.
+
+    loss, metrics, loss_weights, weighted_metrics: what `model.compile` takes
+    (`losses.Objective`): a Keras loss, its name or a function (labels, outputs) ->
+    per-example losses, or a list/dict of them per output; metrics as names (resolved
+    as Keras does), functions or Keras metric objects, per output as a list or dict;
+    or {name: (labels, outputs) -> per-example values}. Left None they come from the
+    model's compile. class_weight: {class index: weight}, as `fit` takes it.
+    optimizer: a Keras optimizer's name or a function returning a new one (it must be
+    built inside the scope); None: the compiled model's. eval_dataset_fn() -> a finite
+    dataset of batches like the training ones. serving: the export's signature; None:
+    no export. describe: extra `key=value` text for the "training started" line (its
+    first pair, the model's name, comes before `replicas=`, the rest before
+    `job_dir=`). info and stop default to the environment's cluster and a new
+    StopSignal.
     """
     program = Program(model_fn=model_fn, train_dataset_fn=train_dataset_fn, loss=loss,
                       optimizer=optimizer, metrics=metrics, eval_dataset_fn=eval_dataset_fn,
-                      serving=serving, describe=describe)
+                      serving=serving, describe=describe, loss_weights=loss_weights,
+                      weighted_metrics=weighted_metrics, class_weight=class_weight)
     return run(program, config, info=info, stop=stop)
 
 

@@ -101,15 +101,17 @@ class Serving:
 
     inputs: the model's inputs by name, each a `tf.TensorSpec` with a batch dimension
     (`tf.TensorSpec([None, 784], tf.float32)`); with one input the model is called with
-    the tensor, with several with the dict. outputs: model outputs -> a dict of named
-    tensors (default `{"outputs": outputs}`). key: the name of an input passed through
-    unchanged to an output of that name, so a client can match answers to instances
+    the tensor, with several with the dict. None (default): the model's own Input
+    layers, each with its own dtype and shape (strings stay strings). outputs: model
+    outputs -> a dict of named tensors (default `{"outputs": outputs}`). key: the name
+    of an input passed through unchanged to an output of that name, so a client can
+    match answers to instances
     (None: no key); key_dtype its dtype. keyless_signature: also export a signature of
     that name without the key. model_fn: the model the export is built from when it
     differs from the training one (e.g. float32 where training ran in bfloat16).
     """
 
-    inputs: Mapping[str, Any]
+    inputs: Mapping[str, Any] | None = None
     outputs: Callable[[Any], Mapping[str, Any]] | None = None
     key: str | None = "key"
     key_dtype: str = "int64"
@@ -117,29 +119,42 @@ class Serving:
     model_fn: Callable[[], Any] | None = None
 
     def __post_init__(self):
-        if not self.inputs:
+        if self.inputs is not None and not self.inputs:
             raise UsageError("Serving needs at least one input, e.g. "
                              "inputs={'x': tf.TensorSpec([None, 4], tf.float32)}")
-        if self.key is not None and self.key in self.inputs:
+        if self.key is not None and self.key in (self.inputs or {}):
             raise UsageError(f"the instance key {self.key!r} is also a model input; name "
                              "the key differently (Serving(key=...)) or pass key=None")
 
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-    """The user's side of a run (see `mljob.training.fit` for each)."""
+    """The user's side of a run (see `mljob.training.fit` for each). loss, optimizer,
+    metrics, loss_weights and weighted_metrics left None come from the model when
+    model_fn() returns a compiled one."""
 
     model_fn: Callable[[], Any]
     train_dataset_fn: Callable[[Any], Any]
-    loss: Any
-    optimizer: Any
-    metrics: Mapping[str, Any] | Sequence[Any] = ()
+    loss: Any = None
+    optimizer: Any = None
+    metrics: Mapping[str, Any] | Sequence[Any] | None = None
     eval_dataset_fn: Callable[[], Any] | None = None
     serving: Serving | None = None
     describe: str | Callable[[], str] = ""
+    loss_weights: Any = None
+    weighted_metrics: Any = None
+    class_weight: Mapping[int, float] | None = None
 
     def description(self) -> str:
         return self.describe() if callable(self.describe) else self.describe
+
+    def objective(self, model):
+        """The run's loss and metrics for this model (`losses.Objective`), not built."""
+        from mljob.training.losses import Objective  # TensorFlow, when a run starts
+        return Objective.of(model, loss=self.loss, metrics=self.metrics,
+                            loss_weights=self.loss_weights,
+                            weighted_metrics=self.weighted_metrics,
+                            class_weight=self.class_weight)
 
 
 __all__ = ["RunConfig", "Serving", "Program", "STEPS_PER_EXECUTION", "WIRE_DTYPES"]

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
 import tensorflow as tf
 
 from mljob.errors import EXIT_OK, first_line
 from mljob.training.checkpoints import CheckpointStore
 from mljob.training.config import Program, RunConfig
-from mljob.training.losses import metric_functions, per_example_loss
+from mljob.training.losses import Objective, unpack
 from mljob.training.signals import StopSignal
 from mljob.training.summaries import Progress, SummaryWriters
 
@@ -34,28 +35,27 @@ POLL_SECONDS = 1.0
 _eval_steps: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def evaluate(model, dataset, loss_fn, metric_fns) -> tuple[float, dict[str, float]]:
-    """Mean per-example loss and metrics of `model` over every example of `dataset`
-    (finite, of (features, labels) batches)."""
+def evaluate(model, dataset, objective: Objective) -> tuple[float, dict[str, float]]:
+    """Loss and metrics of `model` over every example of `dataset` (finite, of
+    (features, labels[, sample_weight]) batches) as Keras's `evaluate` gives them: each
+    metric object updated batch by batch, the loss the batches' mean weighted by their
+    sizes."""
+    objective.build(model, dataset.element_spec)
     step = _eval_steps.get(model)
     if step is None:
         @tf.function
-        def eval_step(features, labels):
+        def eval_step(state, data):
+            features, labels, weights = unpack(data)
             outputs = model(features, training=False)
-            losses = tf.cast(loss_fn(labels, outputs), tf.float32)
-            sums = {name: tf.reduce_sum(tf.cast(fn(labels, outputs), tf.float32))
-                    for name, fn in metric_fns.items()}
-            return tf.reduce_sum(losses), sums, tf.shape(losses)[0]
+            loss, each = objective.loss(labels, outputs, weights)
+            if model.losses:
+                loss += tf.add_n([tf.cast(x, tf.float32) for x in model.losses])
+            return objective.update(state, labels, outputs, weights, each, loss)
         step = _eval_steps[model] = eval_step
-    total_loss, totals, count = 0.0, dict.fromkeys(metric_fns, 0.0), 0
-    for features, labels in dataset:
-        loss, sums, n = step(features, labels)
-        total_loss += float(loss)
-        count += int(n)
-        for name, value in sums.items():
-            totals[name] += float(value)
-    count = max(1, count)
-    return total_loss / count, {name: value / count for name, value in totals.items()}
+    state = objective.zero_state()
+    for data in dataset:
+        state = step(state, data)
+    return objective.results([np.asarray(v) for v in state])
 
 
 def run(program: Program, config: RunConfig, stop: StopSignal,
@@ -66,9 +66,9 @@ def run(program: Program, config: RunConfig, stop: StopSignal,
     if eval_dataset_fn is None:
         progress.line("evaluator finished: no eval dataset was given, nothing to evaluate")
         return EXIT_OK
-    loss_fn, metric_fns = per_example_loss(program.loss), metric_functions(program.metrics)
     program.description()  # the user's own set-up (the trainer reads its data here)
     model = program.model_fn()
+    objective = program.objective(model)
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
     checkpoint = tf.train.Checkpoint(model={w.path: w.value for w in model.weights},
                                      step=step_var)
@@ -88,7 +88,7 @@ def run(program: Program, config: RunConfig, stop: StopSignal,
             progress.line(f"warning: checkpoint step {step} cannot be read "
                           f"({first_line(exc, 200)}); waiting")
             return False
-        loss, metrics = evaluate(model, eval_dataset_fn(), loss_fn, metric_fns)
+        loss, metrics = evaluate(model, eval_dataset_fn(), objective)
         progress.eval(step, loss, metrics)
         writers.eval(step, loss=loss, **metrics)
         writers.sync()

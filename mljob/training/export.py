@@ -153,10 +153,15 @@ class ServingModule(tf.Module):
     def __init__(self, keras_model, serving: Serving):
         super().__init__(name="serving")
         self.model_variables = [v.value for v in keras_model.variables]
+        # What else the layers hold: lookup tables (StringLookup, IntegerLookup,
+        # TextVectorization) and a custom layer's own tf.Variables and resources.
+        self.model_resources = held_resources(keras_model, self.model_variables)
         self._serving = serving
-        names = list(serving.inputs)
-        specs = [tf.TensorSpec.from_spec(serving.inputs[n], name=n) for n in names]
-        convert = serving.outputs or (lambda outputs: {"outputs": outputs})
+        inputs = serving.inputs if serving.inputs is not None else model_inputs(keras_model)
+        names = list(inputs)
+        specs = [_spec(inputs[n], n) for n in names]
+        output_names = list(getattr(keras_model, "output_names", None) or [])
+        convert = serving.outputs or (lambda outputs: _named_outputs(outputs, output_names))
 
         def outputs(*tensors):
             features = tensors[0] if len(tensors) == 1 else dict(zip(names, tensors, strict=True))
@@ -187,6 +192,70 @@ class ServingModule(tf.Module):
             assert name is not None  # self.keyless is made only for a keyless_signature
             out[name] = self.keyless.get_concrete_function()
         return out
+
+
+def _named_outputs(outputs, names: list) -> dict:
+    """Serving's default outputs: a model's dict of outputs as it is, a list by the
+    model's output names, a single tensor as `outputs`."""
+    if isinstance(outputs, dict):
+        return dict(outputs)
+    if isinstance(outputs, (list, tuple)):
+        if len(names) != len(outputs):
+            names = [f"output_{i}" for i in range(len(outputs))]
+        return dict(zip(names, outputs, strict=True))
+    return {"outputs": outputs}
+
+
+def model_inputs(keras_model) -> dict:
+    """The model's own inputs by name, with their dtypes and shapes (what Serving's
+    inputs=None exports): a functional model's Input layers."""
+    inputs = getattr(keras_model, "inputs", None)
+    if not inputs:
+        raise UsageError(f"model {keras_model.name!r} has no Input layers to take the "
+                         "serving signature from; give Serving(inputs={name: "
+                         "tf.TensorSpec(...)})")
+    return {t.name: tf.TensorSpec(t.shape, t.dtype, name=t.name) for t in inputs}
+
+
+def _spec(spec, name):
+    if isinstance(spec, tf.RaggedTensorSpec):
+        return spec
+    return tf.TensorSpec.from_spec(spec, name=name)
+
+
+def held_resources(keras_model, variables) -> list:
+    """The tf.Variables and resources (lookup tables...) the model's layers hold as
+    attributes that are not among `variables`: what the serving function captures and
+    the saver must track."""
+    seen = {id(v) for v in variables}
+    seen_handles = {id(getattr(v, "handle", None)) for v in variables}
+    found: list = []
+
+    def visit(value, depth):
+        if id(value) in seen or depth > 3:
+            return
+        if isinstance(value, tf.Variable):
+            if id(getattr(value, "handle", None)) not in seen_handles:
+                seen.add(id(value))
+                found.append(value)
+            return
+        if isinstance(value, tf.saved_model.experimental.TrackableResource):
+            seen.add(id(value))
+            found.append(value)
+            return
+        seen.add(id(value))
+        if isinstance(value, dict) or type(value).__name__ == "_DictWrapper":
+            for item in list(value.values()):
+                visit(item, depth + 1)
+        elif isinstance(value, (list, tuple)) or type(value).__name__ == "ListWrapper":
+            for item in list(value):
+                visit(item, depth + 1)
+
+    for layer in keras_model._flatten_layers(include_self=True, recursive=True):
+        for value in list(vars(layer).values()):
+            if not isinstance(value, (str, bytes, int, float, bool, type(None))):
+                visit(value, 0)
+    return found
 
 
 def load(url: str):

@@ -35,6 +35,7 @@ import time
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src import tree
 
 from mljob import hypertune, storage
 from mljob.cluster import ClusterInfo
@@ -43,7 +44,7 @@ from mljob.training.checkpoints import CheckpointStore
 from mljob.training.config import Program, RunConfig
 from mljob.training.errors import PeerUnavailableError, Preempted, UsageError
 from mljob.training.evaluator import evaluate
-from mljob.training.losses import metric_functions, per_example_loss
+from mljob.training.losses import compiled_optimizer, one_replica, unpack
 from mljob.training.signals import StopSignal
 from mljob.training.strategies import make_strategy, peer_named_in, wait_for_leader, \
     wait_for_peers, weight_parts, weights_numpy
@@ -91,8 +92,6 @@ class Replica:
         self.num_workers = num_workers
         # Under multiworker every chunk all-reduces the replicas' stop flags (see above).
         self.agree_on_stop = agree_on_stop
-        self.loss_fn = per_example_loss(program.loss)
-        self.metric_fns = metric_functions(program.metrics)
         with strategy.scope():
             self.model = program.model_fn()
             if not isinstance(self.model, keras.Model):
@@ -101,10 +100,18 @@ class Replica:
             if not self.model.built or not self.model.weights:
                 raise UsageError("model_fn's model has no weights yet; build it (give "
                                  "its Input shapes, or call model.build) before returning")
-            self.optimizer = make_optimizer(program.optimizer)
+            self.optimizer = make_optimizer(program.optimizer) \
+                if program.optimizer is not None else compiled_optimizer(self.model)
             self.parts = [p for w in self.model.trainable_weights for p in weight_parts(w)]
             self.optimizer.build(self.parts)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        # What compile was given, unless the arguments say otherwise (Objective.of); its
+        # metrics made here, outside the scope: only their states travel.
+        self.objective = program.objective(self.model)
+        # The loss of a step is its batch's mean; under synchronous replicas each adds
+        # its share, so their sum is the global batch's mean (Keras does the same).
+        self.loss_scale = 1.0 if coordinator is not None else \
+            1.0 / strategy.num_replicas_in_sync
         # The model's variables by their Keras path, not the Keras objects: a Keras
         # variable holding a ShardedVariable cannot be saved, the ShardedVariable can,
         # and it restores into unsharded variables (the evaluator, a single-node resume).
@@ -171,30 +178,35 @@ class Replica:
                                                      global_batch_size=batch, seed=seed))
 
             per_worker = self.coordinator.create_per_worker_dataset(dataset_fn)
+            self.objective.build(self.model, per_worker.element_spec)
             self._iterator = iter(per_worker)
             return
 
         def replica_fn(context: tf.distribute.InputContext):
             return train_dataset_fn(InputContext.from_tf(context, batch, seed))
 
-        self._iterator = iter(self.strategy.distribute_datasets_from_function(replica_fn))
+        distributed = self.strategy.distribute_datasets_from_function(replica_fn)
+        self.objective.build(self.model, one_replica(distributed.element_spec))
+        self._iterator = iter(distributed)
 
-    def _train_step(self, features, labels):
+    def _train_step(self, *data):
+        features, labels, weights = unpack(data)
         with tf.GradientTape() as tape:
             outputs = self.model(features, training=True)
-            per_example = tf.cast(self.loss_fn(labels, outputs), tf.float32)
+            if self.objective.class_weight is not None:
+                weights = self.objective.class_weights(tree.flatten(labels)[0])
+            loss, each = self.objective.loss(labels, outputs, weights)
             # config.batch_size examples a step: split over the replicas under multiworker
             # and mirrored (whose SUM of these is the mean), one worker's batch under ps.
-            loss = tf.nn.compute_average_loss(per_example,
-                                              global_batch_size=self.config.batch_size)
-            if self.model.losses:  # the layers' regularizers
-                loss += tf.nn.scale_regularization_loss(
-                    tf.add_n([tf.cast(x, tf.float32) for x in self.model.losses]))
-        grads = tape.gradient(loss, self.parts)
+            if self.model.losses:  # the layers' regularizers, in the loss as in Keras
+                loss += tf.add_n([tf.cast(x, tf.float32) for x in self.model.losses])
+            scaled = loss * self.loss_scale
+            scaled_for_grads = self.optimizer.scale_loss(scaled)
+        grads = tape.gradient(scaled_for_grads, self.parts)
         self.optimizer.apply_gradients(zip(grads, self.parts, strict=True))
-        metrics = {name: tf.reduce_mean(tf.cast(fn(labels, outputs), tf.float32))
-                   for name, fn in self.metric_fns.items()}
-        return loss, metrics
+        state = self.objective.update(self.objective.zero_state(), labels, outputs,
+                                      weights, each, loss)
+        return scaled, state
 
     def _read(self, var):
         """A variable's value on this worker; with ps_wire_dtype bfloat16 it is rounded
@@ -221,15 +233,17 @@ class Replica:
         # Steps before the last return nothing: fetching values costs a round trip.
         for _ in tf.range(num_steps - 1):
             self.strategy.run(self._train_step, args=next(iterator))
-        loss, metrics = self.strategy.run(self._train_step, args=next(iterator))
+        loss, state = self.strategy.run(self._train_step, args=next(iterator))
         sum_, mean = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
         stops = stop_flag
         if self.agree_on_stop:  # how many replicas were asked to stop, the same on all
             stops = self.strategy.run(_all_replicas_sum, args=(stop_flag,))
             stops = self.strategy.experimental_local_results(stops)[0]
-        return (self.strategy.reduce(sum_, loss, axis=None),
-                {name: self.strategy.reduce(mean, value, axis=None)
-                 for name, value in metrics.items()}, stops)
+        # The replicas' metric states merged by each variable's aggregation.
+        merged = [self.strategy.reduce(sum_ if how.endswith("sum") else mean, value,
+                                       axis=None)
+                  for how, value in zip(self.objective.aggregations, state, strict=True)]
+        return self.strategy.reduce(sum_, loss, axis=None), merged, stops
 
     def _local_chunk(self, iterator, num_steps, stop_flag):
         """ps_local_steps: the scheduled function reads the weights and Adam's state
@@ -255,14 +269,17 @@ class Replica:
         lr = tf.cast(opt.learning_rate, tf.float32)
         b1, b2, eps = opt.beta_1, opt.beta_2, opt.epsilon
 
-        def step(i, weights, ms, vs, ns, _loss, _metrics):
-            features, labels = next(iterator)
+        objective = self.objective
+
+        def step(i, weights, ms, vs, ns, _loss, metric_state):
+            features, labels, sample_weight = unpack(next(iterator))
+            if objective.class_weight is not None:
+                sample_weight = objective.class_weights(tree.flatten(labels)[0])
             with tf.GradientTape() as tape:
                 tape.watch(weights)
                 outputs, ns, extra = self._stateless_forward(features, weights, ns)
-                per_example = tf.cast(self.loss_fn(labels, outputs), tf.float32)
-                loss = tf.nn.compute_average_loss(per_example,
-                                                  global_batch_size=self.config.batch_size)
+                mean_loss, each = objective.loss(labels, outputs, sample_weight)
+                loss = mean_loss
                 if extra:  # the layers' regularizers
                     loss += tf.nn.scale_regularization_loss(
                         tf.add_n([tf.cast(x, tf.float32) for x in extra]))
@@ -270,13 +287,13 @@ class Replica:
             t = tf.cast(t0 + tf.cast(i, t0.dtype) + 1, tf.float32)
             alpha = lr * tf.sqrt(1 - tf.pow(b2, t)) / (1 - tf.pow(b1, t))
             weights, ms, vs = _adam_step(weights, ms, vs, grads, alpha, b1, b2, eps)
-            metrics = {name: tf.reduce_mean(tf.cast(fn(labels, outputs), tf.float32))
-                       for name, fn in self.metric_fns.items()}
-            return i + 1, weights, ms, vs, ns, loss, metrics
+            metric_state = objective.update(metric_state, labels, outputs, sample_weight,
+                                            each, mean_loss)
+            return i + 1, weights, ms, vs, ns, loss, metric_state
 
-        zero = {name: tf.constant(0.0) for name in self.metric_fns}
-        _, *end, loss, metrics = tf.while_loop(
-            lambda i, *_: i < num_steps, step, (tf.constant(0), *start, tf.constant(0.0), zero))
+        _, *end, loss, metric_state = tf.while_loop(
+            lambda i, *_: i < num_steps, step,
+            (tf.constant(0), *start, tf.constant(0.0), objective.zero_state()))
         weight_share = self.num_workers ** (-0.5 if self.merge == "sqrt" else -1.0)
         shares = (weight_share, 1.0 / self.num_workers, 1.0 / self.num_workers)
         for group, share, before, after in zip((self.parts, moments, velocities), shares,
@@ -286,7 +303,7 @@ class Replica:
         for var, new in zip(state, end[3], strict=True):
             var.assign(new)
         opt.iterations.assign_add(tf.cast(num_steps, opt.iterations.dtype))
-        return loss, metrics, stop_flag
+        return loss, metric_state, stop_flag
 
     def _stateless_forward(self, features, weights, state_values):
         """The model on the given weight parts and non-trainable values: (outputs, the
@@ -314,9 +331,13 @@ class Replica:
             return self.coordinator.schedule(self._chunk, args=(self._iterator, n, flag))
         return self._chunk(self._iterator, n, flag)
 
-    def result(self, handle) -> tuple[float, dict[str, float]]:
-        loss, metrics, _ = handle.fetch() if self.coordinator is not None else handle
-        return float(loss), {name: float(value) for name, value in metrics.items()}
+    def result(self, handles) -> tuple[float, dict[str, float]]:
+        """(loss, metrics) over the chunks of `handles`: the metric states of each (every
+        replica's, every worker's) merged, then Keras's result of the merged state; the
+        loss is the mean loss of the same batches."""
+        fetched = [h.fetch() if self.coordinator is not None else h for h in handles]
+        states = [[np.asarray(v) for v in state] for _, state, _ in fetched]
+        return self.objective.results(self.objective.merge(states))
 
     def stopping(self, handle) -> bool:
         """Under multiworker: whether any replica asked to stop before this chunk ran
@@ -461,6 +482,7 @@ class _Loop:
         loss = float("nan")
         metrics: dict[str, float] = {}
         agree = self.replica.agree_on_stop
+        pending: list = []  # the chunks since the last log line, whose metrics it shows
         while step < cfg.train_steps:
             # Alone, a replica stops before a chunk; under multiworker all stop together
             # after the chunk whose all-reduce first carries a stop flag (below).
@@ -469,10 +491,12 @@ class _Loop:
             num = 1 if step == start else min(cfg.steps_per_execution,
                                               self._next_boundary(step) - step)
             handle = self.replica.run_chunk(num, stop=agree and stop.requested())
+            pending.append(handle)
             step += num
             self.progress.bar(step)
             if step == start + 1 or step % cfg.log_every == 0 or step == cfg.train_steps:
-                loss, metrics = self.replica.result(handle)
+                loss, metrics = self.replica.result(pending)
+                pending = []
                 now = time.monotonic()
                 steps_per_sec = (step - mark_step) / max(now - mark_time, 1e-9)
                 mark_step, mark_time = step, now
@@ -519,7 +543,7 @@ class _Loop:
             return
         self.replica.sync()
         loss, metrics = evaluate(self.replica.model, self.program.eval_dataset_fn(),
-                                 self.replica.loss_fn, self.replica.metric_fns)
+                                 self.replica.objective)
         self.progress.eval(step, loss, metrics)
         self.writers.eval(step, loss=loss, **metrics)
         self.writers.sync()

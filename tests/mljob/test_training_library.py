@@ -204,18 +204,42 @@ def _fit(tmp_path, **overrides):
                                             batch_size=1),
                   info=cluster.from_environment({}))
     kwargs.update(overrides)
-    return training.fit(_tiny_model, _tiny_data, **kwargs)
+    model_fn = kwargs.pop("model_fn", _tiny_model)
+    return training.fit(model_fn, kwargs.pop("data", _tiny_data), **kwargs)
+
+
+def _weighted_data(context):
+    import tensorflow as tf
+    return tf.data.Dataset.from_tensors(([[0.0, 1.0]], [1], [2.0])).repeat()
+
+
+def _unlabelled_data(context):
+    import tensorflow as tf
+    return tf.data.Dataset.from_tensors([[0.0, 1.0]]).repeat()
 
 
 @pytest.mark.parametrize("overrides, fragment", [
     (lambda keras: {"optimizer": keras.optimizers.Adam()},
      "give the optimizer as a function that returns a new one"),
     (lambda keras: {"optimizer": lambda: "adam"}, "optimizer gave str, not a Keras optimizer"),
-    (lambda keras: {"metrics": ["f1"]}, "unknown metric 'f1'; use one of accuracy"),
+    (lambda keras: {"metrics": ["f1"]}, "unknown metric 'f1'; give a Keras metric name"),
     (lambda keras: {"metrics": {"loss": "accuracy"}}, "a name other than 'loss'"),
     (lambda keras: {"loss": "no_such_loss"}, "unknown loss 'no_such_loss'"),
+    (lambda keras: {"loss": None}, "no loss: pass loss=..."),
+    (lambda keras: {"optimizer": None}, "no optimizer: pass optimizer=..."),
+    (lambda keras: {"class_weight": {0: 1.0, 1: 3.0}, "data": _weighted_data},
+     "class_weight and sample weights in the dataset cannot be used together"),
+    (lambda keras: {"class_weight": {-1: 2.0}}, "class_weight keys must be class indices"),
+    (lambda keras: {"loss": {"nope": "mse"}},
+     "loss or metrics do not fit the model's outputs"),
+    (lambda keras: {"data": _unlabelled_data}, "the dataset gives no labels"),
+    (lambda keras: {"metrics": [keras.metrics.F1Score()]},
+     "a metric does not fit the labels or outputs"),
+    (lambda keras: {"loss": 3}, "loss must be a Keras loss or a function"),
 ], ids=["optimizer instance", "optimizer not one", "unknown metric", "metric named loss",
-        "unknown loss"])
+        "unknown loss", "no loss", "no optimizer", "class_weight and sample weights",
+        "class_weight key", "loss dict not the outputs", "no labels", "metric misfit",
+        "loss not one"])
 def test_library_usage_errors_name_the_fix(tmp_path, overrides, fragment):
     import keras
 
@@ -254,3 +278,202 @@ def test_main_reports_a_usage_error_in_one_line_and_exits_2(tmp_path):
     assert done.stderr.splitlines() == [
         "error: train_steps must be an integer of at least 1, got -3"], done.stderr
     assert not os.path.exists(tmp_path / "job")
+
+
+# ---- what compile takes (losses.Objective), in this process --------------------------
+
+def _objective(model, **kwargs):
+    import tensorflow as tf
+
+    from mljob.training.losses import Objective
+    y_spec = kwargs.pop("y_spec", tf.TensorSpec([None, 1], tf.float32))
+    objective = Objective.of(model, **kwargs)
+    objective.build(model, (tf.TensorSpec([None, 2], tf.float32), y_spec))
+    return objective
+
+
+def _sigmoid_model(activation="sigmoid", units=1):
+    import keras
+    x = keras.Input((2,), name="x")
+    return keras.Model(x, keras.layers.Dense(units, activation=activation)(x))
+
+
+def _metrics_of(objective, labels, outputs):
+    import tensorflow as tf
+    state = objective.update(objective.zero_state(), tf.constant(labels), tf.constant(outputs),
+                             None, [], tf.constant(0.0))
+    return objective.results(state)[1]
+
+
+def test_accuracy_is_resolved_as_keras_resolves_it():
+    import keras
+    import numpy as np
+    labels = np.array([[0.0], [1.0], [1.0], [0.0]], np.float32)
+    # A sigmoid output: probabilities, right when on the label's side of 0.5 (the issue's
+    # bug thresholded them at 0, calling every example class 1).
+    probabilities = np.array([[0.3], [0.7], [0.4], [0.1]], np.float32)
+    objective = _objective(_sigmoid_model(), loss=keras.losses.BinaryCrossentropy(),
+                           metrics=["accuracy"])
+    assert _metrics_of(objective, labels, probabilities) == {"accuracy": 0.75}
+    # From logits: threshold at 0 (sigmoid 0.5), for accuracy and AUC given by name.
+    logits = np.array([[-0.2], [0.3], [0.2], [-1.0]], np.float32)
+    objective = _objective(_sigmoid_model(None),
+                           loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                           metrics=["accuracy", "auc"])
+    got = _metrics_of(objective, labels, logits)
+    assert got["accuracy"] == 1.0  # at 0.5 the logits 0.3 and 0.2 would count as 0
+    auc = keras.metrics.AUC(from_logits=True)
+    auc.update_state(labels, logits)
+    assert got["auc"] == pytest.approx(float(auc.result()))
+    # Softmax outputs: sparse labels -> sparse categorical, one-hot -> categorical.
+    import tensorflow as tf
+    model = _sigmoid_model("softmax", 3)
+    sparse = _objective(model, loss="sparse_categorical_crossentropy", metrics=["acc"],
+                        y_spec=tf.TensorSpec([None], tf.int64))
+    assert isinstance(sparse.metrics.metrics[0], keras.metrics.SparseCategoricalAccuracy)
+    onehot = _objective(model, loss="categorical_crossentropy", metrics=["accuracy"],
+                        y_spec=tf.TensorSpec([None, 3], tf.float32))
+    assert isinstance(onehot.metrics.metrics[0], keras.metrics.CategoricalAccuracy)
+
+
+def test_metric_states_merge_into_the_metric_over_every_example():
+    """Two replicas' (or ps workers') batches: their states merged give Keras's metric
+    over all the examples, not the mean of the two values."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    rng = np.random.default_rng(5)
+    labels = (rng.random((64, 1)) > 0.5).astype(np.float32)
+    scores = np.clip(labels * 0.3 + rng.random((64, 1)) * 0.7, 0, 1).astype(np.float32)
+    scores[:32] = scores[:32] * 0.5  # the halves score on different scales
+    metrics = lambda: [keras.metrics.AUC(name="auc"),  # noqa: E731
+                       keras.metrics.Precision(name="precision"),
+                       keras.metrics.TruePositives(name="tp"), "accuracy"]
+    objective = _objective(_sigmoid_model(), loss="binary_crossentropy", metrics=metrics())
+    states = []
+    for half in (slice(0, 32), slice(32, 64)):
+        loss, each = objective.loss(tf.constant(labels[half]), tf.constant(scores[half]))
+        states.append(objective.update(objective.zero_state(), tf.constant(labels[half]),
+                                       tf.constant(scores[half]), None, each, loss))
+    loss, merged = objective.results(objective.merge(states))
+    whole = {}
+    for metric in metrics()[:3] + [keras.metrics.BinaryAccuracy(name="accuracy")]:
+        metric.update_state(labels, scores)
+        whole[metric.name] = float(metric.result())
+    assert merged == pytest.approx(whole, rel=1e-6)
+    halves = [objective.results(s)[1]["auc"] for s in states]
+    assert abs(np.mean(halves) - merged["auc"]) > 0.01  # an average would be wrong
+    bce = keras.losses.BinaryCrossentropy()
+    assert loss == pytest.approx(float(bce(labels, scores)), rel=1e-5)
+
+
+def test_sample_and_class_weights_weigh_the_loss_as_keras_does():
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    labels = np.array([0, 1, 2, 1], np.int64)
+    outputs = np.array([[.7, .2, .1], [.2, .5, .3], [.1, .1, .8], [.6, .3, .1]], np.float32)
+    model = _sigmoid_model("softmax", 3)
+    objective = _objective(model, loss="sparse_categorical_crossentropy",
+                           class_weight={1: 3.0}, y_spec=tf.TensorSpec([None], tf.int64))
+    weights = objective.class_weights(tf.constant(labels)).numpy()
+    assert weights.tolist() == [1.0, 3.0, 1.0, 3.0]
+    onehot = objective.class_weights(tf.constant(np.eye(3, dtype=np.float32)[labels]))
+    assert onehot.numpy().tolist() == weights.tolist()
+    loss, _ = objective.loss(tf.constant(labels), tf.constant(outputs), tf.constant(weights))
+    keras_loss = keras.losses.SparseCategoricalCrossentropy()(labels, outputs,
+                                                              sample_weight=weights)
+    assert float(loss) == pytest.approx(float(keras_loss), rel=1e-6)
+
+
+def test_a_compiled_model_supplies_loss_metrics_and_optimizer_and_arguments_win(
+        tmp_path, capsys):
+    import keras
+
+    def compiled():
+        model = _tiny_model()
+        model.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(
+                          k=1, name="top1")])
+        return model
+
+    assert _fit(tmp_path / "a", model_fn=compiled, loss=None, optimizer=None) == 0
+    out = capsys.readouterr().out
+    assert "step 2/2 loss=" in out and " accuracy=" in out and " top1=" in out, out
+    assert _fit(tmp_path / "b", model_fn=compiled, loss=None, optimizer=None,
+                metrics=["mae"]) == 0
+    out = capsys.readouterr().out
+    line = [s for s in out.splitlines() if s.startswith("step 2/2 ")][0]
+    assert " mae=" in line and " accuracy=" not in line and " top1=" not in line, line
+
+
+def test_the_issues_lookup_table_model_exports_with_its_table(tmp_path):
+    """The issue's minimal case: StringLookup -> Embedding -> Dense, exported with
+    mljob.training.export (was an "untracked resource" traceback); the export takes the
+    raw strings and answers as the model does."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from mljob import training
+    from mljob.training import export as export_lib
+
+    def model_fn():
+        keras.utils.set_random_seed(3)
+        x = keras.Input((), dtype="string", name="x")
+        ids = keras.layers.StringLookup(vocabulary=["a", "b"])(x)
+        h = keras.layers.Embedding(3, 4)(ids)
+        return keras.Model(x, keras.layers.Dense(2)(h))
+
+    model = model_fn()
+    url = str(tmp_path / "model")
+    export_lib.export(model_fn, model.get_weights(), url, training.Serving())
+    loaded = export_lib.load(url)
+    words = tf.constant(["a", "b", "zzz", "a"])
+    out = loaded.signatures["serving_default"](x=words, key=tf.constant([4, 3, 2, 1],
+                                                                          tf.int64))
+    assert out["key"].numpy().tolist() == [4, 3, 2, 1]
+    np.testing.assert_allclose(out["outputs"].numpy(), model(words).numpy(), rtol=1e-6)
+    assert not np.allclose(out["outputs"].numpy()[0], out["outputs"].numpy()[2])
+
+
+def test_class_weight_weighs_the_training_loss(tmp_path, capsys):
+    """Every label is 1 (_tiny_data): with class 1 weighing 0 the loss a step reports
+    is 0 and nothing moves; weighing 3, the loss is three times the unweighted one."""
+    import keras
+
+    def seeded():
+        keras.utils.set_random_seed(1)
+        return _tiny_model()
+    losses = {}
+    for name, weights in (("none", None), ("zero", {1: 0.0}), ("three", {1: 3.0})):
+        assert _fit(tmp_path / name, model_fn=seeded, class_weight=weights,
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)) == 0
+        out = capsys.readouterr().out
+        line = [s for s in out.splitlines() if s.startswith("step 1/2 ")][0]
+        losses[name] = float(line.split("loss=")[1].split()[0])
+    assert losses["zero"] == 0.0 and losses["none"] > 0.1
+    assert losses["three"] == pytest.approx(3 * losses["none"], rel=1e-3)
+
+
+def test_weighted_metrics_take_the_sample_weights_and_metrics_do_not():
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    labels = np.array([[1.0], [2.0], [4.0]], np.float32)
+    outputs = np.array([[1.5], [1.0], [4.0]], np.float32)
+    weights = np.array([2.0, 0.0, 1.0], np.float32)
+    objective = _objective(_sigmoid_model(None), loss="mse", metrics=["mae"],
+                           weighted_metrics=["mae"])
+    loss, each = objective.loss(tf.constant(labels), tf.constant(outputs), tf.constant(weights))
+    state = objective.update(objective.zero_state(), tf.constant(labels), tf.constant(outputs),
+                             tf.constant(weights), each, loss)
+    _, got = objective.results(state)
+    plain, weighted = keras.metrics.MeanAbsoluteError(), keras.metrics.MeanAbsoluteError()
+    plain.update_state(labels, outputs)
+    weighted.update_state(labels, outputs, sample_weight=weights)
+    assert got == pytest.approx({"mae": float(plain.result()),
+                                 "weighted_mae": float(weighted.result())})
+    assert float(loss) == pytest.approx(float(keras.losses.MeanSquaredError()(
+        labels, outputs, sample_weight=weights)))
