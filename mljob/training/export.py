@@ -78,9 +78,10 @@ def _inference_kind(spec: dict | None):
 
 def _example_function(keras_model, serving: Serving, kind: str, labels):
     """Serialized tf.Examples -> TF Serving's classify or regress outputs."""
-    names = list(serving.inputs)
-    features = {n: tf.io.FixedLenFeature(serving.inputs[n].shape[1:],
-                                         serving.inputs[n].dtype) for n in names}
+    inputs = serving.inputs if serving.inputs is not None else model_inputs(keras_model)
+    names = list(inputs)
+    features = {n: tf.io.FixedLenFeature(inputs[n].shape[1:], inputs[n].dtype)
+                for n in names}
 
     def run(examples):
         parsed = tf.io.parse_example(examples, features)
