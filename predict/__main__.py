@@ -94,9 +94,7 @@ def serve(args):
     """Serve TF Serving's gRPC (--port, 8500) and REST (--rest_api_port) APIs, with
     `tensorflow_model_server`'s flags; --help lists them."""
     from predict import serving
-    status = serving.main(list(args), prog="python -m predict serve")
-    if status:
-        raise SystemExit(status)
+    return serving.main(list(args), prog="python -m predict serve")
 
 
 @cli.command()
@@ -120,7 +118,7 @@ def publish(model_dir, base_path, version, warmup_requests):
 
 def main(argv=None) -> int:
     try:
-        cli.main(args=argv, prog_name="python -m predict", standalone_mode=False)
+        result = cli.main(args=argv, prog_name="python -m predict", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130
@@ -132,7 +130,7 @@ def main(argv=None) -> int:
         return getattr(exc, "exit_status", 1)
     except BrokenPipeError:
         return 0
-    return 0
+    return result if isinstance(result, int) else 0  # serve's status
 
 
 if __name__ == "__main__":

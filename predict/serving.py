@@ -168,15 +168,21 @@ def _cpus() -> int:
 
 
 def _logging() -> None:
-    """Version events and reloads, one line each on stderr, as TF Serving logs them."""
+    """Version events and reloads, one line each on stderr, as TF Serving logs them.
+
+    The handler writes to this call's stderr (one left by an earlier in-process run is
+    replaced, its stream may be closed) and the records still propagate, so whoever
+    listens at the root (a test's log capture) sees them too."""
     root = logging.getLogger("predict")
+    for old in [h for h in root.handlers if getattr(h, "serving_stderr", False)]:
+        root.removeHandler(old)
     if not root.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s] "
                                                "%(message)s"))
+        handler.serving_stderr = True  # type: ignore[attr-defined]
         root.addHandler(handler)
         root.setLevel(logging.INFO)
-        root.propagate = False
 
 
 class ConfigPoller:

@@ -38,7 +38,11 @@ _OPTIONS = [
     click.option("--evaluator-count", type=int, help="Evaluators (CUSTOM tier only)."),
     click.option("--stream-logs/--async", "stream_logs", default=True,
                  help="Follow the job's logs until it ends (default), or return at once."),
-    click.option("--dry-run", is_flag=True, help="Print the resolved plan as JSON; run nothing."),
+    click.option("--dry-run", is_flag=True,
+                 help="Print the resolved plan as JSON; run, stage and record nothing. To "
+                      "show the package's URL and hash it builds the sdist (runs your "
+                      "setup.py sdist in a temporary copy); give built archives "
+                      "(--packages, or packageUris in --config) to run none."),
     click.option("--resume", is_flag=True, help="Reuse a job id already used in the job dir."),
     click.option("--restart-policy", default=None, metavar="POLICY",
                  help="Never, OnFailure, ExitCode or Always (any case, '-' or '_'): when a "

@@ -47,7 +47,8 @@ class JobLife:
         self._cancel = procs.SignalFlag()  # set by the signal handler: never an Event
         self._lock = threading.RLock()
         self._pending_events: list[str] | None = []  # None once the log folder is ready
-        prefix = next((r.label.rpartition("/")[0] for r in plan.replicas), "")
+        # a tuning trial's replicas are `3/master-replica-0`: its events are `3/service`
+        prefix = next((r.label.rpartition("/")[0] for r in getattr(plan, "replicas", ())), "")
         self.service_label = f"{prefix}/{logs.SERVICE}" if prefix else logs.SERVICE
 
     def cancel(self, *_):

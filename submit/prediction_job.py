@@ -47,7 +47,6 @@ MAX_SHARD_ATTEMPTS = 3
 WORKER_MEMORY = 1 << 30        # what one worker may hold: TensorFlow and one export
 PROGRESS_EVERY_S = 2.0
 POLL_S = 0.1
-SERVICE_LABEL = "service"      # the supervisor's own lines (progress, retries)
 
 
 @dataclasses.dataclass
@@ -377,15 +376,7 @@ class PredictionJob(JobLife):
         return (self.node_seconds + live) / 3600
 
     def _note(self, text: str) -> None:
-        line = logs.format_line(SERVICE_LABEL, text)
-        try:
-            os.makedirs(self.pplan.log_dir, exist_ok=True)
-            with open(os.path.join(self.pplan.log_dir, f"{SERVICE_LABEL}.log"), "a",
-                      encoding="utf-8") as f:
-                f.write(line + "\n")
-        except OSError as exc:
-            log.warning("cannot write the job's log: %s", exc)
-        self.terminal.line(SERVICE_LABEL, text, line)
+        self._event(text)  # a service line, as every supervisor event is
 
     def _note_worker(self, worker: _Worker, state: str, status: int | None = None) -> None:
         rec = self.record.replica(worker.label)

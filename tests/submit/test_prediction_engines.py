@@ -113,7 +113,7 @@ def test_vertex_create_describe_and_cancel_over_rest(capsys, monkeypatch):
         assert status == 0, err
         described = yaml.safe_load(out.split("\n\nView")[0])
         assert described["state"] == "SUCCEEDED"
-        assert described["prediction_output"] == {
+        assert described["predictionOutput"] == {
             "outputPath": "gs://mljob-test/out/prediction-job_01",
             "predictionCount": "998", "errorCount": "2", "nodeHours": 0.25}
         assert api.requests[-1].path == f"/v1/{NAME}"
