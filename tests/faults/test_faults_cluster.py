@@ -77,7 +77,9 @@ def check_accuracy(job: Job, baseline: float) -> None:
 
 
 @pytest.mark.parametrize("updates", [
-    (),  # the defaults: local steps, bfloat16 on the wire
+    # the defaults: local steps, bfloat16 on the wire (test_faults_restarts kills a
+    # worker in the default run; this one, with its baseline, runs with the slow tests)
+    pytest.param((), marks=pytest.mark.slow, id="defaults"),
     pytest.param(("--no-ps-local-steps",), marks=pytest.mark.slow, id="step by step"),
     pytest.param(("--ps-wire-dtype", "float32"), marks=pytest.mark.slow, id="float32 wire"),
 ], ids=lambda updates: "defaults" if not updates else None)

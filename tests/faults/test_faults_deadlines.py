@@ -26,6 +26,7 @@ def submit(capsys, tmp_path, package, job_id, scheduling):
                package, "--module-name", "fakejob.task", "--config", str(config))
 
 
+@pytest.mark.slow  # kept out of the default run's 15 minutes; CI runs it
 def test_max_running_time_fails_the_job_and_stops_every_replica(capsys, tmp_path, forever):
     status, out, err = submit(capsys, tmp_path, forever, "deadline",
                               "{maxRunningTime: 30s}")

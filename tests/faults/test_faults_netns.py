@@ -14,6 +14,8 @@ import signal
 import sys
 import time
 
+import pytest
+
 from tests.support.common import ROOT, pid_alive
 from tests.support.netns import test_hosts
 from tests.support.trainer_runs import FAST, read, wait_exit, wait_for
@@ -29,6 +31,7 @@ def _last_step(log) -> int:
     return int(steps[-1]) if steps else 0
 
 
+@pytest.mark.slow  # kept out of the default run's 15 minutes; CI runs it
 def test_job_across_hosts_survives_a_cut_worker_link(reaper, tmp_path):
     with test_hosts(len(ROLES), reaper) as hosts:
         cluster = {"chief": [hosts[0].endpoint(PORT)],

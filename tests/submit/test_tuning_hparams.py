@@ -10,6 +10,7 @@ import sys
 import time
 
 import httpx
+import pytest
 import yaml
 
 from submit import jobs as records
@@ -69,6 +70,7 @@ def ask(url, route, body, timeout=60.0):
         time.sleep(1)
 
 
+@pytest.mark.slow  # kept out of the default run's 15 minutes; CI runs it
 def test_tensorboard_hparams_lists_and_compares_the_trials(tmp_path, reaper, monkeypatch):
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"trainingInput": {"hyperparameters": {
