@@ -129,15 +129,18 @@ SHARD_LINE = re.compile(r"shard \d+ published: .* \(from ([0-9.]+) to ([0-9.]+)\
 
 
 def run_job(export_dir: str, inputs: str, out: str, home: str, workers: int,
-            job_id: str) -> tuple[float, float]:
-    """(wall seconds, seconds from the first shard's start to the last one's end)."""
+            job_id: str, cores: int | None = None) -> tuple[float, float]:
+    """(wall seconds, seconds from the first shard's start to the last one's end);
+    `cores`: the job pinned to that many of the machine's cores (its workers size their
+    threads to them)."""
     start = time.perf_counter()
+    pin = None if cores is None else (lambda: os.sched_setaffinity(0, set(range(cores))))
     subprocess.run([sys.executable, "-m", "submit", "jobs", "submit", "prediction", job_id,
                     "--model-dir", export_dir, "--input-paths", inputs, "--output-path", out,
                     "--data-format", "text", "--region", "us-central1",
                     "--max-worker-count", str(workers)],
                    env=_env(home), check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, cwd=common.ROOT)
+                   stderr=subprocess.DEVNULL, cwd=common.ROOT, preexec_fn=pin)
     wall = time.perf_counter() - start
     spans = []
     for path in glob.glob(os.path.join(home, "runs", job_id, "logs", "worker-replica-*.log")):
@@ -176,6 +179,17 @@ def bench_model(model: str, n: int, seconds: float, scratch: str) -> dict:
     one_worker = result["job_1"]["predicting"]
     result["scaling"] = {str(w): round(result[f"job_{w}"]["predicting"] / one_worker, 2)
                          for w in WORKERS}
+    # the issue's goal: N workers on N cores against one worker on one core
+    wall, predicting = run_job(export_dir, inputs, os.path.join(scratch, model, "out1c"),
+                               home, 1, f"{model}_w1_core1", cores=1)
+    result["job_1_on_1_core"] = {"wall_s": round(wall, 2), "end_to_end": n / wall,
+                                 "predicting": n / predicting}
+    cores = len(os.sched_getaffinity(0))
+    result["scaling_per_core"] = {
+        str(w): round(result[f"job_{w}"]["predicting"] / (n / predicting), 2)
+        for w in WORKERS if w <= cores}
+    print(f"{model}: job with 1 worker on 1 core {n / predicting:,.0f}/s predicting; "
+          f"N workers on N cores: {result['scaling_per_core']}", flush=True)
     return result
 
 

@@ -190,3 +190,11 @@ def handle_stop_signals(handler) -> dict | None:
 def restore_signals(previous: dict | None) -> None:
     for sig, handler in (previous or {}).items():
         signal.signal(sig, handler)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. under taskset or a
+    container's cpuset), not the machine's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1

@@ -82,7 +82,7 @@ class PredictionPlan:
 
 def machine_workers() -> tuple[int, str]:
     """How many workers this machine holds (cores, and memory at WORKER_MEMORY each)."""
-    cores = os.cpu_count() or 1
+    cores = procs.usable_cores()
     memory = psutil.virtual_memory().available
     most = max(1, min(cores, memory // WORKER_MEMORY))
     return most, f"{cores} cores, {memory / (1 << 30):.1f} GiB available"
@@ -215,7 +215,7 @@ class PredictionJob(JobLife):
         self.fraction_before = sum(self.shard_bytes.values()) / (sum(self.sizes) or 1)
         most, why = machine_workers()
         count = max(1, min(plan.workers, most, len(pending) or 1))
-        threads = max(1, (os.cpu_count() or 1) // count)
+        threads = max(1, procs.usable_cores() // count)  # the cores this job may use
         self._note(f"{total} shards, {len(pending)} to predict, with {count} workers "
                    f"(--max-worker-count {plan.workers}; this machine holds {most}: {why})")
         self.record.replicas = []
