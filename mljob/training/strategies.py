@@ -18,13 +18,27 @@ import numpy as np
 import tensorflow as tf
 
 from mljob.cluster import CHIEF, PS, WORKER, ClusterInfo
-from mljob.training.errors import PeerUnavailableError
+from mljob.training.errors import PeerUnavailableError, UsageError
 from mljob.training.signals import StopSignal
 
 # Variables at least this big are split over the ps when --ps-shards is 0 (automatic):
 # below it, one more gRPC round trip per shard costs more than the bandwidth it spreads.
 MIN_SHARD_BYTES = 256 << 10
 PEER_WAIT_SECONDS = 120.0  # how long the chief waits for the ps and workers to come up
+
+
+def _check_collectives_can_start() -> None:
+    """MultiWorkerMirroredStrategy configures TensorFlow's collectives, which it can do
+    only before TensorFlow first runs in the process: a Keras metric object (or any
+    variable) made before training.main has already started it, and TensorFlow's own
+    answer is a traceback about program startup."""
+    from tensorflow.python.eager import context
+    if context.context()._initialized:
+        raise UsageError(
+            "TensorFlow already ran in this process before MultiWorkerMirroredStrategy "
+            "could configure its collectives (a Keras metric or variable made before "
+            "training.main does that); pass metrics as names, or return a model compiled "
+            "with its metric objects from model_fn")
 
 
 def make_strategy(kind: str, info: ClusterInfo, ps_shards: int = 0):
@@ -37,6 +51,7 @@ def make_strategy(kind: str, info: ClusterInfo, ps_shards: int = 0):
         tf.train.ClusterSpec(info.tf_config()["cluster"]), task_type=info.task_type,
         task_id=info.task_index, rpc_layer="grpc")
     if kind == "multiworker":
+        _check_collectives_can_start()
         return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver), None
     strategy = tf.distribute.ParameterServerStrategy(
         resolver, variable_partitioner=make_partitioner(ps_shards, info.num_ps))
