@@ -59,14 +59,13 @@ from submit.joblife import JobLife
 from submit.package import mljob_home
 from submit.plan import JobPlan
 from submit.runners.local import LocalRunner
-from submit.tuning_spec import Parameter, TuningSpec, format_value, parse
+from submit.tuning_spec import (HP_DIR, JOURNAL, Parameter, TuningSpec,
+                                 format_value, parse)
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5
 STUDY_NAME = "study"
-JOURNAL = "optuna-journal.log"
 PLOT = "objective.png"
-HP_DIR = "hptuning"
 # Trial states as Cloud ML's trainingOutput shows them.
 SUCCEEDED, FAILED, CANCELLED, RUNNING = "SUCCEEDED", "FAILED", "CANCELLED", "RUNNING"
 

@@ -1,6 +1,8 @@
 """`resumePreviousJobId`, checked when a tuning job is submitted: before its package is
 staged or its job id used, the earlier job must be in the local index, be a tuning job
-that is not running, and have a study to continue (submit/tuning.py reads it later)."""
+that is not running, and have a study to continue (submit/tuning.py reads it later).
+The study's place comes from tuning_spec, not the tuner: the local runner imports this
+module, and the tuner imports the local runner."""
 from __future__ import annotations
 
 import os
@@ -10,7 +12,7 @@ from mljob.errors import first_line
 from submit import jobs
 from submit.errors import SubmitError, UsageError
 from submit.package import mljob_home
-from submit.tuning import HP_DIR, JOURNAL
+from submit.tuning_spec import HP_DIR, JOURNAL
 
 
 def check_resumable(job_id: str) -> None:

@@ -27,6 +27,9 @@ GOALS = ("MAXIMIZE", "MINIMIZE")
 ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
 TYPES = ("DOUBLE", "INTEGER", "CATEGORICAL", "DISCRETE")
 SCALES = ("UNIT_LINEAR_SCALE", "UNIT_LOG_SCALE", "UNIT_REVERSE_LOG_SCALE")
+# Where a tuning job keeps its study: <job-dir>/hptuning/optuna-journal.log
+HP_DIR = "hptuning"
+JOURNAL = "optuna-journal.log"
 MAX_TRIALS = 10_000          # a sanity bound, like the replica counts'
 MAX_VALUES = 1_000           # categorical or discrete values of one parameter
 # Trials running at once: each is a training job of its own (the local runner starts them
