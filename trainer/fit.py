@@ -23,8 +23,10 @@ def cross_entropy(labels, logits):
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
 
 
-def run(args, config: training.RunConfig, info, stop=None) -> int:
-    """Play this replica's role with the flags' model and data; the exit status."""
+def run(args, config: training.RunConfig, info, stop=None, *, dropout: float) -> int:
+    """Play this replica's role with the flags' model and data; the exit status.
+    `dropout` is the flags' rate as `trainer.task.dropout_of` resolves it (the flags'
+    module imports this one, never the reverse)."""
     load = functools.lru_cache(maxsize=1)(
         lambda: data_lib.load(args.data_dir, args.train_files, args.eval_files))
     if info is not None and info.task_type in (PS, EVALUATOR):
@@ -50,8 +52,6 @@ def run(args, config: training.RunConfig, info, stop=None) -> int:
         return (f"model={args.model} mixed_precision={args.mixed_precision} "
                 f"data={load().source!r}")
 
-    from trainer.task import dropout_of  # the flags' module, imported by task itself
-    dropout = dropout_of(args)
     return training.fit(
         functools.partial(model_lib.build, args.model, dropout=dropout, seed=args.seed,
                           precision=args.mixed_precision, hidden_units=args.hidden_units),

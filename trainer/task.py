@@ -272,7 +272,7 @@ def _run_role(args, info: cluster_lib.ClusterInfo, outputs: Outputs) -> int:
     training.require_tensorflow()
     from trainer import fit
     try:
-        return fit.run(args, config, info)
+        return fit.run(args, config, info, dropout=dropout_of(args))
     except (TrainerError, cluster_lib.ClusterConfigError, storage.StorageError):
         raise
     except Exception:  # a bug: keep the traceback, it is what a report needs
