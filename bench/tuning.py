@@ -1,5 +1,5 @@
 """Hyperparameter tuning: the Bayesian sampler the local runner uses for
-ALGORITHM_UNSPECIFIED (Optuna's TPE, as `submit.tuning.sampler` configures it) against
+ALGORITHM_UNSPECIFIED (Optuna's TPE, as `submit.local.study.sampler` configures it) against
 random search on the same budget, on an objective whose optimum is known.
 
     python -m bench.tuning                  # 10 seeds, 100 trials each, plus one real job
@@ -68,7 +68,8 @@ def objective(params: dict) -> float:
 def study_curve(algorithm: str, trials: int, seed: int) -> list[float]:
     """Objective values in the order the trials finish, two suggested at a time."""
     import optuna
-    from submit import tuning, tuning_spec
+    from submit import tuning_spec
+    from submit.local import study as tuning
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = tuning_spec.parse({**SPEC, "maxTrials": trials, "algorithm": algorithm},
                              job_dir="/unused")

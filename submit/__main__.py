@@ -23,10 +23,10 @@ from mljob import storage
 from mljob.errors import MljobError
 from submit import (cmd_console, cmd_jobs, cmd_local, cmd_models,  # noqa: F401
                     cmd_prediction, cmd_predict, cmd_submit)
-from submit import jobs as records, plan as plans
+from submit import jobs as records, lifecycle
 from submit.cli_base import cli, echo
 from submit.errors import EXIT_OK, EXIT_USAGE, JobCancelled
-from submit.runners import local
+from submit.local import entry, plan as plans
 
 _NoArgsIsHelp = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
 
@@ -42,7 +42,9 @@ def supervise_command(plan_file):
     """Run a submitted job to its end (started detached by --async)."""
     with open(plan_file) as f:
         plan = plans.JobPlan.from_dict(json.load(f))
-    return local.run(plan, records.load(plan.job_id), echo, stream=False)
+    record = records.load(plan.job_id)
+    entry.run(plan, record, stream=False)
+    return lifecycle.report(record, echo)
 
 
 def main(argv=None, standalone_mode: bool = True):

@@ -11,9 +11,11 @@ import os
 
 import click
 
-from submit import formats, jobs as records, listing, resource, spec as specs, submission, usage
+from submit import formats, jobs as records, lifecycle, listing, resource, spec as specs, \
+    submission, training_output, usage
 from submit.cli_base import GcloudGroup, cli, echo
 from submit.errors import EXIT_OK, UsageError
+from submit.runners.engine import SUPERVISOR
 
 LIST_KEYS = [("jobId", "JOB_ID"), ("state", "STATUS"), ("createTime", "CREATED")]
 
@@ -69,7 +71,7 @@ def jobs_describe(job_id, summarize, fmt):
     if summarize and fmt:
         raise UsageError("--summarize and --format both say what to print; give one")
     record = records.load(job_id)
-    record = submission.runner_for(record).refresh(record)
+    record = lifecycle.refresh(submission.runner_for(record), record)
     job = resource.job(record, state(record).rstrip("?"))
     if summarize:
         echo(summary(job))
@@ -109,9 +111,8 @@ def summary(job: dict) -> str:
                              [formats.cell(ti[k]) for k in keys]])]
     out = job.get("trainingOutput") or {}
     if out.get("trials"):
-        from submit import tuning
         parts += ["", f"Training Output Summary ({out.get('completedTrialCount', '0')} "
-                  "trials completed; best first)", tuning.trials_table(out)]
+                  "trials completed; best first)", training_output.trials_table(out)]
     own = job.get(resource.OWN_KEY, {})
     replicas = own.get("replicas") or []
     if replicas:
@@ -129,7 +130,7 @@ def summary(job: dict) -> str:
 def jobs_stream_logs(job_id, task_name):
     """Print the job's logs and follow them until the job ends."""
     record = records.load(job_id)
-    return submission.runner_for(record).follow(record, echo, task_name=task_name)
+    return lifecycle.follow(submission.runner_for(record), record, echo, task_name=task_name)
 
 
 @jobs_group.command("cancel")
@@ -137,7 +138,7 @@ def jobs_stream_logs(job_id, task_name):
 def jobs_cancel(job_id):
     """Cancel a running job: every replica is stopped, then the job is CANCELLED."""
     record = records.load(job_id)
-    record = submission.runner_for(record).cancel_job(record)
+    record = lifecycle.cancel(submission.runner_for(record), record)
     echo(f"Job [{job_id}] {record.state}.")
     return EXIT_OK
 
@@ -170,7 +171,7 @@ def jobs_update(job_id, update_labels, remove_labels, clear_labels):
     runner = submission.runner_for(record)
     note = runner.update_labels(record, old, labels)
     resource.save_labels(record, labels)
-    if not record.running() or record.runner != "local":
+    if not record.running() or runner.record_owner != SUPERVISOR:
         record.labels = labels  # no supervisor owns the record now: it is ours to write
         records.save(record, create_in_job_dir=False)
     if note:

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from submit import package, spec as specs, submission
+from submit import lifecycle, package, spec as specs, submission
 from submit.cli_base import GcloudGroup, TrainerArgsCommand, cli, echo
 from submit.errors import UsageError
 from submit.runners import local
@@ -59,8 +59,9 @@ def local_train(ctx, package_path, module_name, job_dir, distributed, worker_cou
     ports = list(range(start_port, start_port + n)) if start_port else None
     runner = local.LocalEngine(EngineOptions(), ports=ports, source_dir=source)
     rendered = runner.render(spec, None)
-    return submission.start(runner, rendered, runner.new_record(spec, None, rendered),
-                            echo, stream=True)
+    return submission.start(runner, rendered,
+                            lifecycle.new_record(runner, spec, None, rendered), echo,
+                            stream=True)
 
 
 

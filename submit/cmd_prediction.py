@@ -23,7 +23,7 @@ from submit import jobs, logs, prediction_spec
 from submit.errors import UsageError
 from submit.prediction_plan import build_plan
 from submit.prediction_job import PredictionJob, PredictionPlan
-from submit.runners.engine import ended
+from submit.lifecycle import ended
 
 RUNNERS = ("local", "vertex", "kubeflow")
 
@@ -115,8 +115,8 @@ def new_record(spec: prediction_spec.PredictionSpec, plan: PredictionPlan) -> jo
 
 def run(plan: PredictionPlan, record: jobs.JobRecord, *, stream: bool) -> int:
     """Supervise the job in this process, holding its lock; its exit status."""
-    from submit.runners.local import _hold_lock
-    lock = _hold_lock(record.job_id)
+    from submit.local.entry import hold_lock
+    lock = hold_lock(record.job_id)
     try:
         record.adopt_supervisor()
         jobs.save(record)

@@ -1,6 +1,6 @@
 """A batch prediction job on this machine: up to N worker processes share its shards.
 
-The job lives as every local job does (`submit.joblife.JobLife`: PREPARING, RUNNING, an
+The job lives as every local job does (`submit.local.joblife.JobLife`: PREPARING, RUNNING, an
 ending state, everything stopped on every way out, the record published after each
 change), supervised in the foreground or by a detached `_supervise-prediction` process
 holding the job's lock, so `jobs list/describe/stream-logs/cancel` work on it unchanged.
@@ -38,9 +38,9 @@ from mljob import contracts, procs, storage
 from mljob.errors import EXIT_USAGE
 from predict.batch_worker import published, shard_names
 from submit import jobs, logs
-from submit.joblife import JobLife
+from submit.local.joblife import JobLife
 from submit.prediction_output import claim_output, count_lines
-from submit.runners.local import STOP_GRACE_S, _die_with_parent
+from submit.local.supervisor import STOP_GRACE_S, die_with_parent
 
 log = logging.getLogger(__name__)
 MAX_SHARD_ATTEMPTS = 3
@@ -116,7 +116,7 @@ class _Worker:
              "--worker", str(self.slot), "--threads", str(self.threads)],
             cwd=self.plan.run_dir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()))
+            preexec_fn=die_with_parent(os.getpid()))
         self.started = time.monotonic()
         self.restarts += 1
         self.shard = None

@@ -1,11 +1,11 @@
 """Submitting a job: flags and config.yaml -> JobSpec -> package -> the runner's job.
 
-The same steps for every runner (`submit.runners.engine.Runner`): resolve and check the
-spec, build (or fetch) and hash the package, render the runner's job (what `--dry-run`
-prints), stage the package, start the job and record it, then stay with it until it ends
-or return at once (`--async`). Everything that can be refused is refused before anything
-is built, staged or started. Output goes through `echo(text, err=False)`, so the CLI
-module alone decides where lines go.
+The same steps for every runner (`submit.runners.engine.Runner`'s verbs, driven by
+`submit.lifecycle`): resolve and check the spec, build (or fetch) and hash the package,
+render the runner's job (what `--dry-run` prints), stage the package, start the job and
+record it, then stay with it until it ends or return at once (`--async`). Everything
+that can be refused is refused before anything is built, staged or started. Output goes
+through `echo(text, err=False)`, so the CLI module alone decides where lines go.
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from typing import Any
 
 from mljob import storage
 from submit import jobs as records
-from submit import package, runners, spec as specs
+from submit import lifecycle, package, runners, spec as specs
 from submit.errors import PackageUsageError, UsageError
-from submit.runners.engine import EngineOptions, Runner
+from submit.runners.engine import EngineOptions, Rendered, Runner
 
 Echo = Callable[..., None]
 
@@ -71,28 +71,29 @@ def submit(request: Submission, echo: Echo) -> int:
                    else build_package(spec, source, tmp) if source else None),
             tmp, request.dry_run)
         rendered = runner.render(spec, pkg)
-        for note in runner.prepare(spec, pkg):
+        for note in rendered.notes:
             echo(note, err=True)  # stdout stays the job object alone
         if request.dry_run:
             echo(rendered.text)
             return 0
-        runner.ready(rendered)
+        if rendered.blocked:  # before anything is staged
+            raise UsageError(rendered.blocked)
         for each in pkg.all if pkg else ():
             if each.local_file and not _given_url(spec, each):
                 assert each.url is not None  # with_extras gives every archive its URL
                 package.stage(each, each.url)
-    return start(runner, rendered, runner.new_record(spec, pkg, rendered), echo,
+    return start(runner, rendered, lifecycle.new_record(runner, spec, pkg, rendered), echo,
                  stream=request.stream)
 
 
-def start(runner: Runner, rendered, record: records.JobRecord, echo: Echo, *,
+def start(runner: Runner, rendered: Rendered, record: records.JobRecord, echo: Echo, *,
           stream: bool) -> int:
     """Start a rendered job on its runner; stay with it when `stream`."""
-    echo(runner.start(rendered, record, attach=stream))
+    echo(lifecycle.start(runner, rendered, record, attach=stream))
     if not stream:
-        echo(runner.detached_hint(record), err=True)  # a hint: stdout stays the result
+        echo(lifecycle.detached_hint(record), err=True)  # a hint: stdout stays the result
         return 0
-    return runner.attach(rendered, record, echo)
+    return lifecycle.attach(runner, rendered, record, echo)
 
 
 def build_package(spec: specs.JobSpec, source: package.Source,

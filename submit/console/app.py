@@ -2,8 +2,9 @@
 server-sent events, cancel as a POST.
 
 Everything it shows comes from what the CLI reads: the index (`submit.jobs`), the filter
-of `jobs list` (`submit.listing`), each runner's `refresh`, `logs` and `cancel_job`
-(`submit.submission.runner_for`), and the local runner's log follower (`submit.logs`).
+of `jobs list` (`submit.listing`), the job life's `refresh` and `cancel`
+(`submit.lifecycle`) on each runner (`submit.submission.runner_for`), a runner's `logs`,
+and the local runner's log follower (`submit.logs`).
 
 Only this console's own pages can cancel a job: a POST must carry the token its job page
 was rendered with (made fresh each time the console starts, compared in constant time)
@@ -27,7 +28,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Route
 
 from mljob.errors import first_line
-from submit import jobs, listing, logs
+from submit import jobs, lifecycle, listing, logs
 from submit.console import assets, pages
 from submit.errors import JobNotFoundError, SubmitError, UsageError
 from submit.submission import runner_for
@@ -94,7 +95,7 @@ class Console:
         a runner that cannot answer leaves the record as the index has it, with why."""
         record = jobs.load(job_id)
         try:
-            return await run_in_threadpool(runner_for(record).refresh, record), None
+            return await run_in_threadpool(lifecycle.refresh, runner_for(record), record), None
         except Exception as exc:  # an engine's SDK or API: show the index's copy
             return record, f"cannot ask the {record.runner} runner: {first_line(exc)}"
 
@@ -198,7 +199,7 @@ class Console:
                            "and cancel from there"), 403)
         try:
             record = jobs.load(request.path_params["job_id"])
-            await run_in_threadpool(runner_for(record).cancel_job, record)
+            await run_in_threadpool(lifecycle.cancel, runner_for(record), record)
         except JobNotFoundError as exc:
             return _not_found(exc)
         except SubmitError as exc:  # already ended, or the runner refused

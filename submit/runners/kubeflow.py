@@ -74,7 +74,11 @@ class KubeflowEngine(ClusterEngine):
         super().__init__(options)
         self._clients: dict[str | None, kubernetes.client.ApiClient] = {}
 
-    def prepare(self, spec: specs.JobSpec, package: Package | None) -> list[str]:
+    @staticmethod
+    def _build_context(spec: specs.JobSpec, package: Package | None,
+                       image: str | None) -> list[str]:
+        """Write the image's build context on this machine (a Dockerfile and the
+        packages); the lines telling the user what to do with it."""
         if package is None or not package.local_file:  # custom containers: no build
             return []
         remote = [p.file_name for p in package.all if not p.local_file]
@@ -82,7 +86,7 @@ class KubeflowEngine(ClusterEngine):
             return [f"The image's build context is written when the job is submitted (a dry "
                     f"run does not download {', '.join(remote)})"]
         folder = build_context(package, gpu=spec.gpus_needed > 0)
-        image = self.options.image or "REGISTRY/mljob-trainer:TAG"
+        image = image or "REGISTRY/mljob-trainer:TAG"
         return [f"The image's build context (Dockerfile and packages) is {folder}; build "
                 f"and push it with:", f"  docker build -t {image} {folder} && "
                 f"docker push {image}"]
@@ -121,8 +125,12 @@ class KubeflowEngine(ClusterEngine):
         body = kubeflow_render.tfjob(spec, package, name=name, namespace=namespace,
                                      image=image,
                                      service_account=self.options.service_account)
-        handle = {"name": name, "namespace": namespace, "context": self.options.context,
-                  "image_given": self.options.image is not None or spec.custom_containers}
+        handle = {"name": name, "namespace": namespace, "context": self.options.context}
+        blocked = None
+        if self.options.image is None and not spec.custom_containers:
+            blocked = ("--runner kubeflow needs --image REGISTRY/NAME:TAG, an image "
+                       "holding the trainer; build and push one from the Dockerfile "
+                       "that --dry-run prints")
         kind = "TFJob"
         tuning = _tuning(spec)
         if tuning is not None:
@@ -130,7 +138,8 @@ class KubeflowEngine(ClusterEngine):
             body, kind = experiment(body, tuning, spec.job_dir), EXPERIMENT
             handle["kind"] = EXPERIMENT
         return Rendered(body=body, handle=handle, text=kubeflow_render.dry_run_text(
-            spec, package, body, image, kind=kind))
+            spec, package, body, image, kind=kind), blocked=blocked,
+            notes=tuple(self._build_context(spec, package, self.options.image)))
 
     def _namespace(self) -> str:
         if self.options.namespace:
@@ -167,16 +176,10 @@ class KubeflowEngine(ClusterEngine):
                              "at your cluster's config or pick one with --kube-context") \
                 from None
 
-    def ready(self, rendered: Rendered) -> None:
-        if not rendered.handle.get("image_given", True):
-            raise UsageError("--runner kubeflow needs --image REGISTRY/NAME:TAG, an image "
-                             "holding the trainer; build and push one from the Dockerfile "
-                             "that --dry-run prints")
-
     def create(self, rendered: Rendered) -> Mapping[str, Any]:
-        self.ready(rendered)
+        if rendered.blocked:
+            raise UsageError(rendered.blocked)
         handle = dict(rendered.handle)
-        handle.pop("image_given", None)
         api = kubernetes.client.CustomObjectsApi(self._client(handle))
         version, plural = _resource(handle)
         with _api_errors(handle, f"create the {handle.get('kind', 'TFJob')}"):

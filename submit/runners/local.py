@@ -1,341 +1,48 @@
-"""The local runner: one process per replica on 127.0.0.1, supervised until the job ends.
+"""`--runner local`: the six verbs (`submit.runners.engine`) over the local wing
+(`submit.local`), which runs one process per replica on this machine.
 
-`LocalEngine` is the runner interface (as the cluster engines implement it): its
-rendered job is the plan `--dry-run` prints; an attached job (the default, streaming) is
-supervised in the foreground by `LocalRunner`, a detached one (`--async`) by a
-`python -m submit _supervise` process of its own, whose PID the record keeps.
-
-A supervisor loop polls the replica processes. The job succeeds when the chief exits 0
-and fails when the chief (or, with no restart left, any replica) fails; either way every
-other replica is then stopped by PID: SIGTERM to its process group, a grace period, then
-SIGKILL. SIGINT or SIGTERM to the supervising process cancels the job (CANCELLING, then
-CANCELLED). Replicas cannot outlive the supervisor even when it is SIGKILLed: each runs
-in its own session with PR_SET_PDEATHSIG=SIGTERM, and has MLJOB_PARENT_PID to watch.
-
-Deadlines (trainingInput.scheduling): a job still running `maxRunningTime` after it
-started RUNNING fails, every replica stopped; one that took longer than `maxWaitTime`
-from submission to RUNNING (building its package environment) fails before any replica
-starts. The wait is judged when preparation ends: a pip install is not interrupted.
-
-Restart policies, per replica type (as Kubeflow's TFJob names them): Never; OnFailure
-(any non-zero exit); ExitCode (exit statuses 128-255, the trainer's retryable ones: 143
-preempted, 200 peer unavailable, and deaths by signal; 1-127 are permanent); Always (as
-OnFailure). A replica that exits 0 finished its work and is never restarted, under any
-policy and strategy, as Cloud ML did (a ps server stopped from outside exits 143). Each
-replica may restart its type's `max_restarts` times (6 when a policy is given without a
-maximum), after a back-off of 1, 2, 4 ... 30 seconds.
-
-The record keeps each replica's restarts and the exit status of every run (`exit_codes`,
-137 for a SIGKILL); every supervisor event (a replica started, exited, restarting, the
-job's state) is a `service` line in `<log dir>/service.log`, which `jobs stream-logs`
-follows with the replicas' logs.
+Its rendered job is the plan `--dry-run` prints. It declares that its supervisor owns
+the job record (`record_owner = SUPERVISOR`): an attached job (the default, streaming)
+is supervised in the submitting process (`supervise_here`), a detached one (`--async`)
+by the `python -m submit _supervise` process `create` starts, whose PID the record
+keeps. `status` and `logs` read what the supervisor writes; `cancel` signals it.
 """
 from __future__ import annotations
 
-import ctypes
-import logging
 import os
-import signal
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable
-from typing import TextIO
+from collections.abc import Iterator, Mapping
+from typing import Any
 
-from mljob import contracts, procs, storage
-from submit import jobs, logs, usage
-from submit import plan as plans
-from submit.errors import SubmitError, UsageError
-from submit.joblife import JobLife
-from submit.package import Package, ensure_environment, mljob_home
-from submit.plan import JobPlan, ReplicaPlan
-from submit.runners.engine import EngineOptions, EngineStatus, Rendered, ReplicaStatus, \
-    Runner, ended
+from mljob import contracts, storage
+from submit import jobs, logs
+from submit.errors import UsageError
+from submit.local import entry
+from submit.local import plan as plans
+from submit.local.plan import JobPlan
+from submit.package import Package, mljob_home
+from submit.runners.engine import SUPERVISOR, EngineOptions, EngineStatus, Rendered, \
+    ReplicaStatus, Runner
 from submit.spec import JobSpec, check_gpus, local_gpu_count
 
-log = logging.getLogger(__name__)
-STOP_GRACE_S = 5.0         # SIGTERM to SIGKILL
-CANCEL_WAIT_S = 60.0       # `jobs cancel`: how long the supervisor gets to stop the job
 MAX_REPLICAS_PER_TYPE = 64  # one process per replica on this machine
-MAX_PARALLEL_TRIALS = 16    # tuning trials at once, each a job of its own on this machine
-EVALUATOR_DRAIN_S = 60.0   # evaluators may finish their last evaluation after the chief
-MIRROR_EVERY_S = 5.0
-POLL_S = 0.2
-PR_SET_PDEATHSIG = 1
-# Set by cluster engines where `submit` itself may run (a Vertex AI notebook or job):
-# inherited, they would redirect a local job's outputs or cluster, so replicas never get them.
-ENGINE_VARIABLES = contracts.ENGINE_VARIABLES
-
-try:
-    _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-except OSError:
-    _LIBC = None
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def exit_status(returncode: int) -> int:
-    """Popen's -N (killed by signal N) as a shell reports it: 128 + N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def should_restart(policy: str, status: int) -> bool:
-    """Whether a replica that ended with `status` runs again: never after 0 (it finished)."""
-    if status == 0 or policy == "Never":
-        return False
-    if policy == "ExitCode":
-        return 128 <= status <= 255
-    return policy in ("OnFailure", "Always")
-
-
-class Replica:
-    """A replica's current process, its log file and its restart bookkeeping."""
-
-    def __init__(self, plan: ReplicaPlan, terminal: logs.Terminal):
-        self.plan = plan
-        self.terminal = terminal
-        self.proc: subprocess.Popen | None = None
-        self.readers: list[threading.Thread] = []
-        self.restarts = 0
-        self.restart_at: float | None = None
-        self.quiet = False             # TensorFlow's start-up lines dropped
-        self.finished = False          # exited and not to be restarted
-        self.reaped = False            # stopped and waited for: never signal its PID again
-        self._file_lock = threading.Lock()
-        self._file: TextIO | None = None
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def start(self, cwd: str, parent_pid: int) -> None:
-        os.makedirs(os.path.dirname(self.plan.log_file), exist_ok=True)
-        if self._file is None:
-            self._file = open(self.plan.log_file, "a", encoding="utf-8", buffering=1)
-        env = {k: v for k, v in os.environ.items() if k not in ENGINE_VARIABLES}
-        env.update(self.plan.env)
-        self.quiet = bool(logs.quiet_env(env))
-        env.update(logs.quiet_env(env))
-        env[contracts.PARENT_PID_ENV] = str(parent_pid)
-        self.proc = subprocess.Popen(
-            list(self.plan.command), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-            preexec_fn=_die_with_parent(parent_pid))
-        self.restart_at = None
-        self.reaped = False
-        self.readers = [threading.Thread(target=self._read, args=(pipe, name), daemon=True)
-                        for pipe, name in ((self.proc.stdout, "stdout"),
-                                           (self.proc.stderr, "stderr"))]
-        for reader in self.readers:
-            reader.start()
-
-    def _read(self, pipe, stream: str) -> None:
-        label = self.plan.label
-
-        def emit(text: str, like: str) -> None:
-            line = logs.format_line(label, text, logs.severity(like, stream))
-            with self._file_lock:
-                if self._file is not None:
-                    self._file.write(line + "\n")
-            self.terminal.line(label, text, line)
-
-        repeats = logs.Repeats(emit)  # TensorFlow's storms are on stderr
-        for raw in iter(pipe.readline, b""):
-            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            if self.quiet and logs.startup_noise(text):
-                continue
-            if stream == "stderr":
-                repeats.feed(text)
-            else:
-                emit(text, text)
-        repeats.flush()
-        pipe.close()
-
-    def signal_group(self, sig: int) -> None:
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, sig)  # the replica and anything it started
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def close(self) -> None:
-        for reader in self.readers:
-            reader.join(timeout=5)
-        with self._file_lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
-
-
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
-    def preexec() -> None:
-        if _LIBC is not None:
-            _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(1)
-    return preexec
-
-
-class LocalRunner(JobLife):
-    """Runs a JobPlan to its end; `publish(record)` is called after each change."""
-
-    name = "local"
-
-    def __init__(self, plan: JobPlan, record: jobs.JobRecord, *,
-                 publish: Callable[[jobs.JobRecord], None],
-                 terminal: logs.Terminal | None = None, grace: float = STOP_GRACE_S):
-        super().__init__(plan, record, publish=publish, terminal=terminal)
-        self.grace = grace
-        self.replicas = [Replica(r, self.terminal) for r in plan.replicas]
-        self.usage = usage.Sampler(os.path.join(plan.run_dir, usage.FILE), lambda: {
-            r.plan.label: r.proc.pid for r in self.replicas if r.proc and r.running})
-
-    def _live(self) -> tuple[str, str | None]:
-        self._prepare()
-        if self._cancel.is_set():
-            return jobs.CANCELLED, None
-        waited = time.time() - self.record.create_time
-        if self.plan.max_wait_time is not None and waited > self.plan.max_wait_time:
-            return jobs.FAILED, (
-                f"The job did not start running within its maximum wait time of "
-                f"{self.plan.max_wait_time:g}s (trainingInput.scheduling.maxWaitTime); "
-                f"it waited {waited:.0f}s.")
-        for replica in self.replicas:
-            self._start(replica)
-        self._set(jobs.RUNNING)
-        self.usage.start()
-        return self._supervise()
-
-    def _prepare(self) -> None:
-        self._prepare_folders(self.plan.run_dir, self.plan.log_dir, self.plan.cwd)
-        if self.plan.mode == "cloud":
-            # Before any replica starts: a package that cannot be installed fails the job.
-            key = self.plan.env_key
-            assert key is not None  # a cloud-mode plan names its package environment
-            self._event(f"package environment {key[:12]}: installing "
-                        f"{', '.join(p['file_name'] for p in self.plan.packages)}")
-            started = time.monotonic()
-            _, created = ensure_environment(
-                [Package(p["file_name"], p["sha256"], "", url=p["url"])
-                 for p in self.plan.packages], key, root=self.plan.env_root,
-                cancelled=self._cancel.is_set)
-            what = "created" if created else "reused"
-            self._event(f"package environment {key[:12]} {what} in "
-                        f"{time.monotonic() - started:.1f} s")
-
-    def _supervise(self) -> tuple[str, str | None]:
-        chief = next(r for r in self.replicas if r.plan.is_chief)
-        next_mirror = time.monotonic() + MIRROR_EVERY_S
-        limit = self.plan.max_running_time
-        deadline = None if limit is None else time.monotonic() + limit
-        while True:
-            if self._cancel.is_set():
-                return jobs.CANCELLED, None
-            if deadline is not None and time.monotonic() >= deadline:
-                return jobs.FAILED, (f"The job exceeded its maximum running time of "
-                                     f"{limit:g}s (trainingInput.scheduling.maxRunningTime) "
-                                     "and was stopped.")
-            for replica in self.replicas:
-                if replica.finished or replica.restart_at is not None or replica.running:
-                    continue
-                assert replica.proc is not None  # every replica started before supervision
-                status = exit_status(replica.proc.returncode)
-                self.record.replica(replica.plan.label).exit_codes.append(status)
-                self._note_replica(replica, "EXITED", status)
-                if replica is chief and status == 0:
-                    self._event(f"{replica.plan.label} exited with status 0")
-                    self._drain_evaluators()
-                    return jobs.SUCCEEDED, None
-                if (replica.restarts < replica.plan.max_restarts and should_restart(
-                        replica.plan.restart_policy, status)):
-                    delay = min(2.0 ** replica.restarts, 30.0)
-                    replica.restart_at = time.monotonic() + delay
-                    self._event(f"{replica.plan.label} exited with status {status}; "
-                                f"restarting in {delay:.0f} s (restart "
-                                f"{replica.restarts + 1} of {replica.plan.max_restarts}, "
-                                f"policy {replica.plan.restart_policy})")
-                    self._note_replica(replica, "RESTARTING", status)
-                    continue
-                self._event(f"{replica.plan.label} exited with status {status}")
-                replica.finished = True
-                if status != 0:
-                    return jobs.FAILED, (f"The replica {replica.plan.label} exited with a "
-                                         f"non-zero status of {status}.")
-            now = time.monotonic()
-            for replica in self.replicas:
-                if replica.restart_at is not None and now >= replica.restart_at:
-                    replica.restarts += 1
-                    self._start(replica)
-            if now >= next_mirror:
-                self._mirror(final=False)
-                next_mirror = now + MIRROR_EVERY_S
-            time.sleep(POLL_S)
-
-    def _drain_evaluators(self) -> None:
-        """The chief is done: stop ps and workers now, let evaluators finish briefly."""
-        self._stop([r for r in self.replicas if r.plan.task_type != "evaluator"])
-        evaluators = [r for r in self.replicas if r.plan.task_type == "evaluator"]
-        deadline = time.monotonic() + EVALUATOR_DRAIN_S
-        while any(r.running for r in evaluators) and time.monotonic() < deadline \
-                and not self._cancel.is_set():
-            time.sleep(POLL_S)
-
-    def _stop(self, replicas: list[Replica]) -> None:
-        """SIGTERM each group, wait the grace period, then SIGKILL the groups and reap."""
-        live = [r for r in replicas if r.proc is not None and not r.reaped]
-        stopped = [r for r in live if r.running]  # the others ended by themselves
-        for r in stopped:
-            r.signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + self.grace
-        while any(r.running for r in live) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for r in live:
-            proc = r.proc
-            assert proc is not None  # live replicas have a process
-            r.signal_group(signal.SIGKILL)
-            try:
-                proc.wait(timeout=10)
-                r.reaped = True
-            except subprocess.TimeoutExpired:
-                log.error("%s (pid %d) did not die after SIGKILL", r.plan.label, proc.pid)
-            r.restart_at = None
-            rec = self.record.replica(r.plan.label)
-            if rec.state == "RUNNING":  # a RESTARTING one's last run is counted already
-                rec.exit_codes.append(exit_status(proc.returncode))
-            if rec.state in ("RUNNING", "RESTARTING"):
-                rec.state = "STOPPED" if r in stopped else "EXITED"
-                rec.exit_code = exit_status(proc.returncode)
-
-    def _stop_everything(self) -> None:
-        self.record.usage = self.usage.stop() or self.record.usage
-        self._stop(self.replicas)
-        for replica in self.replicas:
-            replica.close()  # all output is in the log files before the last copy
-
-    def _start(self, replica: Replica) -> None:
-        replica.start(self.plan.cwd, os.getpid())
-        assert replica.proc is not None  # start made it
-        again = f", restart {replica.restarts}" if replica.restarts else ""
-        self._event(f"{replica.plan.label} started (pid {replica.proc.pid}{again})")
-        self._note_replica(replica, "RUNNING")
-
-    def _note_replica(self, replica: Replica, state: str, status: int | None = None) -> None:
-        rec = self.record.replica(replica.plan.label)
-        rec.pid = replica.proc.pid if replica.proc else None
-        if state == "RUNNING" and replica.proc:
-            rec.stamp = procs.stamp(replica.proc.pid)
-        rec.state, rec.exit_code, rec.restarts = state, status, replica.restarts
-        self._save()
+def supervise_here(rendered: Rendered, record: jobs.JobRecord) -> str:
+    """Run an attached job to its end in this process (Ctrl-C cancels it)."""
+    return entry.run(JobPlan.from_dict(rendered.body), record, stream=True)
 
 
 class LocalEngine(Runner):
-    """The local runner behind the same interface as the cluster engines.
-
-    `ports` and `source_dir` serve `local train`: fixed ports, and the working tree run
-    in place instead of a staged package."""
+    """The local runner. `ports` and `source_dir` serve `local train`: fixed ports, and
+    the working tree run in place instead of a staged package."""
 
     name = "local"
     max_replicas_per_type = MAX_REPLICAS_PER_TYPE
+    record_owner = SUPERVISOR
+    supervise_here = staticmethod(supervise_here)
 
     def __init__(self, options: EngineOptions, *, ports: list[int] | None = None,
                  source_dir: str | None = None):
@@ -350,19 +57,7 @@ class LocalEngine(Runner):
                              "--runner kubeflow or --runner vertex; the local runner runs "
                              "Python packages: pick one of those runners, or drop the "
                              "image and give --package-path")
-        if "hyperparameters" in spec.training_input:
-            from submit import tuning, tuning_resume, tuning_spec
-            tuning.check_installed()
-            hp = tuning_spec.parse(spec.training_input["hyperparameters"],
-                                   job_dir=spec.job_dir)
-            if hp.max_parallel_trials > MAX_PARALLEL_TRIALS:
-                raise UsageError(
-                    f"trainingInput.hyperparameters.maxParallelTrials "
-                    f"{hp.max_parallel_trials} is more than the local runner's limit of "
-                    f"{MAX_PARALLEL_TRIALS} trials at once (each is a job on this "
-                    "machine); lower it, or use --runner vertex or kubeflow")
-            if hp.resume_from:
-                tuning_resume.check_resumable(hp.resume_from)
+        entry.check(spec)
         if spec.gpus_needed:
             check_gpus(spec, local_gpu_count())
 
@@ -370,37 +65,24 @@ class LocalEngine(Runner):
         plan = plans.build(spec, package, home=mljob_home(), ports=self.ports,
                            source_dir=self.source_dir,
                            gpus_available=local_gpu_count() if spec.gpus_needed else 0)
+        record = dict(  # the record as the plan has it (its job dir, args and mode)
+            job_dir=plan.job_dir, scale_tier=plan.scale_tier, package_url=plan.package_url,
+            package_sha256=plan.package_sha256, module=plan.module,
+            trainer_args=list(plan.trainer_args), training_input=dict(plan.training_input),
+            log_dir=plan.log_dir, mode=plan.mode, labels=dict(plan.labels),
+            replicas=[jobs.ReplicaRecord(r.label) for r in plan.replicas])
         return Rendered(body=plan.to_dict(), text=plan.to_json(),
-                        handle={"job_id": plan.job_id})
+                        handle={"job_id": plan.job_id}, record=record)
 
-    def new_record(self, spec: JobSpec, package: Package | None,
-                   rendered: Rendered) -> jobs.JobRecord:
-        plan = JobPlan.from_dict(rendered.body)
-        return jobs.JobRecord(
-            job_id=plan.job_id, job_dir=plan.job_dir, scale_tier=plan.scale_tier,
-            package_url=plan.package_url, package_sha256=plan.package_sha256,
-            module=plan.module, trainer_args=list(plan.trainer_args),
-            training_input=dict(plan.training_input), log_dir=plan.log_dir, mode=plan.mode,
-            replicas=[jobs.ReplicaRecord(r.label) for r in plan.replicas],
-            labels=dict(plan.labels))
-
-    def start(self, rendered: Rendered, record: jobs.JobRecord, *, attach: bool) -> str:
-        """An attached job starts in `attach`; a detached one gets its supervisor now."""
-        jobs.save(record)
-        if not attach:
-            record.adopt_supervisor(self.create(rendered)["supervisor_pid"])
-            jobs.save(record)
-        return f"Job [{record.job_id}] submitted successfully."
-
-    def create(self, rendered: Rendered) -> dict:
-        """Start `python -m submit _supervise` in its own session; it runs the job."""
+    def create(self, rendered: Rendered) -> Mapping[str, Any]:
+        """Start `python -m submit _supervise` in its own session; it runs the job and
+        owns its record (saved before: it reads it)."""
         plan = JobPlan.from_dict(rendered.body)
         os.makedirs(plan.run_dir, exist_ok=True)
         plan_file = os.path.join(plan.run_dir, "plan.json")
         storage.write_bytes(plan_file, rendered.text.encode())
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = {**os.environ, contracts.MLJOB_JOB_ID_ENV: plan.job_id,  # its marker
-               "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+               "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
         with open(os.path.join(plan.run_dir, "supervisor.log"), "ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "submit", "_supervise", plan_file], cwd=plan.run_dir,
@@ -408,125 +90,29 @@ class LocalEngine(Runner):
                 start_new_session=True)
         return {"job_id": plan.job_id, "supervisor_pid": proc.pid}
 
-    def detached_hint(self, record: jobs.JobRecord) -> str:
-        return f"Supervisor pid {record.supervisor_pid}. " + super().detached_hint(record)
-
-    def attach(self, rendered: Rendered, record: jobs.JobRecord, echo) -> int:
-        """Supervise the job in this process until it ends (Ctrl-C cancels it)."""
-        return run(JobPlan.from_dict(rendered.body), record, echo, stream=True)
-
-    # The handle-level interface, for a job whose supervisor is elsewhere.
-
-    def status(self, handle) -> EngineStatus:
+    def status(self, handle: Mapping[str, Any]) -> EngineStatus:
         record = jobs.load(handle["job_id"])
         return EngineStatus(record.state, record.error_message, tuple(
             ReplicaStatus(r.label, r.state, r.exit_code, r.restarts)
             for r in record.replicas))
 
-    def logs(self, handle, *, task_name: str | None = None, follow: bool = True):
+    def logs(self, handle: Mapping[str, Any], *, task_name: str | None = None,
+             follow: bool = True) -> Iterator[str]:
         job_id = handle["job_id"]
+        record = jobs.load(job_id)
+        labels = [r.label for r in record.replicas]
+        if task_name is not None and not logs.names_a_task(task_name, labels):
+            raise UsageError(f"--task-name {task_name!r:.60} names no replica of job "
+                             f"{job_id}; use one of "
+                             f"{', '.join(labels) or contracts.LABEL_HINT}, or "
+                             f"{logs.SERVICE} for the supervisor's events")
 
         def done() -> bool:
             current = jobs.load(job_id)
             return not follow or current.done or not current.supervisor_alive()
 
-        log_dir = jobs.load(job_id).log_dir
-        assert log_dir is not None  # this runner records its plan's log_dir
-        return logs.follow(log_dir, task_name=task_name, done=done)
+        assert record.log_dir is not None  # this runner records its plan's log_dir
+        return logs.follow(record.log_dir, task_name=task_name, done=done)
 
-    def cancel(self, handle) -> str:
-        return self.cancel_job(jobs.load(handle["job_id"])).state
-
-    # The job-level interface: the supervisor owns the record, so it is read, not asked.
-
-    def follow(self, record: jobs.JobRecord, echo, *, task_name: str | None) -> int:
-        labels = [r.label for r in record.replicas]
-        if task_name is not None and not logs.names_a_task(task_name, labels):
-            raise UsageError(f"--task-name {task_name!r:.60} names no replica of job "
-                             f"{record.job_id}; use one of "
-                             f"{', '.join(labels) or contracts.LABEL_HINT}, or "
-                             f"{logs.SERVICE} for the supervisor's events")
-        for line in self.logs({"job_id": record.job_id}, task_name=task_name):
-            echo(line)
-        return 0
-
-    def refresh(self, record: jobs.JobRecord) -> jobs.JobRecord:
-        return record
-
-    def cancel_job(self, record: jobs.JobRecord) -> jobs.JobRecord:
-        """SIGTERM the supervisor, which stops every replica and records CANCELLED; when
-        it is gone, stop what it left and record CANCELLED here."""
-        job_id = record.job_id
-        if record.done:
-            raise UsageError(f"job {job_id!r} already ended {record.state}; nothing to "
-                             "cancel")
-        if record.supervisor_alive():
-            assert record.supervisor_pid is not None  # supervisor_alive checked the PID
-            os.kill(record.supervisor_pid, signal.SIGTERM)
-            deadline = time.monotonic() + CANCEL_WAIT_S
-            while not record.done and record.supervisor_alive() \
-                    and time.monotonic() < deadline:
-                time.sleep(0.2)
-                record = jobs.load(job_id)
-            if not record.done and record.supervisor_alive():
-                raise SubmitError(f"job {job_id!r} is still {record.state} after "
-                                  f"{CANCEL_WAIT_S:.0f} s; its supervisor is pid "
-                                  f"{record.supervisor_pid}")
-        record = jobs.load(job_id)  # the supervisor may have finished while we looked
-        if not record.done:  # the supervisor died without cleaning up: stop what it left
-            _kill_orphans(record)
-            record.set_state(jobs.CANCELLED, "the supervisor was gone; replicas stopped")
-            jobs.save(record, create_in_job_dir=False)
-        return record
-
-
-def run(plan: JobPlan, record: jobs.JobRecord, echo, *, stream: bool) -> int:
-    """Supervise a job in this process to its end; its exit status.
-
-    The supervisor holds the job's lock file open (and locked) throughout: `jobs cancel`
-    signals the recorded PID only when that process holds it (see `procs.is_ours`)."""
-    lock = _hold_lock(record.job_id)
-    try:
-        record.adopt_supervisor()
-        jobs.save(record)
-        terminal = logs.Terminal(sys.stdout, stream=stream)
-        if "hyperparameters" in plan.training_input:  # a tuning job: trials of this plan
-            from submit import tuning
-            state = tuning.Tuner(plan, record, terminal=terminal).run()
-        else:
-            state = LocalRunner(plan, record, publish=jobs.save, terminal=terminal).run()
-    finally:
-        lock.close()
-    echo(f"Job [{plan.job_id}] {state}.")
-    return ended(record, f"; see {plan.log_dir}")
-
-
-def _hold_lock(job_id: str):
-    import fcntl
-    path = jobs.lock_path(job_id)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    lock = open(path, "a")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        lock.close()
-        raise UsageError(f"job {job_id!r} is already being supervised by another process; "
-                         f"cancel it with `python -m submit jobs cancel {job_id}`") from None
-    return lock
-
-
-def _kill_orphans(record: jobs.JobRecord) -> None:
-    """SIGKILL the replicas a dead supervisor left, each only if it is provably this
-    job's: the recorded process (start time, command line) with the job's id and its
-    supervisor's PID in its environment. A record naming any other process signals
-    nothing."""
-    for replica in record.replicas:
-        marker = {contracts.JOB_ID_ENV: record.job_id,
-                  contracts.PARENT_PID_ENV: str(record.supervisor_pid)}
-        if procs.is_ours(replica.pid, replica.stamp, env=marker):
-            assert replica.pid is not None  # is_ours checked the PID
-            try:
-                os.killpg(replica.pid, signal.SIGKILL)  # it leads its own session
-            except (ProcessLookupError, PermissionError):
-                pass
-
+    def cancel(self, handle: Mapping[str, Any]) -> str:
+        return entry.cancel(handle["job_id"])

@@ -31,6 +31,7 @@ from google.protobuf import json_format
 
 from mljob import contracts, machines
 from submit import containers, jobs, spec as specs, tuning_spec
+from submit import training_output as training_outputs
 from submit.errors import UsageError
 from submit.package import Package
 from submit.runners import vertex_logs
@@ -288,23 +289,17 @@ TRIAL_STATES = {"SUCCEEDED": jobs.SUCCEEDED, "INFEASIBLE": jobs.FAILED,
 
 def training_output(job: aiplatform_v1.HyperparameterTuningJob) -> dict:
     """Vertex AI's trials as Cloud ML's trainingOutput, best first."""
-    from submit import tuning
     metric = job.study_spec.metrics[0] if job.study_spec.metrics else None
-    spec = tuning_spec.TuningSpec(
-        goal="MINIMIZE" if metric and metric.goal.name == "MINIMIZE" else "MAXIMIZE",
-        metric_tag=metric.metric_id if metric else "", max_trials=job.max_trial_count,
-        max_parallel_trials=job.parallel_trial_count, max_failed_trials=None,
-        early_stopping=False, resume_from=None, algorithm="ALGORITHM_UNSPECIFIED",
-        params=())
+    tag = metric.metric_id if metric else ""
     trials = []
     for t in job.trials:
         out = {"trialId": t.id, "state": TRIAL_STATES.get(t.state.name, jobs.RUNNING),
                "hyperparameters": {p.parameter_id: _value_text(p.value)
                                    for p in t.parameters},
-               "allMetrics": [m for m in (_metric(x, spec.metric_tag)
+               "allMetrics": [m for m in (_metric(x, tag)
                                           for x in t.measurements) if m],
                "isTrialStoppedEarly": False}
-        final = _metric(t.final_measurement, spec.metric_tag) if "final_measurement" in t \
+        final = _metric(t.final_measurement, tag) if "final_measurement" in t \
             else None
         if final:
             out["finalMetric"] = final
@@ -314,7 +309,9 @@ def training_output(job: aiplatform_v1.HyperparameterTuningJob) -> dict:
         if t.infeasible_reason:
             out["errorMessage"] = one_line(t.infeasible_reason)
         trials.append(out)
-    return tuning.output_of(trials, spec)
+    return training_outputs.output_of(
+        trials, metric_tag=tag,
+        maximize=not (metric and metric.goal.name == "MINIMIZE"))
 
 
 def _metric(measurement, tag: str) -> dict | None:

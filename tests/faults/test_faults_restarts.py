@@ -17,7 +17,7 @@ from tests.support.common import pid_alive
 from submit import jobs as records
 from submit.__main__ import main
 from submit.errors import JobNotFoundError
-from submit.runners.local import should_restart
+from submit.local.supervisor import should_restart
 
 FAKE_TASK = r'''
 import json, os, sys, time
@@ -190,7 +190,9 @@ def test_a_restart_policy_alone_survives_a_sigkilled_worker(capsys, tmp_path, pk
     # The supervisor's events are service lines in stream-logs, in the order they came.
     assert main(["jobs", "stream-logs", "sigkilled", "--task-name", "service"],
                 standalone_mode=False) == 0
-    service = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    *followed, last = capsys.readouterr().out.splitlines()
+    assert last == "Job [sigkilled] SUCCEEDED."  # as the job life reports every job's end
+    service = [line.split("\t") for line in followed]
     assert {fields[2] for fields in service} == {"service"}
     events = [fields[3] for fields in service]
     expected = ["job PREPARING", "worker-replica-0 started (pid", "job RUNNING",

@@ -312,7 +312,7 @@ def test_jobs_list_mistakes_are_one_line(capsys, argv, message):
 # --- local GPUs: one CUDA_VISIBLE_DEVICES per replica ---------------------------------
 
 def test_each_gpu_replica_gets_its_own_devices(tmp_path):
-    from submit import plan as plans
+    from submit.local import plan as plans
     spec = resolve({"scaleTier": "CUSTOM", "masterType": "standard_gpu", "workerCount": 2,
                     "workerType": "n1-standard-8", "parameterServerCount": 1,
                     "parameterServerType": "standard",
@@ -341,7 +341,7 @@ def test_each_gpu_replica_gets_its_own_devices(tmp_path):
 # --- local CPU threads: replicas sharing the cores split them ---------------------------
 
 def test_replicas_sharing_the_cores_get_their_share_of_intra_op_threads(tmp_path):
-    from submit import plan as plans
+    from submit.local import plan as plans
     package = Package(file_name="p-0.1.tar.gz", sha256="0" * 64, top_dir="p-0.1",
                       url="file:///p-0.1.tar.gz")
 

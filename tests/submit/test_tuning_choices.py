@@ -113,7 +113,8 @@ def test_a_minimize_study_descends_a_known_objective(tmp_path, monkeypatch):
     """goal MINIMIZE on (x - 0.3)^2: every trial's objective is its own value (not
     negated), the best comes first, and the Bayesian trials after the random start
     gather near 0.3, where a study climbing the objective would go to the edges."""
-    from submit import plan as plans, spec as specs, tuning
+    from submit import lifecycle, spec as specs
+    from submit.local import plan as plans, tuner
     from submit.runners.engine import EngineOptions
     from submit.runners.local import LocalEngine
     monkeypatch.setenv("TUNE_OBJECTIVE", "bowl")
@@ -125,8 +126,8 @@ def test_a_minimize_study_descends_a_known_objective(tmp_path, monkeypatch):
                          module_name="fakejob.task", args=[], staged=False)
     engine = LocalEngine(EngineOptions(), source_dir=pkg)
     rendered = engine.render(spec, None)
-    record = engine.new_record(spec, None, rendered)
-    state = tuning.Tuner(plans.JobPlan.from_dict(rendered.body), record, seed=5).run()
+    record = lifecycle.new_record(engine, spec, None, rendered)
+    state = tuner.Tuner(plans.JobPlan.from_dict(rendered.body), record, seed=5).run()
     assert state == records.SUCCEEDED
     trials = record.training_output["trials"]
     assert len(trials) == 12
@@ -141,7 +142,9 @@ def test_a_minimize_study_descends_a_known_objective(tmp_path, monkeypatch):
     # Over x uniform in [-1, 1] the objective averages 0.42. Optuna's TPE descending it
     # averaged 0.29 to 0.50 over its Bayesian trials (eight seeds, 12 trials), climbing
     # it 0.70 to 0.95.
-    startup = tuning.startup_trials(tuning.parse(hp, job_dir=str(tmp_path / "j")))
+    from submit.local import study
+    from submit.tuning_spec import parse
+    startup = study.startup_trials(parse(hp, job_dir=str(tmp_path / "j")))
     guided = [(x - 0.3) ** 2 for i, x in xs.items() if i > startup]
     assert sum(guided) / len(guided) < 0.6, sorted(xs.items())
     _all_dead(record)

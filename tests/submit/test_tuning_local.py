@@ -319,7 +319,8 @@ def test_grid_search_stops_hopeless_parameter_values_early(tmp_path, monkeypatch
     fixed here by the tuner's seed so that two good values finish first (the median
     pruner compares with finished trials); every hopeless value is then stopped early,
     and the job ends when the grid is done."""
-    from submit import plan as plans, spec as specs, tuning
+    from submit import lifecycle, spec as specs
+    from submit.local import plan as plans, tuner
     from submit.runners.engine import EngineOptions
     from submit.runners.local import LocalEngine
     monkeypatch.setenv("TUNE_HOPELESS_BELOW", "0")
@@ -334,8 +335,8 @@ def test_grid_search_stops_hopeless_parameter_values_early(tmp_path, monkeypatch
                          module_name="fakejob.task", args=[], staged=False)
     engine = LocalEngine(EngineOptions(), source_dir=pkg_of(tmp_path))
     rendered = engine.render(spec, None)
-    record = engine.new_record(spec, None, rendered)
-    state = tuning.Tuner(plans.JobPlan.from_dict(rendered.body), record, seed=4).run()
+    record = lifecycle.new_record(engine, spec, None, rendered)
+    state = tuner.Tuner(plans.JobPlan.from_dict(rendered.body), record, seed=4).run()
     assert state == records.SUCCEEDED
     trials = record.training_output["trials"]
     assert len(trials) == 6  # the grid, not maxTrials

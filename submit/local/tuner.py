@@ -2,7 +2,7 @@
 Optuna, the study kept in the job dir.
 
 A tuning job's plan is the plan of one trial's job (what `--dry-run` prints). Each trial
-is that job again, run by a `LocalRunner` of its own, with:
+is that job again, run by a `Supervisor` of its own, with:
 - its own free ports (a trial of a CUSTOM or STANDARD_1 job is a whole cluster);
 - its own output folder `<job-dir>/<trialId>/` as `--job-dir`, its logs in
   `<log dir>/<trialId>/` (labels `3/master-replica-0`, which `jobs stream-logs
@@ -35,15 +35,14 @@ not run again) and `maxTrials` counts them. `maxFailedTrials` N ends the job FAI
 trials failed; unset (or 0), the job fails only when no trial succeeded.
 
 The record's `trainingOutput` is Cloud ML's (`isHyperparameterTuningJob`, `trials` best
-first, ...), and `objective.png` beside the study plots objective against trial and the
-best so far.
+first, ...; `submit.training_output`, which Vertex AI's trials and `jobs describe` share),
+and `objective.png` beside the study plots objective against trial and the best so far.
+The sampler, pruner and Optuna's trials as Cloud ML's are `submit.local.study`.
 """
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import logging
-import math
 import os
 import shutil
 import threading
@@ -54,30 +53,17 @@ from typing import Any
 from mljob import contracts, hypertune, storage
 from mljob.procs import free_ports
 from submit import hparams, jobs, logs, usage
-from submit.errors import UsageError
-from submit.joblife import JobLife
-from submit.package import mljob_home
-from submit.plan import JobPlan
-from submit.runners.local import LocalRunner
-from submit.tuning_spec import (HP_DIR, JOURNAL, Parameter, TuningSpec,
-                                 format_value, parse)
+from submit.local import study as studies
+from submit.local.joblife import JobLife
+from submit.local.plan import JobPlan
+from submit.local.resume import journal_of
+from submit.local.study import STUDY_NAME, iso
+from submit.local.supervisor import Supervisor
+from submit.training_output import CANCELLED, PLOT, write_plot
+from submit.tuning_spec import HP_DIR, JOURNAL, TuningSpec, format_value, parse
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5
-STUDY_NAME = "study"
-PLOT = "objective.png"
-# Trial states as Cloud ML's trainingOutput shows them.
-SUCCEEDED, FAILED, CANCELLED, RUNNING = "SUCCEEDED", "FAILED", "CANCELLED", "RUNNING"
-
-
-def check_installed() -> None:
-    """Optuna is the `tuning` extra; say how to install it before anything is built."""
-    try:
-        import optuna  # noqa: F401
-    except ImportError:
-        raise UsageError("hyperparameter tuning needs the Python package 'optuna'; install "
-                         "it with pip install -e '.[tuning]' in mljob's source folder") \
-            from None
 
 
 def hp_dir(plan: JobPlan) -> str:
@@ -87,32 +73,6 @@ def hp_dir(plan: JobPlan) -> str:
     if local and storage.is_local(local):
         return os.path.join(storage.local_path(local), HP_DIR)
     return os.path.join(plan.run_dir, HP_DIR)
-
-
-def journal_of(record: jobs.JobRecord) -> str:
-    """Where an earlier job's study is (for resumePreviousJobId), fetched when it lives
-    only in its gs:// job dir."""
-    candidates = []
-    if record.job_dir and storage.is_local(record.job_dir):
-        candidates.append(os.path.join(storage.local_path(record.job_dir), HP_DIR, JOURNAL))
-    run_dir = os.path.join(mljob_home(), "runs", record.job_id)
-    candidates += [os.path.join(run_dir, "job-dir", HP_DIR, JOURNAL),
-                   os.path.join(run_dir, HP_DIR, JOURNAL)]
-    for path in candidates:
-        if os.path.exists(path):
-            return path
-    if record.job_dir:
-        url = storage.join(record.job_dir, HP_DIR, JOURNAL)
-        try:
-            data = storage.read_bytes(url)
-        except (FileNotFoundError, storage.StorageError, OSError):
-            data = None
-        if data is not None:
-            path = os.path.join(mljob_home(), "runs", record.job_id, "fetched-" + JOURNAL)
-            storage.write_bytes(path, data)
-            return path
-    raise UsageError(f"resumePreviousJobId {record.job_id!r} has no study to continue "
-                     f"({JOURNAL} is not in its job dir); check the job id")
 
 
 # --- one trial's job ----------------------------------------------------------------------
@@ -162,16 +122,16 @@ def _json(value) -> str:
 
 @dataclasses.dataclass
 class Trial:
-    """A trial while it runs: Optuna's trial, our id, its runner and thread."""
+    """A trial while it runs: Optuna's trial, our id, its supervisor and thread."""
 
     optuna_trial: Any
     trial_id: str
     params: dict
     plan: JobPlan
-    runner: LocalRunner
+    supervisor: Supervisor
     metric_file: str
     thread: threading.Thread | None = None
-    state: str | None = None          # the runner's final state
+    state: str | None = None          # the supervisor's final state
     error: str | None = None
     reported_steps: set = dataclasses.field(default_factory=set)
     stopped_early: bool = False
@@ -213,7 +173,8 @@ class Tuner(JobLife):
         study = optuna.create_study(
             storage=storage_, study_name=STUDY_NAME, load_if_exists=True,
             direction="maximize" if self.spec.maximize else "minimize",
-            sampler=sampler(self.spec, self.seed), pruner=self._pruner())
+            sampler=studies.sampler(self.spec, self.seed),
+            pruner=studies.pruner(self.spec))
         if self.spec.resume_from and not study.trials:
             earlier = jobs.load(self.spec.resume_from)
             old = optuna.load_study(study_name=STUDY_NAME, storage=JournalStorage(
@@ -225,14 +186,6 @@ class Tuner(JobLife):
             self.terminal.note(f"resuming the study of job {earlier.job_id}: "
                                f"{len(kept)} finished trial(s) are not run again")
         return study
-
-    def _pruner(self):
-        import optuna
-        if not self.spec.early_stopping:
-            return optuna.pruners.NopPruner()
-        # Hopeless means worse than the median of earlier trials at the same step, once
-        # two trials have finished to compare with.
-        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
 
     def _loop(self) -> tuple[str, str | None]:
         next_mirror = time.monotonic() + 5.0
@@ -274,16 +227,16 @@ class Tuner(JobLife):
     # --- trials ------------------------------------------------------------------------
 
     def _start_trial(self) -> None:
-        optuna_trial = self.study.ask(distributions(self.spec))
+        optuna_trial = self.study.ask(studies.distributions(self.spec))
         trial_id = str(1 + max([int(t.user_attrs.get("trialId", t.number + 1))
                                 for t in self.study.trials if t.number !=
                                 optuna_trial.number] + [0]))
-        params = {p.name: from_optuna(p, optuna_trial.params[p.name])
+        params = {p.name: studies.from_optuna(p, optuna_trial.params[p.name])
                   for p in self.spec.params}
         optuna_trial.set_user_attr("trialId", trial_id)
         optuna_trial.set_user_attr("hyperparameters", {k: format_value(v)
                                                        for k, v in params.items()})
-        optuna_trial.set_user_attr("startTime", _iso(time.time()))
+        optuna_trial.set_user_attr("startTime", iso(time.time()))
         metric_file = os.path.join(self.plan.run_dir, "trials", trial_id,
                                    "output.metrics")
         if os.path.exists(metric_file):
@@ -291,9 +244,9 @@ class Tuner(JobLife):
         plan = trial_plan(self.plan, trial_id, params, self.spec, metric_file)
         trial_record = jobs.JobRecord(job_id=self.plan.job_id)
         options = {} if self.grace is None else {"grace": self.grace}
-        runner = LocalRunner(plan, trial_record, terminal=self.terminal,
-                             publish=lambda rec: self._trial_changed(rec), **options)
-        trial = Trial(optuna_trial, trial_id, params, plan, runner, metric_file)
+        supervisor = Supervisor(plan, trial_record, terminal=self.terminal,
+                                publish=lambda rec: self._trial_changed(rec), **options)
+        trial = Trial(optuna_trial, trial_id, params, plan, supervisor, metric_file)
         trial.thread = threading.Thread(target=self._run_trial, args=(trial,), daemon=True,
                                         name=f"trial-{trial_id}")
         self.running.append(trial)
@@ -305,8 +258,8 @@ class Tuner(JobLife):
 
     def _run_trial(self, trial: Trial) -> None:
         try:
-            trial.state = trial.runner.run()
-            trial.error = trial.runner.record.error_message
+            trial.state = trial.supervisor.run()
+            trial.error = trial.supervisor.record.error_message
         except BaseException as exc:  # the trial fails, the tuner goes on
             trial.state, trial.error = jobs.FAILED, str(exc) or type(exc).__name__
 
@@ -326,7 +279,7 @@ class Tuner(JobLife):
             self._event(f"trial {trial.trial_id} stopped early at step "
                         f"{new[-1].step}: {self.spec.metric_tag}={new[-1].value:g} "
                         "is worse than the median of earlier trials")
-            trial.runner.cancel()
+            trial.supervisor.cancel()
 
     def _end(self, trial: Trial) -> None:
         import optuna
@@ -343,7 +296,7 @@ class Tuner(JobLife):
                     {"trainingStep": str(r.step), "objectiveValue": r.value}
                     for r in reports])
         t = trial.optuna_trial
-        t.set_user_attr("endTime", _iso(time.time()))
+        t.set_user_attr("endTime", iso(time.time()))
         if trial.stopped_early and reports:
             t.set_user_attr("isTrialStoppedEarly", True)
             self._tell(t, state=states.PRUNED)
@@ -389,7 +342,7 @@ class Tuner(JobLife):
                 raise
 
     def _trial_changed(self, trial_record: jobs.JobRecord) -> None:
-        """A trial's runner changed its record: copy its replicas into the job's."""
+        """A trial's supervisor changed its record: copy its replicas into the job's."""
         with self._lock:
             mine = {r.label: r for r in self.record.replicas}
             for r in trial_record.replicas:
@@ -399,7 +352,7 @@ class Tuner(JobLife):
 
     def _stop_everything(self) -> None:
         for trial in list(self.running):
-            trial.runner.cancel()
+            trial.supervisor.cancel()
         for trial in list(self.running):
             if trial.thread is not None:
                 trial.thread.join()
@@ -414,7 +367,7 @@ class Tuner(JobLife):
 
     def _publish_output(self) -> None:
         with self._lock:
-            self.record.training_output = training_output(
+            self.record.training_output = studies.training_output(
                 self.study, self.spec, running={t.trial_id for t in self.running})
             self._save()
 
@@ -424,7 +377,7 @@ class Tuner(JobLife):
             try:
                 self._publish_output()
                 write_plot(self.record.training_output, os.path.join(self.dir, PLOT),
-                           self.spec)
+                           maximize=self.spec.maximize)
             except Exception as exc:  # a plot must not fail the job
                 log.warning("could not plot the study: %s", exc)
 
@@ -451,158 +404,3 @@ class Tuner(JobLife):
                     storage.write_bytes(storage.join(job_dir, HP_DIR, name), f.read())
 
 
-# --- parameters as Optuna sees them ----------------------------------------------------
-
-def sampler(spec: TuningSpec, seed: int | None = None):
-    """Optuna's sampler for the spec's algorithm (see the module docstring)."""
-    import optuna
-    if spec.algorithm == "RANDOM_SEARCH":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if spec.algorithm == "GRID_SEARCH":
-        return optuna.samplers.GridSampler(spec.grid(), seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True,
-                                      n_startup_trials=startup_trials(spec))
-
-
-def startup_trials(spec: TuningSpec) -> int:
-    """Random trials before TPE models the objective: a quarter of the budget, 2 to 10."""
-    return max(2, min(10, spec.max_trials // 4))
-
-
-def distributions(spec: TuningSpec) -> dict:
-    from optuna.distributions import (CategoricalDistribution, FloatDistribution,
-                                      IntDistribution)
-    out: dict[str, Any] = {}
-    for p in spec.params:
-        log_scale = p.scale != "UNIT_LINEAR_SCALE"
-        if p.type in ("DOUBLE", "INTEGER"):
-            low, high = p.bounds
-            out[p.name] = (FloatDistribution(float(low), float(high), log=log_scale)
-                           if p.type == "DOUBLE" else
-                           IntDistribution(int(low), int(high), log=log_scale))
-        else:
-            out[p.name] = CategoricalDistribution(list(p.values))
-    return out
-
-
-def from_optuna(p: Parameter, value):
-    """Optuna's value as the trial's: a reverse log scale is the log scale mirrored."""
-    if p.scale == "UNIT_REVERSE_LOG_SCALE":
-        value = sum(p.bounds) - value
-    if p.type == "INTEGER":
-        return int(value)
-    if p.type == "DOUBLE":
-        return float(value)
-    return value
-
-
-# --- Cloud ML's trainingOutput -------------------------------------------------------
-
-def training_output(study, spec: TuningSpec, running=frozenset()) -> dict:
-    """Cloud ML's trainingOutput of a tuning job: trials best first (those that ran to
-    their end by objective, then those stopped early, then failed and running ones)."""
-    return output_of([_trial_output(t, running) for t in study.trials], spec)
-
-
-def output_of(trials: list[dict], spec: TuningSpec) -> dict:
-    """trainingOutput around trials in Cloud ML's shape, ranked best first."""
-    sign = -1.0 if spec.maximize else 1.0
-
-    def rank(t):
-        metric = t.get("finalMetric")
-        group = (0 if metric and not t.get("isTrialStoppedEarly") else 1 if metric else 2)
-        trial_id = t["trialId"]
-        return (group, sign * metric["objectiveValue"] if metric else 0.0,
-                int(trial_id) if trial_id.isdigit() else 0, trial_id)
-
-    trials = sorted(trials, key=rank)
-    completed = sum(1 for t in trials if t["state"] == SUCCEEDED)
-    return {"isHyperparameterTuningJob": True, "hyperparameterMetricTag": spec.metric_tag,
-            "completedTrialCount": str(completed), "trials": trials}
-
-
-def _trial_output(t, running) -> dict:
-    attrs = t.user_attrs
-    trial_id = attrs.get("trialId", str(t.number + 1))
-    out = {"trialId": trial_id, "hyperparameters": dict(attrs.get("hyperparameters", {})),
-           "allMetrics": list(attrs.get("allMetrics", [])),
-           "isTrialStoppedEarly": bool(attrs.get("isTrialStoppedEarly", False))}
-    name = t.state.name
-    if name == "COMPLETE":
-        out["state"] = SUCCEEDED
-        out["finalMetric"] = {"trainingStep": attrs.get("trainingStep", "0"),
-                              "objectiveValue": t.value}
-    elif name == "PRUNED":
-        out["state"] = SUCCEEDED  # it ran, reported, and was stopped: not a failure
-        last = out["allMetrics"][-1] if out["allMetrics"] else None
-        if last:
-            out["finalMetric"] = dict(last)
-    elif name == "RUNNING":
-        out["state"] = RUNNING if trial_id in running else CANCELLED
-    else:
-        out["state"] = attrs.get("state", FAILED)
-        if attrs.get("error"):
-            out["errorMessage"] = attrs["error"]
-    for key in ("startTime", "endTime"):
-        if attrs.get(key):
-            out[key] = attrs[key]
-    return out
-
-
-def _iso(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
-
-
-def trials_table(output: Mapping[str, Any]) -> str:
-    """`jobs describe`'s table of trials, best first."""
-    trials = output.get("trials") or []
-    names = sorted({k for t in trials for k in t.get("hyperparameters", {})})
-    tag = output.get("hyperparameterMetricTag", "objective")
-    rows = [["TRIAL", "STATE", tag.upper(), "STEP", *names]]
-    for t in trials:
-        metric = t.get("finalMetric") or {}
-        state = t["state"] + (" (stopped early)" if t.get("isTrialStoppedEarly") else "")
-        value = metric.get("objectiveValue")
-        rows.append([t["trialId"], state, "-" if value is None else f"{value:.6g}",
-                     metric.get("trainingStep", "-"),
-                     *(t.get("hyperparameters", {}).get(n, "-") for n in names)])
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True))
-                     .rstrip() for row in rows)
-
-
-def write_plot(output: Mapping[str, Any], path: str, spec: TuningSpec) -> str | None:
-    """Objective against trial, and the best so far, as a PNG; None without trials."""
-    points = sorted((int(t["trialId"]), t["finalMetric"]["objectiveValue"],
-                     t.get("isTrialStoppedEarly", False))
-                    for t in output.get("trials", []) if t.get("finalMetric"))
-    if not points:
-        return None
-    import matplotlib
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-    best, so_far = math.nan, []
-    for _, value, stopped in points:
-        if not stopped:
-            better = max if spec.maximize else min
-            best = value if math.isnan(best) else better(best, value)
-        so_far.append(best)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ran = [(i, v) for i, v, s in points if not s]
-    stopped = [(i, v) for i, v, s in points if s]
-    if ran:
-        ax.scatter(*zip(*ran, strict=True), label="trial", color="tab:blue")
-    if stopped:
-        ax.scatter(*zip(*stopped, strict=True), label="stopped early", color="tab:gray",
-                   marker="x")
-    ax.step([i for i, _, _ in points], so_far, where="post", color="tab:orange",
-            label="best so far")
-    ax.set_xlabel("trial")
-    ax.set_ylabel(f"{output.get('hyperparameterMetricTag')} ({spec.goal.lower()})")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return path

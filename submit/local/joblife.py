@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 from mljob import procs
 from submit import jobs, logs
-from submit.mirror import Mirror
-from submit.plan import JobPlan
+from submit.local.mirror import Mirror
+from submit.local.plan import JobPlan
 
 log = logging.getLogger(__name__)
 

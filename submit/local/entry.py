@@ -1,0 +1,117 @@
+"""What the local runner's verbs (`submit.runners.local`) call in the local wing: the
+checks only this machine makes, a job run to its end (a plain job by its `Supervisor`,
+a tuning job by its `Tuner`: the entry picks by `trainingInput.hyperparameters`), and a
+job stopped from another process.
+
+The process that runs a job (the submitting one when attached, `python -m submit
+_supervise` when detached) holds the job's lock file open and locked throughout and owns
+its record: `jobs cancel` signals the recorded PID only when that process holds the
+lock (see `procs.is_ours`), and writes the record itself only when the supervisor is
+gone.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from mljob import contracts, procs
+from submit import jobs, logs
+from submit.errors import SubmitError, UsageError
+from submit.local.plan import JobPlan
+from submit.local.supervisor import Supervisor
+from submit.spec import JobSpec
+
+CANCEL_WAIT_S = 60.0       # `jobs cancel`: how long the supervisor gets to stop the job
+MAX_PARALLEL_TRIALS = 16   # tuning trials at once, each a job of its own on this machine
+
+
+def check(spec: JobSpec) -> None:
+    """A tuning job the local tuner cannot run: Optuna missing, more trials at once than
+    this machine takes, or an earlier study that cannot be continued."""
+    if "hyperparameters" not in spec.training_input:
+        return
+    from submit import tuning_spec
+    from submit.local import resume, study
+    study.check_installed()
+    hp = tuning_spec.parse(spec.training_input["hyperparameters"], job_dir=spec.job_dir)
+    if hp.max_parallel_trials > MAX_PARALLEL_TRIALS:
+        raise UsageError(
+            f"trainingInput.hyperparameters.maxParallelTrials "
+            f"{hp.max_parallel_trials} is more than the local runner's limit of "
+            f"{MAX_PARALLEL_TRIALS} trials at once (each is a job on this "
+            "machine); lower it, or use --runner vertex or kubeflow")
+    if hp.resume_from:
+        resume.check_resumable(hp.resume_from)
+
+
+def run(plan: JobPlan, record: jobs.JobRecord, *, stream: bool) -> str:
+    """Run a job to its end in this process, which becomes its supervisor; the final
+    state (also in `record`)."""
+    lock = hold_lock(record.job_id)
+    try:
+        record.adopt_supervisor()
+        jobs.save(record)
+        terminal = logs.Terminal(sys.stdout, stream=stream)
+        if "hyperparameters" in plan.training_input:  # a tuning job: trials of this plan
+            from submit.local.tuner import Tuner  # Optuna's, only for a study
+            return Tuner(plan, record, terminal=terminal).run()
+        return Supervisor(plan, record, publish=jobs.save, terminal=terminal).run()
+    finally:
+        lock.close()
+
+
+def hold_lock(job_id: str):
+    """The job's lock file, open and locked by this process (closing it releases it)."""
+    import fcntl
+    path = jobs.lock_path(job_id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    lock = open(path, "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        raise UsageError(f"job {job_id!r} is already being supervised by another process; "
+                         f"cancel it with `python -m submit jobs cancel {job_id}`") from None
+    return lock
+
+
+def cancel(job_id: str) -> str:
+    """SIGTERM the job's supervisor, which stops every replica and records CANCELLED;
+    when it is gone, stop what it left and record CANCELLED here. The state recorded."""
+    record = jobs.load(job_id)
+    if record.supervisor_alive():
+        assert record.supervisor_pid is not None  # supervisor_alive checked the PID
+        os.kill(record.supervisor_pid, signal.SIGTERM)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while not record.done and record.supervisor_alive() \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+            record = jobs.load(job_id)
+        if not record.done and record.supervisor_alive():
+            raise SubmitError(f"job {job_id!r} is still {record.state} after "
+                              f"{CANCEL_WAIT_S:.0f} s; its supervisor is pid "
+                              f"{record.supervisor_pid}")
+    record = jobs.load(job_id)  # the supervisor may have finished while we looked
+    if not record.done:  # the supervisor died without cleaning up: stop what it left
+        _kill_orphans(record)
+        record.set_state(jobs.CANCELLED, "the supervisor was gone; replicas stopped")
+        jobs.save(record, create_in_job_dir=False)
+    return record.state
+
+
+def _kill_orphans(record: jobs.JobRecord) -> None:
+    """SIGKILL the replicas a dead supervisor left, each only if it is provably this
+    job's: the recorded process (start time, command line) with the job's id and its
+    supervisor's PID in its environment. A record naming any other process signals
+    nothing."""
+    for replica in record.replicas:
+        marker = {contracts.JOB_ID_ENV: record.job_id,
+                  contracts.PARENT_PID_ENV: str(record.supervisor_pid)}
+        if procs.is_ours(replica.pid, replica.stamp, env=marker):
+            assert replica.pid is not None  # is_ours checked the PID
+            try:
+                os.killpg(replica.pid, signal.SIGKILL)  # it leads its own session
+            except (ProcessLookupError, PermissionError):
+                pass
