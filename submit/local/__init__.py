@@ -1,5 +1,7 @@
 """The local wing: what runs a job on this machine, below the local runner's verbs
-(`submit.runners.local`), which is the only module above that imports it.
+(`submit.runners.local`). Above it, only those verbs, the detached supervisor's command
+(`python -m submit _supervise`) and batch prediction jobs (their own `JobLife`, the
+job's lock) use it.
 
 - `plan`: the job as processes (one command, environment and TF_CONFIG per replica);
 - `joblife`: a job's life on this machine (PREPARING, RUNNING, an ending state, everything
