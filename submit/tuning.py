@@ -59,8 +59,7 @@ from submit.joblife import JobLife
 from submit.package import mljob_home
 from submit.plan import JobPlan
 from submit.runners.local import LocalRunner
-from submit.tuning_spec import (HP_DIR, JOURNAL, Parameter, TuningSpec,
-                                 format_value, parse)
+from submit.tuning_spec import HP_DIR, JOURNAL, Parameter, TuningSpec, format_value
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5
@@ -185,7 +184,8 @@ class Tuner(JobLife):
                  terminal: logs.Terminal | None = None, seed: int | None = None,
                  publish=jobs.save, grace: float | None = None):
         super().__init__(plan, record, publish=publish, terminal=terminal)
-        self.spec = parse(plan.training_input["hyperparameters"], job_dir=plan.job_dir or "")
+        assert plan.tuning is not None  # the supervisor runs a Tuner for tuning plans
+        self.spec = plan.tuning
         self.seed = seed
         self.grace = grace
         self.dir = hp_dir(plan)

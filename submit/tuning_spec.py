@@ -16,25 +16,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from mljob.contracts import DEFAULT_HP_METRIC_TAG
+from submit import config_schema
+from submit.config_schema import ALGORITHMS, GOALS, MAX_PARALLEL_TRIALS, MAX_TRIALS, \
+    SCALES, HyperparameterSpec
+from submit.config_schema import PARAM_TYPES as TYPES
 from submit.errors import ConfigError
 
-KEYS = ("goal", "hyperparameterMetricTag", "maxTrials", "maxParallelTrials",
-        "maxFailedTrials", "enableTrialEarlyStopping", "resumePreviousJobId", "algorithm",
-        "params")
-PARAM_KEYS = ("parameterName", "type", "minValue", "maxValue", "categoricalValues",
-              "discreteValues", "scaleType")
-GOALS = ("MAXIMIZE", "MINIMIZE")
-ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
-TYPES = ("DOUBLE", "INTEGER", "CATEGORICAL", "DISCRETE")
-SCALES = ("UNIT_LINEAR_SCALE", "UNIT_LOG_SCALE", "UNIT_REVERSE_LOG_SCALE")
+KEYS = config_schema.keys(HyperparameterSpec)
+PARAM_KEYS = config_schema.keys(config_schema.ParameterSpec)
 # Where a tuning job keeps its study: <job-dir>/hptuning/optuna-journal.log
 HP_DIR = "hptuning"
 JOURNAL = "optuna-journal.log"
-MAX_TRIALS = 10_000          # a sanity bound, like the replica counts'
 MAX_VALUES = 1_000           # categorical or discrete values of one parameter
-# Trials running at once: each is a training job of its own (the local runner starts them
+# MAX_TRIALS is a sanity bound, like the replica counts'; MAX_PARALLEL_TRIALS bounds the
+# trials running at once: each is a training job of its own (the local runner starts them
 # all on this machine; Vertex and Katib queue what their cluster cannot hold).
-MAX_PARALLEL_TRIALS = 100
 # GRID_SEARCH's points, counted before any grid is built (Optuna's GridSampler holds the
 # whole product as a list: 10^9 points would not fit in memory).
 MAX_GRID_POINTS = 100_000
@@ -103,21 +99,27 @@ class TuningSpec:
         return math.prod(_points(p) for p in self.params)
 
 
+def from_dict(data: Mapping[str, Any]) -> TuningSpec:
+    """A spec from its `dataclasses.asdict` (a plan read back from JSON)."""
+    params = tuple(Parameter(**{**p, "values": tuple(p.get("values", ()))})
+                   for p in data["params"])
+    return TuningSpec(**{**data, "params": params})
+
+
 def format_value(value) -> str:
     if isinstance(value, float):
         return repr(value)  # round-trips exactly, as a trainer's float() reads it back
     return str(value)
 
 
-def parse(hp: Any, *, job_dir: str | None = None) -> TuningSpec:
-    """The checked spec, or ConfigError naming the field and the fix."""
-    if not isinstance(hp, Mapping):
-        raise ConfigError(f"{WHERE} must be a mapping with goal and params, not "
-                          f"{type(hp).__name__}")
-    unknown = [k for k in hp if k not in KEYS]
-    if unknown:
-        raise ConfigError(f"{WHERE} has unknown key {unknown[0]!r:.60}; allowed keys are "
-                          f"{', '.join(KEYS)}")
+def parse(given: HyperparameterSpec | Mapping[str, Any], *,
+          job_dir: str | None = None) -> TuningSpec:
+    """The checked spec, or ConfigError naming the field and the fix. The schema
+    (`submit.config_schema.HyperparameterSpec`) has checked keys and types; this checks
+    what holds between fields and values."""
+    if not isinstance(given, HyperparameterSpec):
+        given = config_schema.validate(HyperparameterSpec, given, WHERE)
+    hp = given.to_dict()
     goal = hp.get("goal")
     if goal not in GOALS:
         raise ConfigError(f"{WHERE}.goal must be MAXIMIZE or MINIMIZE, not {goal!r:.60}")
@@ -187,13 +189,6 @@ def _count(hp: Mapping, key: str, default, *, low: int, high: int):
 
 def _param(raw: Any, i: int) -> Parameter:
     where = f"{WHERE}.params[{i}]"
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where} must be a mapping with parameterName and type, not "
-                          f"{type(raw).__name__}")
-    unknown = [k for k in raw if k not in PARAM_KEYS]
-    if unknown:
-        raise ConfigError(f"{where} has unknown key {unknown[0]!r:.60}; allowed keys are "
-                          f"{', '.join(PARAM_KEYS)}")
     name = raw.get("parameterName")
     if not isinstance(name, str) or not PARAM_NAME.fullmatch(name):
         raise ConfigError(f"{where}.parameterName {name!r:.60} is not a flag name; use "

@@ -350,11 +350,10 @@ class LocalEngine(Runner):
                              "--runner kubeflow or --runner vertex; the local runner runs "
                              "Python packages: pick one of those runners, or drop the "
                              "image and give --package-path")
-        if "hyperparameters" in spec.training_input:
-            from submit import tuning, tuning_resume, tuning_spec
+        hp = spec.tuning
+        if hp is not None:
+            from submit import tuning, tuning_resume
             tuning.check_installed()
-            hp = tuning_spec.parse(spec.training_input["hyperparameters"],
-                                   job_dir=spec.job_dir)
             if hp.max_parallel_trials > MAX_PARALLEL_TRIALS:
                 raise UsageError(
                     f"trainingInput.hyperparameters.maxParallelTrials "
@@ -490,7 +489,7 @@ def run(plan: JobPlan, record: jobs.JobRecord, echo, *, stream: bool) -> int:
         record.adopt_supervisor()
         jobs.save(record)
         terminal = logs.Terminal(sys.stdout, stream=stream)
-        if "hyperparameters" in plan.training_input:  # a tuning job: trials of this plan
+        if plan.tuning is not None:  # a tuning job: trials of this plan
             from submit import tuning
             state = tuning.Tuner(plan, record, terminal=terminal).run()
         else:

@@ -121,8 +121,9 @@ def test_a_minimize_study_descends_a_known_objective(tmp_path, monkeypatch):
     monkeypatch.setenv("TUNE_SLEEP", "0")
     hp = _hp(goal="MINIMIZE", maxTrials=12, maxParallelTrials=1)
     pkg = write_package(tmp_path / "pkg", TASK)
-    spec = specs.resolve("min01", {"hyperparameters": hp}, job_dir=str(tmp_path / "j"),
-                         module_name="fakejob.task", args=[], staged=False)
+    spec = specs.resolve(specs.Flags("min01", job_dir=str(tmp_path / "j"),
+                                     module_name="fakejob.task", args=(), staged=False),
+                         specs.training_config({"hyperparameters": hp}))
     engine = LocalEngine(EngineOptions(), source_dir=pkg)
     rendered = engine.render(spec, None)
     record = engine.new_record(spec, None, rendered)

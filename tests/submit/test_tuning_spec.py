@@ -170,7 +170,8 @@ SPECS = st.dictionaries(st.sampled_from(tuning_spec.KEYS + ("bogus",)),
 @given(hp=SPECS)
 def test_any_hyperparameters_parse_or_are_one_line_config_errors(hp):
     try:
-        spec = specs.resolve("tune01", {"hyperparameters": hp}, job_dir="/jobs/tune01")
+        spec = specs.resolve(specs.Flags("tune01", job_dir="/jobs/tune01"),
+                             specs.training_config({"hyperparameters": hp}))
     except ConfigError as exc:
         assert str(exc).startswith("trainingInput.hyperparameters") and "\n" not in str(exc)
         return
