@@ -85,10 +85,22 @@ def _duration(value: Any) -> Any:
     return value
 
 
-Int64 = Annotated[int, BeforeValidator(_int64), WithJsonSchema({"anyOf": [
-    {"type": "integer"},
-    {"type": "string", "pattern": r"^\s*-?[0-9]{1,19}\s*$",
-     "description": "int64 as proto-JSON writes it, e.g. \"4\""}]})]
+def _int64_schema(ge: int | None = None, le: int | None = None) -> WithJsonSchema:
+    """An int64's JSON Schema: a number in range, or its digits as a string."""
+    number: dict[str, Any] = {"type": "integer"}
+    if ge is not None:
+        number["minimum"] = ge
+    if le is not None:
+        number["maximum"] = le
+    digits = r"^\s*-?[0-9]{1,19}\s*$" if ge is None or ge < 0 else \
+        r"^\s*[0-9]{1,19}\s*$" if ge == 0 else r"^\s*0*[1-9][0-9]{0,18}\s*$"
+    return WithJsonSchema({"anyOf": [number, {
+        "type": "string", "pattern": digits,
+        "description": "int64 as proto-JSON writes it, e.g. \"4\""}]})
+
+
+# int64 fields: ranges go inside (before the string spelling is taken)
+Int64 = Annotated[int, BeforeValidator(_int64), _int64_schema()]
 Number = Annotated[Any, BeforeValidator(_number), WithJsonSchema({"type": "number"})]
 Duration = Annotated[str, BeforeValidator(_duration), WithJsonSchema(
     {"type": "string", "pattern": r"^[0-9]{1,12}(\.[0-9]{1,9})?s$",
@@ -103,6 +115,7 @@ class Model(BaseModel):
                               frozen=True, populate_by_name=False)
     expect: ClassVar[str] = "a mapping"
     label_key: ClassVar[str | None] = None   # a list item's key named in its messages
+    document: ClassVar[bool] = False         # the file: its keys are named on their own
 
     def to_dict(self) -> dict[str, Any]:
         """The message as its camelCase mapping, int64 strings as numbers, nulls left
@@ -113,7 +126,8 @@ class Model(BaseModel):
 class AcceleratorConfig(Model):
     """GPUs per replica."""
 
-    count: Annotated[Int64 | None, Field(ge=0), Expect("a non-negative integer")] = None
+    count: Annotated[Annotated[int, Field(ge=0), BeforeValidator(_int64), _int64_schema(0)]
+                     | None, Expect("a non-negative integer")] = None
     type: Annotated[str | None, Expect("a string like NVIDIA_TESLA_T4"),
                     Field(examples=["NVIDIA_TESLA_T4"])] = None
 
@@ -125,8 +139,9 @@ class ReplicaConfig(Model):
     accelerator_config: Annotated[AcceleratorConfig | None, Expect(
         "a mapping like {count: 1, type: NVIDIA_TESLA_T4}")] = None
     restart_policy: Literal["Never", "OnFailure", "ExitCode", "Always"] | None = None
-    max_restarts: Annotated[Int64 | None, Field(ge=0, le=MAX_RESTARTS),
-                            Expect(f"an integer from 0 to {MAX_RESTARTS}")] = None
+    max_restarts: Annotated[Annotated[int, Field(ge=0, le=MAX_RESTARTS),
+                                      BeforeValidator(_int64), _int64_schema(0, MAX_RESTARTS)]
+                            | None, Expect(f"an integer from 0 to {MAX_RESTARTS}")] = None
     image_uri: str | None = None
     container_command: Annotated[list[str] | None, Field(max_length=MAX_WORDS), WORDS] = None
     container_args: Annotated[list[str] | None, Field(max_length=MAX_WORDS), WORDS] = None
@@ -165,13 +180,16 @@ class HyperparameterSpec(Model):
     expect: ClassVar[str] = "a mapping"
     goal: Annotated[Literal["MAXIMIZE", "MINIMIZE"], Expect("MAXIMIZE or MINIMIZE")]
     hyperparameter_metric_tag: str | None = None
-    max_trials: Annotated[Int64 | None, Field(ge=1, le=MAX_TRIALS),
-                          Expect(f"an integer from 1 to {MAX_TRIALS}")] = None
-    max_parallel_trials: Annotated[Int64 | None, Field(ge=1, le=MAX_PARALLEL_TRIALS),
-                                   Expect(f"an integer from 1 to {MAX_PARALLEL_TRIALS}")] \
-        = None
-    max_failed_trials: Annotated[Int64 | None, Field(ge=0, le=MAX_TRIALS),
-                                 Expect(f"an integer from 0 to {MAX_TRIALS}")] = None
+    max_trials: Annotated[Annotated[int, Field(ge=1, le=MAX_TRIALS), BeforeValidator(
+        _int64), _int64_schema(1, MAX_TRIALS)] | None,
+        Expect(f"an integer from 1 to {MAX_TRIALS}")] = None
+    max_parallel_trials: Annotated[Annotated[int, Field(
+        ge=1, le=MAX_PARALLEL_TRIALS), BeforeValidator(_int64), _int64_schema(
+            1, MAX_PARALLEL_TRIALS)] | None,
+        Expect(f"an integer from 1 to {MAX_PARALLEL_TRIALS}")] = None
+    max_failed_trials: Annotated[Annotated[int, Field(ge=0, le=MAX_TRIALS), BeforeValidator(
+        _int64), _int64_schema(0, MAX_TRIALS)] | None,
+        Expect(f"an integer from 0 to {MAX_TRIALS}")] = None
     enable_trial_early_stopping: bool | None = None
     resume_previous_job_id: str | None = None
     algorithm: Literal["ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH"] | None = None
@@ -210,6 +228,8 @@ class TrainingInput(Model):
 
 class JobConfig(Model):
     """The whole --config file: Cloud ML's Job, the keys a submission takes."""
+
+    document: ClassVar[bool] = True
 
     training_input: TrainingInput = Field(default_factory=lambda: TrainingInput())
     # checked by submit.spec.check_labels, which names the label and Google's rule
@@ -280,7 +300,10 @@ def _walk(model: type[Model], data: Any, loc: tuple, where: str) -> list[tuple]:
             field = fields.get(part)
             if field is None:
                 break
-            text += f".{part}"
+            if owner.document and depth == 1:   # a file's key: trainingInput, labels, ...
+                text = part if part == "trainingInput" else f"{where}: {part}"
+            else:
+                text += f".{part}"
             raw = raw.get(part) if isinstance(raw, Mapping) else None
             kind = field.annotation
             expect = next((m.text for m in field.metadata if isinstance(m, Expect)), None)
