@@ -31,6 +31,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from submit.containers import IMAGE
 from submit.errors import ConfigError
 
 SCHEMA_PATH = "docs/schema/config.schema.json"   # from the project's root
@@ -41,7 +42,9 @@ ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
 PARAM_TYPES = ("DOUBLE", "INTEGER", "CATEGORICAL", "DISCRETE")
 SCALES = ("UNIT_LINEAR_SCALE", "UNIT_LOG_SCALE", "UNIT_REVERSE_LOG_SCALE")
 MAX_RESTARTS = 100
-MAX_TRIALS = 10_000
+MAX_TRIALS = 10_000          # a sanity bound, like the replica counts'
+# Trials running at once: each is a training job of its own (the local runner starts them
+# all on this machine; Vertex and Katib queue what their cluster cannot hold).
 MAX_PARALLEL_TRIALS = 100
 MAX_WORDS = 1000   # containerCommand / containerArgs
 _INT64 = re.compile(r"\s*-?[0-9]{1,19}\s*")
@@ -101,6 +104,16 @@ def _int64_schema(ge: int | None = None, le: int | None = None) -> WithJsonSchem
 
 # int64 fields: ranges go inside (before the string spelling is taken)
 Int64 = Annotated[int, BeforeValidator(_int64), _int64_schema()]
+def _image(value: Any) -> Any:
+    if not isinstance(value, str) or len(value) > 1024 or not IMAGE.fullmatch(value):
+        raise _phrase("is not a container image; write REGISTRY/PATH[:TAG], e.g. "
+                      "gcr.io/my-project/trainer:1")
+    return value
+
+
+ImageUri = Annotated[str, BeforeValidator(_image), WithJsonSchema(
+    {"type": "string", "maxLength": 1024, "pattern": f"^(?:{IMAGE.pattern})$",
+     "examples": ["gcr.io/my-project/trainer:1"]})]
 Number = Annotated[Any, BeforeValidator(_number), WithJsonSchema({"type": "number"})]
 Duration = Annotated[str, BeforeValidator(_duration), WithJsonSchema(
     {"type": "string", "pattern": r"^[0-9]{1,12}(\.[0-9]{1,9})?s$",
@@ -142,7 +155,7 @@ class ReplicaConfig(Model):
     max_restarts: Annotated[Annotated[int, Field(ge=0, le=MAX_RESTARTS),
                                       BeforeValidator(_int64), _int64_schema(0, MAX_RESTARTS)]
                             | None, Expect(f"an integer from 0 to {MAX_RESTARTS}")] = None
-    image_uri: str | None = None
+    image_uri: ImageUri | None = None
     container_command: Annotated[list[str] | None, Field(max_length=MAX_WORDS), WORDS] = None
     container_args: Annotated[list[str] | None, Field(max_length=MAX_WORDS), WORDS] = None
 
@@ -274,8 +287,8 @@ def message(model: type[Model], data: Any, error: Mapping[str, Any], where: str)
                 else "")
         return (f"{parent} has unknown key {key!r:.60}{hint}; allowed keys are "
                 f"{', '.join(allowed)}")
-    _, at, expect, _ = _walk(model, data, loc, where)[-1]
-    value = _value_at(data, loc[:_depth(model, data, loc, where)])
+    depth, at, expect, _ = _walk(model, data, loc, where)[-1]
+    value = _value_at(data, loc[:depth])
     if kind == "phrase":
         return f"{at} {short(value, 30)} {error['msg']}"
     if expect is None:
@@ -328,10 +341,6 @@ def _walk(model: type[Model], data: Any, loc: tuple, where: str) -> list[tuple]:
                 text += f" ({label})"
             steps.append((depth, text, item.expect, item))
     return steps
-
-
-def _depth(model: type[Model], data: Any, loc: tuple, where: str) -> int:
-    return _walk(model, data, loc, where)[-1][0]
 
 
 def _unwrap(kind: Any) -> Any:

@@ -110,7 +110,7 @@ RESERVED_LABEL_PREFIX = "mljob"   # the engines' own labels (mljob-job-id, ...)
 DEFAULT_MAX_RESTARTS = 6          # Kubernetes Job's backoffLimit default
 CHIEF_SINCE_RUNTIME = (2, 1)      # Cloud ML named the chief `master` before runtime 2.1
 _DURATION = re.compile(r"([0-9]{1,12})(\.[0-9]{1,9})?s")
-TYPE_FLAGS = {  # flag (as resolve's keyword) -> (trainingInput key, the flag's name)
+TYPE_FLAGS = {  # flag (as a Flags field) -> (trainingInput key, the flag's name)
     "master_machine_type": ("masterType", "--master-machine-type"),
     "worker_machine_type": ("workerType", "--worker-machine-type"),
     "parameter_server_machine_type": ("parameterServerType",

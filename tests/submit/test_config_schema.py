@@ -78,6 +78,8 @@ AGREEMENT = [
      "type: DISCRETE, discreteValues: ['32']}]}\n", False),
     ("trainingInput:\n  useChiefInTfConfig: 'yes'\n", False),
     ("trainingInput:\n  masterConfig: {containerCommand: python}\n", False),
+    ("trainingInput:\n  masterConfig: {imageUri: gcr.io/my-project/trainer:1}\n", True),
+    ("trainingInput:\n  masterConfig: {imageUri: 'My Image'}\n", False),
     ("labels: [a, b]\n", False),
     ("labels: {team: 5.5}\n", False),
 ]

@@ -142,7 +142,8 @@ def test_a_minimize_study_descends_a_known_objective(tmp_path, monkeypatch):
     # Over x uniform in [-1, 1] the objective averages 0.42. Optuna's TPE descending it
     # averaged 0.29 to 0.50 over its Bayesian trials (eight seeds, 12 trials), climbing
     # it 0.70 to 0.95.
-    startup = tuning.startup_trials(tuning.parse(hp, job_dir=str(tmp_path / "j")))
+    assert spec.tuning is not None
+    startup = tuning.startup_trials(spec.tuning)
     guided = [(x - 0.3) ** 2 for i, x in xs.items() if i > startup]
     assert sum(guided) / len(guided) < 0.6, sorted(xs.items())
     _all_dead(record)
