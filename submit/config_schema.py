@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import sys
 import types
@@ -438,10 +439,12 @@ def schema_text() -> str:
 
 def main(argv: list[str]) -> int:
     """`python -m submit.config_schema [--check] [PATH]`: write the schema to PATH
-    (default docs/schema/config.schema.json), or with --check exit 1 if it differs."""
+    (default: the project's docs/schema/config.schema.json), or with --check exit 1 if
+    it differs."""
     check = "--check" in argv
     paths = [a for a in argv if a != "--check"]
-    path = paths[0] if paths else SCHEMA_PATH
+    path = paths[0] if paths else os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), SCHEMA_PATH)
     text = schema_text()
     if check:
         try:
