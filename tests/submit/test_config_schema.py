@@ -32,6 +32,11 @@ def test_the_published_schema_is_current(tmp_path):
     ti = schema["$defs"]["TrainingInput"]
     assert set(ti["properties"]) == set(specs.TRAINING_INPUT_KEYS)
     assert ti["additionalProperties"] is False
+    # the repository's config.yaml names the schema for editors, and keeps to it
+    with open(os.path.join(ROOT, "config.yaml"), encoding="utf-8") as f:
+        text = f.read()
+    assert text.startswith(f"# yaml-language-server: $schema={config_schema.SCHEMA_PATH}\n")
+    jsonschema.validate(yaml.safe_load(text), schema)
 
 
 # (config.yaml text, accepted?) -- each is read by the JSON Schema and by the models
