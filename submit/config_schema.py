@@ -32,11 +32,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from submit.containers import IMAGE
+from submit.containers import IMAGE, MAX_WORDS
 from submit.errors import ConfigError
 
 SCHEMA_PATH = "docs/schema/config.schema.json"   # from the project's root
-SCHEMA_ID = "https://mljob.dev/schema/config.schema.json"
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
 GOALS = ("MAXIMIZE", "MINIMIZE")
 ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
@@ -47,7 +46,6 @@ MAX_TRIALS = 10_000          # a sanity bound, like the replica counts'
 # Trials running at once: each is a training job of its own (the local runner starts them
 # all on this machine; Vertex and Katib queue what their cluster cannot hold).
 MAX_PARALLEL_TRIALS = 100
-MAX_WORDS = 1000   # containerCommand / containerArgs
 _INT64 = re.compile(r"\s*-?[0-9]{1,19}\s*")
 _DURATION = re.compile(r"([0-9]{1,12})(\.[0-9]{1,9})?s")
 
@@ -424,7 +422,7 @@ def json_schema() -> dict[str, Any]:
     """config.yaml's JSON Schema: the Job document; `x-` keys hold YAML anchors."""
     schema = JobConfig.model_json_schema(by_alias=True)
     schema.pop("description", None)
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID,
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
             "title": "mljob config.yaml (Cloud ML Engine's Job: trainingInput, labels, "
                      "jobId)",
             "description": "The --config file of `python -m submit` and `jobs submit "
