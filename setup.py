@@ -19,6 +19,7 @@ setup(
         "gcsfs>=2024.2",
         "click>=8.1",
         "PyYAML>=6",
+        "pydantic>=2.5",  # config.yaml's schema (submit/config_schema.py)
         "psutil>=5.9",
         "setuptools>=61",  # the launcher builds the sdist with `setup.py sdist`
         "starlette>=0.37",
@@ -43,6 +44,7 @@ setup(
             "pytest>=8",
             "pytest-timeout>=2.3",
             "hypothesis>=6.100",
+            "jsonschema>=4.18",  # the published config.yaml schema checked against the models
             "httpx>=0.27",
             "gcp-storage-emulator>=2024.8",
             "tensorboard==2.21.*",

@@ -49,9 +49,10 @@ def local_train(ctx, package_path, module_name, job_dir, distributed, worker_cou
                                              else parameter_server_count),
                      evaluator_count=evaluator_count or 0)
     job_id = "local_" + time.strftime("%Y%m%d_%H%M%S") + f"_{os.getpid()}"
-    spec = specs.resolve(job_id, {"masterType": "standard"}, scale_tier="CUSTOM",
-                         job_dir=job_dir, module_name=module_name,
-                         args=ctx.meta["trainer_args"] or (), staged=False, **flags)
+    spec = specs.resolve(specs.Flags(
+        job_id, scale_tier="CUSTOM", master_machine_type="standard", job_dir=job_dir,
+        module_name=module_name, args=tuple(ctx.meta["trainer_args"] or ()), staged=False,
+        **flags))
     source = package.check_package_path(package_path)
     n = sum(spec.count(t) for t in (specs.CHIEF, specs.WORKER, specs.PS))
     if start_port is not None and start_port + n - 1 > 65535:

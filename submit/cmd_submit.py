@@ -134,16 +134,15 @@ def submit_training(ctx, job_id, scale_tier, config_path, job_dir, staging_bucke
                             project=project, region=region,
                             service_account=service_account)
     options.check_for(runner)
+    flags = specs.Flags(
+        job_id, scale_tier=scale_tier, worker_count=worker_count,
+        parameter_server_count=parameter_server_count, evaluator_count=evaluator_count,
+        job_dir=job_dir, staging_bucket=staging_bucket, package_path=package_path,
+        module_name=module_name, args=ctx.meta["trainer_args"],
+        restart_policy=restart_policy, max_restarts=max_restarts,
+        packages=tuple(p for given in packages for p in given.split(",") if p)
+        if packages else None, region=region, runtime_version=runtime_version,
+        python_version=python_version, **job_definition)
     return submission.submit(submission.Submission(
-        job_id, runner=runner, options=options, config_path=config_path,
-        resolve=dict(scale_tier=scale_tier, worker_count=worker_count,
-                     parameter_server_count=parameter_server_count,
-                     evaluator_count=evaluator_count, job_dir=job_dir,
-                     staging_bucket=staging_bucket, package_path=package_path,
-                     module_name=module_name, args=ctx.meta["trainer_args"],
-                     restart_policy=restart_policy, max_restarts=max_restarts,
-                     packages=[p for given in packages for p in given.split(",") if p]
-                     if packages else None, region=region,
-                     runtime_version=runtime_version, python_version=python_version,
-                     **job_definition),
-        dry_run=dry_run, stream=stream_logs, resume=resume), echo)
+        flags, runner=runner, options=options, config_path=config_path, dry_run=dry_run,
+        stream=stream_logs, resume=resume), echo)

@@ -25,7 +25,7 @@ FLAGS = {"master_image_uri": ("masterConfig", "--master-image-uri"),
          "worker_image_uri": ("workerConfig", "--worker-image-uri"),
          "parameter_server_image_uri": ("parameterServerConfig",
                                         "--parameter-server-image-uri")}
-MAX_WORDS = 1000
+MAX_WORDS = 1000   # containerCommand, containerArgs (submit.config_schema)
 
 
 def check_image(uri: Any, where: str, error: type = ConfigError) -> str:
@@ -36,20 +36,11 @@ def check_image(uri: Any, where: str, error: type = ConfigError) -> str:
 
 
 def check_config(config: Mapping[str, Any], key: str) -> None:
-    """A replica config's container keys (types and image syntax)."""
-    if "imageUri" in config:
-        check_image(config["imageUri"], f"trainingInput.{key}.imageUri")
-    for name in ("containerCommand", "containerArgs"):
-        words = config.get(name)
-        if words is None:
-            continue
-        if not isinstance(words, list) or len(words) > MAX_WORDS or \
-                not all(isinstance(w, str) for w in words):
-            raise ConfigError(f"trainingInput.{key}.{name} must be a list of strings, "
-                              f"e.g. [python, -m, trainer.task]")
-        if name == "containerCommand" and not words:
-            raise ConfigError(f"trainingInput.{key}.containerCommand is empty; leave it "
-                              "out to run the image's entrypoint")
+    """What the schema cannot say of a replica config's container (its keys, the image's
+    syntax and the word lists are `submit.config_schema.ReplicaConfig`'s)."""
+    if config.get("containerCommand") == []:
+        raise ConfigError(f"trainingInput.{key}.containerCommand is empty; leave it "
+                          "out to run the image's entrypoint")
 
 
 def apply_flags(ti: dict, **flags: str | None) -> None:

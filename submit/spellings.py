@@ -5,7 +5,8 @@ describe --format yaml`; this module maps those spellings onto ours:
 
 - enum values in any of gcloud's spellings: `standard-1`, `STANDARD_1`, `standard_1`;
 - int64 fields written as strings, as the REST API and `describe --format yaml` emit them
-  (`workerCount: '2'`);
+  (`workerCount: '2'`): INT64_KEYS are written so, and config.yaml's schema
+  (`submit.config_schema`) reads every int64 field so;
 - job ids by Cloud ML's rule, with the nearest valid spelling in the error, and never a
   command's name (`models`, `jobs`, ...);
 - YAML anchors and aliases, with the expanded document bounded (a few lines of aliases
@@ -14,8 +15,7 @@ describe --format yaml`; this module maps those spellings onto ours:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, MutableMapping
-from typing import Any
+from collections.abc import Iterable
 
 import yaml
 
@@ -26,9 +26,8 @@ JOB_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # whole string: fullmatch
 # is never a training job named "models".
 RESERVED_WORDS = frozenset({"jobs", "local", "models", "versions", "predict", "explain",
                             "operations", "submit", "help", "training", "prediction"})
-# trainingInput's int64 fields (the REST API writes int64 as a JSON string)
+# trainingInput's int64 counts (the REST API writes int64 as a JSON string)
 INT64_KEYS = ("workerCount", "parameterServerCount", "evaluatorCount")
-_INT64 = re.compile(r"-?[0-9]{1,19}")
 MAX_EXPANDED_VALUES = 10_000   # a job config holds tens; anchors may repeat some
 
 
@@ -49,18 +48,6 @@ def enum_value(text: str, choices: Iterable[str], what: str,
         raise UsageError(f"unknown {what} {text!r:.40}; use one of {spelled} (any case, "
                          "'-' or '_')")
     return chosen[key(text)]
-
-
-def int64_fields(mapping: MutableMapping[str, Any], keys: Iterable[str],
-                 where: str) -> None:
-    """int64 fields given as strings of digits become integers (in place)."""
-    for key in keys:
-        value = mapping.get(key)
-        if isinstance(value, str) and _INT64.fullmatch(value.strip()):
-            number = int(value.strip())
-            if not -2**63 <= number < 2**63:
-                raise ConfigError(f"{where}.{key} {value!r:.30} is out of int64's range")
-            mapping[key] = number
 
 
 def suggest_job_id(text: str) -> str:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from mljob import storage
 from submit import jobs as records
@@ -26,17 +25,13 @@ Echo = Callable[..., None]
 
 @dataclasses.dataclass(frozen=True)
 class Submission:
-    """What `python -m submit JOB_ID ...` asked for.
+    """What `python -m submit JOB_ID ...` asked for: the job's flags (`flags.job_id` is
+    JOB_ID), the runner and its options, and --config."""
 
-    `resolve` holds the keyword arguments of `submit.spec.resolve` given by flags
-    (scale tier, counts, job dir, staging bucket, package path, module, trainer args,
-    restart policy, labels, gcloud's per-type flags); `config_path` is --config."""
-
-    job_id: str
+    flags: specs.Flags
     runner: str = "local"
     options: EngineOptions = EngineOptions()
     config_path: str | None = None
-    resolve: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     dry_run: bool = False
     stream: bool = True
     resume: bool = False
@@ -45,10 +40,8 @@ class Submission:
 def submit(request: Submission, echo: Echo) -> int:
     """Run the submission to its end (or to the dry run's print); the exit status."""
     runner = runners.get(request.runner)(request.options)
-    training_input = specs.load_config(request.config_path) if request.config_path else {}
-    config_labels = specs.load_labels(request.config_path) if request.config_path else {}
-    spec = specs.resolve(request.job_id, training_input, config_labels=config_labels,
-                         **request.resolve)
+    config = specs.read_config(request.config_path) if request.config_path else None
+    spec = specs.resolve(request.flags, config)
     runner.check(spec)
     if not request.stream and spec.job_dir and spec.job_dir.startswith("memory://"):
         raise UsageError("--async cannot use a memory:// job dir: the store lives in this "

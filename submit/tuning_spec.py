@@ -3,9 +3,11 @@
 The contract is Cloud ML Engine's, field for field: `goal`, `hyperparameterMetricTag`,
 `maxTrials`, `maxParallelTrials`, `maxFailedTrials`, `enableTrialEarlyStopping`,
 `resumePreviousJobId`, `algorithm` and `params` (each `{parameterName, type, minValue,
-maxValue, categoricalValues, discreteValues, scaleType}`). `parse` turns the mapping into
-a frozen `TuningSpec` or raises `ConfigError` naming the field and the fix; every runner
-reads the same value (the local tuner, Vertex AI's HyperparameterTuningJob, Katib).
+maxValue, categoricalValues, discreteValues, scaleType}`). The keys and types are the
+schema's (`submit.config_schema.HyperparameterSpec`); `parse` checks the rest and turns
+the spec into a frozen `TuningSpec`, or raises `ConfigError` naming the field and the
+fix. `submit.spec.resolve` parses it once into the JobSpec; every runner reads that
+value (the local tuner, Vertex AI's HyperparameterTuningJob, Katib).
 """
 from __future__ import annotations
 
@@ -16,25 +18,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from mljob.contracts import DEFAULT_HP_METRIC_TAG
+from submit import config_schema
+from submit.config_schema import SCALES, HyperparameterSpec
+from submit.config_schema import PARAM_TYPES as TYPES
 from submit.errors import ConfigError
 
-KEYS = ("goal", "hyperparameterMetricTag", "maxTrials", "maxParallelTrials",
-        "maxFailedTrials", "enableTrialEarlyStopping", "resumePreviousJobId", "algorithm",
-        "params")
-PARAM_KEYS = ("parameterName", "type", "minValue", "maxValue", "categoricalValues",
-              "discreteValues", "scaleType")
-GOALS = ("MAXIMIZE", "MINIMIZE")
-ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
-TYPES = ("DOUBLE", "INTEGER", "CATEGORICAL", "DISCRETE")
-SCALES = ("UNIT_LINEAR_SCALE", "UNIT_LOG_SCALE", "UNIT_REVERSE_LOG_SCALE")
+KEYS = config_schema.keys(HyperparameterSpec)
+PARAM_KEYS = config_schema.keys(config_schema.ParameterSpec)
 # Where a tuning job keeps its study: <job-dir>/hptuning/optuna-journal.log
 HP_DIR = "hptuning"
 JOURNAL = "optuna-journal.log"
-MAX_TRIALS = 10_000          # a sanity bound, like the replica counts'
 MAX_VALUES = 1_000           # categorical or discrete values of one parameter
-# Trials running at once: each is a training job of its own (the local runner starts them
-# all on this machine; Vertex and Katib queue what their cluster cannot hold).
-MAX_PARALLEL_TRIALS = 100
 # GRID_SEARCH's points, counted before any grid is built (Optuna's GridSampler holds the
 # whole product as a list: 10^9 points would not fit in memory).
 MAX_GRID_POINTS = 100_000
@@ -103,61 +97,52 @@ class TuningSpec:
         return math.prod(_points(p) for p in self.params)
 
 
+def from_dict(data: Mapping[str, Any]) -> TuningSpec:
+    """A spec from its `dataclasses.asdict` (a plan read back from JSON)."""
+    params = tuple(Parameter(**{**p, "values": tuple(p.get("values", ()))})
+                   for p in data["params"])
+    return TuningSpec(**{**data, "params": params})
+
+
 def format_value(value) -> str:
     if isinstance(value, float):
         return repr(value)  # round-trips exactly, as a trainer's float() reads it back
     return str(value)
 
 
-def parse(hp: Any, *, job_dir: str | None = None) -> TuningSpec:
-    """The checked spec, or ConfigError naming the field and the fix."""
-    if not isinstance(hp, Mapping):
-        raise ConfigError(f"{WHERE} must be a mapping with goal and params, not "
-                          f"{type(hp).__name__}")
-    unknown = [k for k in hp if k not in KEYS]
-    if unknown:
-        raise ConfigError(f"{WHERE} has unknown key {unknown[0]!r:.60}; allowed keys are "
-                          f"{', '.join(KEYS)}")
-    goal = hp.get("goal")
-    if goal not in GOALS:
-        raise ConfigError(f"{WHERE}.goal must be MAXIMIZE or MINIMIZE, not {goal!r:.60}")
+def parse(given: HyperparameterSpec | Mapping[str, Any], *,
+          job_dir: str | None = None) -> TuningSpec:
+    """The checked spec, or ConfigError naming the field and the fix. The schema
+    (`submit.config_schema.HyperparameterSpec`) has checked keys and types; this checks
+    what holds between fields and values."""
+    if not isinstance(given, HyperparameterSpec):
+        given = config_schema.validate(HyperparameterSpec, given, WHERE)
+    hp = given.to_dict()
     tag = hp.get("hyperparameterMetricTag", DEFAULT_HP_METRIC_TAG)
-    if not isinstance(tag, str) or not METRIC_TAG.fullmatch(tag):
+    if not METRIC_TAG.fullmatch(tag):
         raise ConfigError(f"{WHERE}.hyperparameterMetricTag {tag!r:.60} is not a metric "
                           "tag; use up to 128 letters, digits and _-./ (e.g. accuracy)")
-    max_trials = _count(hp, "maxTrials", 1, low=1, high=MAX_TRIALS)
-    parallel = _count(hp, "maxParallelTrials", 1, low=1, high=MAX_PARALLEL_TRIALS)
+    max_trials, parallel = given.max_trials or 1, given.max_parallel_trials or 1
     if parallel > max_trials:
         raise ConfigError(f"{WHERE}.maxParallelTrials {parallel} is more than maxTrials "
                           f"{max_trials}; lower it to {max_trials} or raise maxTrials")
-    max_failed = _count(hp, "maxFailedTrials", None, low=0, high=MAX_TRIALS)
-    early = hp.get("enableTrialEarlyStopping", False)
-    if not isinstance(early, bool):
-        raise ConfigError(f"{WHERE}.enableTrialEarlyStopping must be true or false, not "
-                          f"{early!r:.60}")
-    resume = hp.get("resumePreviousJobId")
-    if resume is not None and (not isinstance(resume, str) or not JOB_ID.fullmatch(resume)):
+    resume = given.resume_previous_job_id
+    if resume is not None and not JOB_ID.fullmatch(resume):
         raise ConfigError(f"{WHERE}.resumePreviousJobId {resume!r:.60} is not a job id; "
                           "name the earlier tuning job, e.g. tune01")
-    algorithm = hp.get("algorithm", "ALGORITHM_UNSPECIFIED")
-    if algorithm not in ALGORITHMS:
-        raise ConfigError(f"{WHERE}.algorithm must be one of {', '.join(ALGORITHMS)}, not "
-                          f"{algorithm!r:.60}")
-    raw = hp.get("params")
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError(f"{WHERE}.params must be a non-empty list of parameters like "
-                          "{parameterName: learning_rate, type: DOUBLE, minValue: 0.0001, "
-                          "maxValue: 0.1}")
+    algorithm = given.algorithm or "ALGORITHM_UNSPECIFIED"
+    raw = hp["params"]
     params = tuple(_param(p, i) for i, p in enumerate(raw))
     names = [p.name.replace("-", "_") for p in params]
     for i, name in enumerate(names):
         if name in names[:i]:
             raise ConfigError(f"{WHERE}.params[{i}].parameterName {params[i].name!r} is "
                               "given twice; tune each parameter once")
-    spec = TuningSpec(goal=goal, metric_tag=tag, max_trials=max_trials,
-                      max_parallel_trials=parallel, max_failed_trials=max_failed,
-                      early_stopping=early, resume_from=resume, algorithm=algorithm,
-                      params=params)
+    spec = TuningSpec(goal=given.goal, metric_tag=tag, max_trials=max_trials,
+                      max_parallel_trials=parallel,
+                      max_failed_trials=given.max_failed_trials,
+                      early_stopping=bool(given.enable_trial_early_stopping),
+                      resume_from=resume, algorithm=algorithm, params=params)
     if algorithm == "GRID_SEARCH":
         doubles = [p.name for p in params if p.type == "DOUBLE"]
         if doubles:
@@ -175,25 +160,8 @@ def parse(hp: Any, *, job_dir: str | None = None) -> TuningSpec:
     return spec
 
 
-def _count(hp: Mapping, key: str, default, *, low: int, high: int):
-    value = hp.get(key)
-    if value is None:  # absent, or YAML's empty `maxTrials:`
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"{WHERE}.{key} must be an integer from {low} to {high}, not "
-                          f"{_short(value)}")
-    return value
-
-
 def _param(raw: Any, i: int) -> Parameter:
     where = f"{WHERE}.params[{i}]"
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where} must be a mapping with parameterName and type, not "
-                          f"{type(raw).__name__}")
-    unknown = [k for k in raw if k not in PARAM_KEYS]
-    if unknown:
-        raise ConfigError(f"{where} has unknown key {unknown[0]!r:.60}; allowed keys are "
-                          f"{', '.join(PARAM_KEYS)}")
     name = raw.get("parameterName")
     if not isinstance(name, str) or not PARAM_NAME.fullmatch(name):
         raise ConfigError(f"{where}.parameterName {name!r:.60} is not a flag name; use "

@@ -1,6 +1,6 @@
 """What the local runner's verbs (`submit.runners.local`) call in the local wing: the
 checks only this machine makes, a job run to its end (a plain job by its `Supervisor`,
-a tuning job by its `Tuner`: the entry picks by `trainingInput.hyperparameters`), and a
+a tuning job by its `Tuner`: the entry picks by the plan's tuning spec), and a
 job stopped from another process.
 
 The process that runs a job (the submitting one when attached, `python -m submit
@@ -30,12 +30,11 @@ MAX_PARALLEL_TRIALS = 16   # tuning trials at once, each a job of its own on thi
 def check(spec: JobSpec) -> None:
     """A tuning job the local tuner cannot run: Optuna missing, more trials at once than
     this machine takes, or an earlier study that cannot be continued."""
-    if "hyperparameters" not in spec.training_input:
+    hp = spec.tuning
+    if hp is None:
         return
-    from submit import tuning_spec
     from submit.local import resume, study
     study.check_installed()
-    hp = tuning_spec.parse(spec.training_input["hyperparameters"], job_dir=spec.job_dir)
     if hp.max_parallel_trials > MAX_PARALLEL_TRIALS:
         raise UsageError(
             f"trainingInput.hyperparameters.maxParallelTrials "
@@ -54,7 +53,7 @@ def run(plan: JobPlan, record: jobs.JobRecord, *, stream: bool) -> str:
         record.adopt_supervisor()
         jobs.save(record)
         terminal = logs.Terminal(sys.stdout, stream=stream)
-        if "hyperparameters" in plan.training_input:  # a tuning job: trials of this plan
+        if plan.tuning is not None:  # a tuning job: trials of this plan
             from submit.local.tuner import Tuner  # Optuna's, only for a study
             return Tuner(plan, record, terminal=terminal).run()
         return Supervisor(plan, record, publish=jobs.save, terminal=terminal).run()

@@ -24,6 +24,7 @@ from typing import Any
 
 from submit import package as packages
 from submit import spec as specs
+from submit import tuning_spec
 from submit.package import Package
 from mljob import contracts, storage
 from mljob.procs import free_ports
@@ -84,6 +85,7 @@ class JobPlan:
     packages: tuple[Mapping[str, str], ...] = ()
     env_root: str | None = None
     env_key: str | None = None
+    tuning: tuning_spec.TuningSpec | None = None   # a tuning job's spec: trials of this plan
 
     @property
     def chief(self) -> ReplicaPlan:
@@ -104,6 +106,8 @@ class JobPlan:
         data["trainer_args"] = tuple(data["trainer_args"])
         data["cluster"] = {k: tuple(v) for k, v in data["cluster"].items()}
         data["packages"] = tuple(data.get("packages", ()))
+        if data.get("tuning") is not None:
+            data["tuning"] = tuning_spec.from_dict(data["tuning"])
         return cls(**data)
 
 
@@ -195,7 +199,7 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
         labels=dict(spec.labels), max_running_time=spec.max_running_time,
         max_wait_time=spec.max_wait_time,
         packages=tuple(staged),
-        env_root=env_dir, env_key=env_key)
+        env_root=env_dir, env_key=env_key, tuning=spec.tuning)
 
 
 def intra_op_threads(spec: specs.JobSpec, cores: int, environ) -> dict[str, str]:

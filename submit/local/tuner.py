@@ -60,7 +60,7 @@ from submit.local.resume import journal_of
 from submit.local.study import STUDY_NAME, iso
 from submit.local.supervisor import Supervisor
 from submit.training_output import CANCELLED, PLOT, write_plot
-from submit.tuning_spec import HP_DIR, JOURNAL, TuningSpec, format_value, parse
+from submit.tuning_spec import HP_DIR, JOURNAL, TuningSpec, format_value
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5
@@ -145,7 +145,8 @@ class Tuner(JobLife):
                  terminal: logs.Terminal | None = None, seed: int | None = None,
                  publish=jobs.save, grace: float | None = None):
         super().__init__(plan, record, publish=publish, terminal=terminal)
-        self.spec = parse(plan.training_input["hyperparameters"], job_dir=plan.job_dir or "")
+        assert plan.tuning is not None  # the supervisor runs a Tuner for tuning plans
+        self.spec = plan.tuning
         self.seed = seed
         self.grace = grace
         self.dir = hp_dir(plan)

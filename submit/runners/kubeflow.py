@@ -102,7 +102,7 @@ class KubeflowEngine(ClusterEngine):
             raise UsageError("--image names the image a package is installed in; custom "
                              "containers name theirs with --master-image-uri (imageUri): "
                              "drop --image")
-        tuning = _tuning(spec)
+        tuning = spec.tuning
         if tuning is not None:
             if tuning.resume_from:
                 raise UsageError("trainingInput.hyperparameters.resumePreviousJobId: a "
@@ -132,7 +132,7 @@ class KubeflowEngine(ClusterEngine):
                        "holding the trainer; build and push one from the Dockerfile "
                        "that --dry-run prints")
         kind = "TFJob"
-        tuning = _tuning(spec)
+        tuning = spec.tuning
         if tuning is not None:
             assert spec.job_dir is not None  # check() asked for a gs:// job dir
             body, kind = experiment(body, tuning, spec.job_dir), EXPERIMENT
@@ -300,11 +300,6 @@ def _resource(handle: Mapping[str, Any]) -> tuple[str, str]:
     if handle.get("kind") == EXPERIMENT:
         return KATIB_VERSION, EXPERIMENTS
     return VERSION, PLURAL
-
-
-def _tuning(spec: specs.JobSpec) -> tuning_spec.TuningSpec | None:
-    hp = spec.training_input.get("hyperparameters")
-    return None if hp is None else tuning_spec.parse(hp, job_dir=spec.job_dir)
 
 
 def experiment(tfjob: Mapping[str, Any], tuning: tuning_spec.TuningSpec,

@@ -210,15 +210,13 @@ def replica_spec(spec: specs.JobSpec, group: specs.ReplicaGroup, image: str,
         container.pop("command")
         if group.container_command:
             container["command"] = list(group.container_command)
-    config = spec.training_input.get(specs.CONFIG_KEYS[group.task_type]) or {}
-    accelerator_config = config.get("acceleratorConfig") or {}
-    container["resources"] = resources(group, accelerator_config.get("count", 0))
+    container["resources"] = resources(group, group.accelerator_count)
     pod: dict[str, Any] = {"containers": [container]}
     if group.task_type == specs.EVALUATOR:
         pod["terminationGracePeriodSeconds"] = EVALUATOR_GRACE_SECONDS
     if service_account:
         pod["serviceAccountName"] = service_account
-    accelerator = accelerator_config.get("type")
+    accelerator = group.accelerator_type
     if accelerator and group.gpus:
         pod["nodeSelector"] = {"cloud.google.com/gke-accelerator":
                                accelerator.lower().replace("_", "-")}

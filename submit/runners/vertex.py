@@ -118,7 +118,7 @@ class VertexEngine(ClusterEngine):
             raise UsageError(f"{len(spec.labels)} labels are too many for Vertex AI, which "
                              f"takes {specs.MAX_LABELS} and mljob sets {len(OWN_LABELS)}; "
                              f"give at most {room}")
-        tuning = _tuning(spec)
+        tuning = spec.tuning
         if tuning is not None and tuning.resume_from:
             raise UsageError("trainingInput.hyperparameters.resumePreviousJobId: a Vertex "
                              "AI HyperparameterTuningJob cannot continue an earlier study; "
@@ -152,7 +152,7 @@ class VertexEngine(ClusterEngine):
             job_spec.scheduling = scheduling
         handle = {"project": project, "region": region, "parent": parent,
                   "display_name": spec.job_id}
-        tuning = _tuning(spec)
+        tuning = spec.tuning
         if tuning is not None:  # each trial is today's CustomJob, its parameters as flags
             request = aiplatform_v1.CreateHyperparameterTuningJobRequest(
                 parent=parent, hyperparameter_tuning_job=aiplatform_v1.HyperparameterTuningJob(
@@ -179,7 +179,7 @@ class VertexEngine(ClusterEngine):
         if not _PROJECT.fullmatch(project):
             raise UsageError(f"--project {project!r} is not a Google Cloud project id; "
                              "pass one like my-project-123 (see `gcloud projects list`)")
-        region = self.options.region or spec.training_input.get("region") or DEFAULT_REGION
+        region = self.options.region or spec.region or DEFAULT_REGION
         if not _REGION.fullmatch(region):
             raise UsageError(f"--region {region!r} is not a Google Cloud region; pass one "
                              f"like {DEFAULT_REGION} or europe-west4")
@@ -328,11 +328,6 @@ def _value_text(value) -> str:
     return str(value)
 
 
-def _tuning(spec: JobSpec) -> tuning_spec.TuningSpec | None:
-    hp = spec.training_input.get("hyperparameters")
-    return None if hp is None else tuning_spec.parse(hp, job_dir=spec.job_dir)
-
-
 def study_spec(tuning: tuning_spec.TuningSpec) -> aiplatform_v1.StudySpec:
     """Cloud ML's HyperparameterSpec as Vertex AI's StudySpec: the same metric, goal,
     parameters, scale types and algorithm; early stopping is Vertex's median rule (the
@@ -373,11 +368,10 @@ def _machine_spec(spec: JobSpec, group: specs.ReplicaGroup) -> aiplatform_v1.Mac
     """The group's machine: its legacy name's equivalent (n1-* names pass through), with
     `<type>Config.acceleratorConfig` overriding the accelerator's type and count."""
     key = specs.CONFIG_KEYS[group.task_type]
-    accel = (spec.training_input.get(key) or {}).get("acceleratorConfig") or {}
     entry = machines.lookup(group.machine_type)
     machine_type, accel_type, count = entry.gce_type, entry.accelerator, entry.gpus
-    accel_type = accel.get("type") or accel_type
-    count = accel.get("count") or count or (1 if accel_type else 0)
+    accel_type = group.accelerator_type or accel_type
+    count = group.accelerator_count or count or (1 if accel_type else 0)
     machine = aiplatform_v1.MachineSpec(machine_type=machine_type)
     if count:
         accel_type = accel_type or T4

@@ -66,8 +66,10 @@ RESOLVE = "import socket, sys; print(*(socket.gethostbyname(n) for n in sys.argv
 def render_tfjob() -> dict:
     """The TFJob as `python -m submit ... --runner kubeflow --dry-run` prints it, read
     back from its YAML text (what `kubectl apply -f -` would take)."""
-    spec = specs.resolve(JOB_ID, TRAINING_INPUT, job_dir=GCS_JOB_DIR,
-                         staging_bucket="gs://mljob-staging", args=TRAINER_ARGS)
+    spec = specs.resolve(specs.Flags(JOB_ID, job_dir=GCS_JOB_DIR,
+                                     staging_bucket="gs://mljob-staging",
+                                     args=tuple(TRAINER_ARGS)),
+                         specs.training_config(TRAINING_INPUT))
     engine = kubeflow.KubeflowEngine(EngineOptions(image="img", namespace=NAMESPACE))
     engine.check(spec)
     return yaml.safe_load(engine.render(spec, PACKAGE).text)

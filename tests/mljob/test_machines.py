@@ -16,9 +16,9 @@ NAMES = [*machines.LEGACY_NAMES, "n1-standard-4", "n1-highmem-16", "n1-highcpu-9
 
 
 def resolve(machine: str) -> specs.JobSpec:
-    return specs.resolve("job01", {"scaleTier": "CUSTOM", "masterType": machine,
-                                   "workerType": machine, "workerCount": 1},
-                         job_dir="gs://mljob-test/jobs/job01", staging_bucket=None)
+    return specs.resolve(specs.Flags("job01", job_dir="gs://mljob-test/jobs/job01"),
+                         specs.training_config({"scaleTier": "CUSTOM", "masterType": machine,
+                                                "workerType": machine, "workerCount": 1}))
 
 
 @pytest.mark.parametrize("machine", NAMES)

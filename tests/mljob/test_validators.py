@@ -53,7 +53,7 @@ def test_job_ids(text):
 @given(st.one_of(SNEAKY_TEXT, near_misses(["trainer.task", "a.b_c", "fakejob.task"])))
 def test_module_names(text):
     try:
-        spec = specs.resolve("job01", {}, module_name=text, staging_bucket="/tmp/s")
+        spec = specs.resolve(specs.Flags("job01", module_name=text, staging_bucket="/tmp/s"))
     except UsageError as exc:
         assert "\n" not in str(exc)
         return
@@ -65,7 +65,7 @@ def test_module_names(text):
                                            "file:///tmp/job", "/tmp/job", "job"])))
 def test_job_dir_urls(text):
     try:
-        url = specs.resolve("job01", {}, job_dir=text).job_dir
+        url = specs.resolve(specs.Flags("job01", job_dir=text)).job_dir
     except UsageError as exc:
         assert "\n" not in str(exc)
         return
@@ -134,7 +134,7 @@ def test_each_sneaky_job_id_is_refused(text):
 @pytest.mark.parametrize("module", ["trainer.task\n", "trainer.task\x00", "tràiner.task"])
 def test_each_sneaky_module_name_is_refused(module):
     with pytest.raises(UsageError, match="is not a Python module name"):
-        specs.resolve("job01", {}, module_name=module, staging_bucket="/tmp/s")
+        specs.resolve(specs.Flags("job01", module_name=module, staging_bucket="/tmp/s"))
 
 
 @pytest.mark.parametrize("address", ["h:2222\n", "h:２２２２", "h:٢٢"])

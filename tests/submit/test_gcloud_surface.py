@@ -72,10 +72,10 @@ def test_jobs_submit_is_a_group_of_kinds(capsys):
                                         ("CUSTOM", "CUSTOM")])
 def test_scale_tiers_in_every_gcloud_spelling(given, tier):
     extra = {"masterType": "standard"} if tier == "CUSTOM" else {}
-    assert specs.resolve("job01", {"scaleTier": given, **extra},
-                         job_dir="/tmp/j").scale_tier == tier
-    assert specs.resolve("job01", extra, scale_tier=given,
-                         job_dir="/tmp/j").scale_tier == tier
+    assert specs.resolve(specs.Flags("job01", job_dir="/tmp/j"), specs.training_config(
+        {"scaleTier": given, **extra})).scale_tier == tier
+    assert specs.resolve(specs.Flags("job01", scale_tier=given, job_dir="/tmp/j"),
+                         specs.training_config(extra)).scale_tier == tier
 
 
 def test_a_scale_tier_flag_in_gcloud_spelling_reaches_the_plan(capsys, tmp_path, pkg):

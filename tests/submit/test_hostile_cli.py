@@ -150,7 +150,7 @@ CONFIGS = {
     "not UTF-8": ("config.yaml", b"trainingInput:\n  region: caf\xe9\n",
                   "is not UTF-8 text (byte 0xe9 at offset 28); save it as UTF-8"),
     "labels a list": ("config.yaml", "labels: [a, b]\n",
-                      "labels must be a mapping of KEY: VALUE, not list"),
+                      "labels must be a mapping of KEY: VALUE, not a list ['a', 'b']"),
     # a whole number is a label value as written (`version: 2`); other kinds are not
     "label value a float": ("config.yaml", "labels: {team: 5.5}\n",
                             "label team's value must be a string, not a number"),
@@ -160,7 +160,7 @@ CONFIGS = {
     "accelerator type a number": ("config.yaml", "trainingInput:\n  masterConfig:\n"
                                   "    acceleratorConfig: {count: 1, type: 4}\n",
                                   "acceleratorConfig.type must be a string like "
-                                  "NVIDIA_TESLA_T4, not 4"),
+                                  "NVIDIA_TESLA_T4, not an integer 4"),
     "base-60 count": ("config.yaml", CUSTOM + "  workerCount: 1:30\n",
                       "trainingInput.workerCount must be an integer, not a string '1:30'"),
     "negative base-60 count": ("config.yaml", CUSTOM + "  workerCount: -1:30\n",

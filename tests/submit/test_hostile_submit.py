@@ -246,7 +246,8 @@ SETTINGS = settings(max_examples=300, deadline=None,
 @given(ti=TRAINING_INPUTS, job_id=st.sampled_from(["job01", "../x", "j" * 200, "ジョブ"]))
 def test_any_training_input_resolves_or_is_a_typed_error(ti, job_id):
     try:
-        spec = specs.resolve(job_id, ti, staging_bucket="staging")
+        spec = specs.resolve(specs.Flags(job_id, staging_bucket="staging"),
+                             specs.training_config(ti))
     except SubmitError as exc:
         assert str(exc) and "\n" not in str(exc)
         return

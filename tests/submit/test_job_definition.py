@@ -18,8 +18,9 @@ CUSTOM_FLAGS = ["--scale-tier", "CUSTOM", "--master-machine-type", "n1-standard-
                 "--labels", "team=vision"]
 
 
-def resolve(ti=None, **flags):
-    return specs.resolve("job01", ti or {}, job_dir="/tmp/mljob-jobdef", **flags)
+def resolve(ti=None, config_labels=None, **flags):
+    return specs.resolve(specs.Flags("job01", job_dir="/tmp/mljob-jobdef", **flags),
+                         specs.training_config(ti or {}, config_labels))
 
 
 def write_config(tmp_path, text: str) -> str:

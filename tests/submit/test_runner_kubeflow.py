@@ -55,8 +55,9 @@ CASES = {
 
 def resolve(case: str, job_dir="gs://mljob-test/jobs/job01", job_id="job01"):
     kwargs = dict(CASES[case])
-    return specs.resolve(job_id, kwargs.pop("training_input"), job_dir=job_dir,
-                         staging_bucket="gs://mljob-staging", **kwargs)
+    ti = specs.training_config(kwargs.pop("training_input"))
+    return specs.resolve(specs.Flags(job_id, job_dir=job_dir,
+                                     staging_bucket="gs://mljob-staging", **kwargs), ti)
 
 
 def engine(**options):
@@ -469,9 +470,10 @@ def test_cli_submit_describe_stream_cancel(api, capsys, gcs_emulator):
 
 
 def test_multi_gpu_machines_and_gpu_images_are_their_own():
-    spec = specs.resolve("job01", {"scaleTier": "CUSTOM", "masterType": "standard",
-                                   "workerType": "complex_model_m_gpu", "workerCount": 1},
-                         job_dir="gs://mljob-test/jobs/job01")
+    spec = specs.resolve(specs.Flags("job01", job_dir="gs://mljob-test/jobs/job01"),
+                         specs.training_config({
+                             "scaleTier": "CUSTOM", "masterType": "standard",
+                             "workerType": "complex_model_m_gpu", "workerCount": 1}))
     body = engine().render(spec, PACKAGE).body
     worker = body["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
     assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
@@ -551,9 +553,9 @@ EXPERIMENTS = r"/apis/kubeflow.org/v1beta1/namespaces/team-a/experiments"
 
 
 def tuning(hp=None, job_id="tune01"):
-    return specs.resolve(job_id, {**CUSTOM, "hyperparameters": hp or HP},
-                         job_dir="gs://mljob-test/jobs/tune01",
-                         staging_bucket="gs://mljob-staging")
+    return specs.resolve(specs.Flags(job_id, job_dir="gs://mljob-test/jobs/tune01",
+                                     staging_bucket="gs://mljob-staging"),
+                         specs.training_config({**CUSTOM, "hyperparameters": hp or HP}))
 
 
 def test_tuning_renders_a_katib_experiment_matching_golden_and_the_sdk_models():

@@ -73,7 +73,8 @@ def engine(**options) -> VertexEngine:
 def resolve(training_input=None, job_id="job01", **flags) -> specs.JobSpec:
     flags.setdefault("job_dir", JOB_DIR)
     flags.setdefault("args", ARGS)
-    return specs.resolve(job_id, training_input or {}, **flags)
+    return specs.resolve(specs.Flags(job_id, **flags),
+                         specs.training_config(training_input or {}))
 
 
 def render(training_input=None, **flags):

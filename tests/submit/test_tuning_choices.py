@@ -143,8 +143,8 @@ def test_a_minimize_study_descends_a_known_objective(tmp_path, monkeypatch):
     # averaged 0.29 to 0.50 over its Bayesian trials (eight seeds, 12 trials), climbing
     # it 0.70 to 0.95.
     from submit.local import study
-    from submit.tuning_spec import parse
-    startup = study.startup_trials(parse(hp, job_dir=str(tmp_path / "j")))
+    assert spec.tuning is not None
+    startup = study.startup_trials(spec.tuning)
     guided = [(x - 0.3) ** 2 for i, x in xs.items() if i > startup]
     assert sum(guided) / len(guided) < 0.6, sorted(xs.items())
     _all_dead(record)

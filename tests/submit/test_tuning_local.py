@@ -331,8 +331,9 @@ def test_grid_search_stops_hopeless_parameter_values_early(tmp_path, monkeypatch
           "algorithm": "GRID_SEARCH",
           "params": [{"parameterName": "x", "type": "DISCRETE",
                       "discreteValues": [-0.6, -0.5, 0.1, 0.2, 0.3, 0.4]}]}
-    spec = specs.resolve("tune08", {"hyperparameters": hp}, job_dir=str(tmp_path / "j"),
-                         module_name="fakejob.task", args=[], staged=False)
+    spec = specs.resolve(specs.Flags("tune08", job_dir=str(tmp_path / "j"),
+                                     module_name="fakejob.task", args=(), staged=False),
+                         specs.training_config({"hyperparameters": hp}))
     engine = LocalEngine(EngineOptions(), source_dir=pkg_of(tmp_path))
     rendered = engine.render(spec, None)
     record = lifecycle.new_record(engine, spec, None, rendered)

@@ -80,7 +80,8 @@ CASES = {
                        "hyperparameterMetricTag 'acc uracy' is not a metric tag"),
     "zero trials": (with_(maxTrials=0), "maxTrials must be an integer from 1 to 10000, "
                                         "not 0"),
-    "string trials": (with_(maxTrials="8"), "maxTrials must be an integer"),
+    "string trials": (with_(maxTrials="eight"), "maxTrials must be an integer from 1 to "
+                                                "10000, not a string 'eight'"),
     "bool parallel": (with_(maxParallelTrials=True), "maxParallelTrials must be an "
                                                       "integer"),
     "parallel over trials": (with_(maxParallelTrials=9), "maxParallelTrials 9 is more "
@@ -96,7 +97,8 @@ CASES = {
     "no params": (with_(params=DROP), "params must be a non-empty list"),
     "empty params": (with_(params=[]), "params must be a non-empty list"),
     "param not a mapping": (with_(params=["lr"]), "params[0] must be a mapping"),
-    "unknown param key": (param(minvalue=1), "params[0] has unknown key 'minvalue'"),
+    "unknown param key": (param(minvalue=1), "params[0] (learning_rate) has unknown key "
+                                             "'minvalue'"),
     "bad param name": (param(parameterName="--lr"), "parameterName '--lr' is not a flag "
                                                     "name"),
     "job_dir param": (param(parameterName="job-dir"), "would replace the trial's own "
@@ -170,7 +172,8 @@ SPECS = st.dictionaries(st.sampled_from(tuning_spec.KEYS + ("bogus",)),
 @given(hp=SPECS)
 def test_any_hyperparameters_parse_or_are_one_line_config_errors(hp):
     try:
-        spec = specs.resolve("tune01", {"hyperparameters": hp}, job_dir="/jobs/tune01")
+        spec = specs.resolve(specs.Flags("tune01", job_dir="/jobs/tune01"),
+                             specs.training_config({"hyperparameters": hp}))
     except ConfigError as exc:
         assert str(exc).startswith("trainingInput.hyperparameters") and "\n" not in str(exc)
         return
