@@ -24,7 +24,7 @@ import yaml
 from mljob import machines, storage
 from mljob.errors import first_line, too_many_digits
 from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, WORKER  # noqa: F401
-from submit import containers, spellings, tuning_spec
+from submit import containers, engine_keys, spellings, tuning_spec
 from submit.errors import ConfigError, UsageError
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -76,6 +76,8 @@ TRAINING_INPUT_KEYS: dict[str, tuple] = {
     "runtimeVersion": (str,), "pythonVersion": (str,), "packageUris": (list,),
     "pythonModule": (str,), "hyperparameters": (dict,), "useChiefInTfConfig": (bool,),
     "scheduling": (dict,),
+    # the cluster engines' keys: submit/engine_keys.py
+    **engine_keys.TRAINING_INPUT_KEYS,
 }
 TOP_LEVEL_KEYS = ("trainingInput", "labels", "jobId")
 # Per replica type: its GPUs, and (as Kubeflow's replica specs) when it is restarted.
@@ -490,6 +492,7 @@ def resolve(job_id: str, training_input: Mapping[str, Any], *, scale_tier=None,
     use_chief = default_use_chief(ti)
     ti["useChiefInTfConfig"] = use_chief
     max_running_time, max_wait_time = check_scheduling(ti)
+    engine_keys.check(ti, parse_duration)  # the cluster engines' keys
     return JobSpec(job_id=job_id, scale_tier=tier_name, groups=groups, job_dir=job_dir,
                    staging_bucket=staging_bucket, package_path=package_path,
                    package_uri=package_uri, module_name=module, args=user_args,
@@ -776,7 +779,8 @@ def check_scheduling(ti: Mapping[str, Any]) -> tuple[float | None, float | None]
     scheduling = ti.get("scheduling")
     if scheduling is None:
         return None, None
-    _no_unknown(scheduling, ("maxRunningTime", "maxWaitTime"), "trainingInput.scheduling")
+    _no_unknown(scheduling, ("maxRunningTime", "maxWaitTime", *engine_keys.SCHEDULING_KEYS),
+                "trainingInput.scheduling")
     running, waiting = (parse_duration(scheduling[key], f"trainingInput.scheduling.{key}")
                         if key in scheduling else None
                         for key in ("maxRunningTime", "maxWaitTime"))
