@@ -16,7 +16,7 @@ operator did for us, the JobSet says itself:
   wants); the task index is the pod's Job index, read from its label
   `jobset.sigs.k8s.io/job-index` by the downward API into MLJOB_REPLICA_INDEX, which the
   kubelet substitutes for `$(MLJOB_REPLICA_INDEX)` in TF_CONFIG's value. Every other
-  `$(` of the value is written `$$(` so that the kubelet leaves it alone.
+  `$` of the value is written `$$`, which the kubelet makes `$` again.
 - Success: `successPolicy: {operator: All, targetReplicatedJobs: [chief]}`: the job
   succeeds when the chief does, as a TFJob's does. JobSet then deletes the Jobs still
   running (ps, workers, the evaluator, whose pod keeps its grace period for one last
@@ -100,7 +100,7 @@ def tf_config(spec: specs.JobSpec, name: str, task_type: str) -> str:
                        "task": {"type": rjob_name(spec, task_type), "index": mark},
                        "job": dict(spec.training_input), "environment": "cloud"},
                       sort_keys=True)
-    return text.replace("$(", "$$(").replace(json.dumps(mark), f"$({INDEX_ENV})")
+    return text.replace("$", "$$").replace(json.dumps(mark), f"$({INDEX_ENV})")
 
 
 def jobset(spec: specs.JobSpec, package: Package | None, *, name: str, namespace: str,
