@@ -2,9 +2,11 @@
 the current kubeconfig (or `--kube-context`).
 
 What the TFJob holds, and why, is `submit.runners.kubeflow_render` (pure: no cluster
-calls). This module is the engine: it checks what only a cluster needs (a gs:// job dir:
-pods cannot see this machine's files or memory://), and creates, follows, reads the logs
-of and deletes the TFJob through the kubernetes client.
+calls); with `--api jobset` the job is a JobSet instead (`submit.runners.kubeflow_jobset`),
+created, followed and deleted the same way. This module is the engine: it checks what
+only a cluster needs (a gs:// job dir: pods cannot see this machine's files or
+memory://), and creates, follows, reads the logs of and deletes the TFJob (or JobSet)
+through the kubernetes client.
 
 A tuning job (`trainingInput.hyperparameters`) is a Katib Experiment
 (kubeflow.org/v1beta1) whose trial template is that TFJob, each trial's parameters

@@ -28,6 +28,10 @@ Decisions:
   machine's vCPUs and memory are requested, memory is also the limit, GPUs go in limits
   as `nvidia.com/gpu`, and a GPU type in `acceleratorConfig` becomes GKE's
   `cloud.google.com/gke-accelerator` node selector.
+- `--queue`/`scheduling.queueName` is Kueue's label `kueue.x-k8s.io/queue-name` on the
+  TFJob (not its pods) with `runPolicy.suspend: true`, for Kueue to resume when it admits
+  the job; `scheduling.ttlAfterFinished` is `runPolicy.ttlSecondsAfterFinished`;
+  `scheduling.strategy: SPOT` selects GKE's Spot nodes (`cloud.google.com/gke-spot`).
 - The TFJob's name is the job id in lower case with `-` for `_` (Kubernetes names are
   DNS labels); the job id itself is kept in the label `mljob/job-id`.
 """

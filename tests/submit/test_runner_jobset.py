@@ -204,8 +204,8 @@ def test_config_keys_are_checked_where_they_are_read():
     for ti, words in (({"scheduling": {"queueName": "Q"}}, "is not a queue name"),
                       ({"scheduling": {"ttlAfterFinished": "1h"}}, "is not a duration"),
                       ({"scheduling": {"strategy": "CHEAP"}}, "STANDARD, SPOT, FLEX_START"),
-                      ({"scheduling": {"queue": "q"}}, "scheduling"),
-                      ({"enableWebAccess": "yes"}, "enableWebAccess must be")):
+                      ({"scheduling": {"queue": "q"}}, "scheduling has unknown key 'queue'"),
+                      ({"enableWebAccess": "yes"}, "enableWebAccess must be true or false")):
         with pytest.raises(UsageError, match=re.escape(words)):
             specs.resolve("job01", ti, job_dir="gs://mljob-test/j",
                           staging_bucket="gs://mljob-staging")
