@@ -7,6 +7,7 @@ check is only worth what it can catch."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 
 import pytest
@@ -70,6 +71,17 @@ def test_every_jobset_meets_jobsets_crd_and_its_jobs_the_job_schema(case):
     for rjob in body["spec"]["replicatedJobs"]:
         job = {"apiVersion": "batch/v1", "kind": "Job", **rjob["template"]}
         assert crd_schema.job_errors(job) == []
+        assert _kubernetes_model(job, "V1Job") == job  # and the kubernetes client's model
+
+
+def _kubernetes_model(body: dict, kind: str) -> dict:
+    """Deserialise into the kubernetes client's model and back: what it drops differs."""
+    from kubernetes.client import ApiClient
+    client = ApiClient()
+
+    class Response:
+        data = json.dumps(body)
+    return client.sanitize_for_serialization(client.deserialize(Response(), kind))
 
 
 def test_the_goldens_meet_their_schemas():

@@ -22,7 +22,7 @@ from submit.errors import SubmitError, UsageError
 from submit.runners import get as get_runner
 from submit.runners.engine import EngineOptions
 from tests.submit.test_runner_kubeflow import (  # noqa: F401 - api is a fixture
-    CASES, CUSTOM, GOLDEN, IMAGE, PACKAGE, PODS, api, cli, resolve)
+    CASES, CUSTOM, GOLDEN, IMAGE, PACKAGE, PODS, api, cli, resolve, sdk_round_trip)
 
 kubeflow = pytest.importorskip("submit.runners.kubeflow")
 from submit.runners import kubeflow_jobset  # noqa: E402
@@ -167,6 +167,7 @@ def test_queue_ttl_deadline_spot_and_service_account_from_the_config():
     tfjob = kubeflow.KubeflowEngine(KubeflowOptions(image=IMAGE, namespace="ml")).render(
         spec, PACKAGE).body
     assert tfjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-q"
+    assert sdk_round_trip(tfjob) == tfjob  # the training SDK's RunPolicy has both fields
     assert {k: tfjob["spec"]["runPolicy"][k] for k in ("suspend", "ttlSecondsAfterFinished",
                                                        "activeDeadlineSeconds")} == \
         {"suspend": True, "ttlSecondsAfterFinished": 3601, "activeDeadlineSeconds": 7200}
