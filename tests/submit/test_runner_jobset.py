@@ -301,14 +301,17 @@ def test_logs_and_cancel_of_a_jobset(api):
 
 
 def test_cli_submit_describe_and_cancel_a_jobset(api, capsys, gcs_emulator):
+    """The flags reach the engine and the record keeps the kind. A custom container, so
+    that no package is built or staged (the package's path is the TFJob's CLI test)."""
     job_dir = "gs://mljob-test/kf/js01"
     api.route("POST", JOBSETS, 201, lambda req: req.json())
     status, out, err = cli(capsys, "js01", "--runner", "kubeflow", "--api", "JobSet",
-                           "--queue", "team-q", "--job-dir", job_dir, "--image", IMAGE,
-                           "--async", "--", "--model", "mlp")
+                           "--queue", "team-q", "--job-dir", job_dir, "--master-image-uri",
+                           IMAGE, "--async", "--", "--model", "mlp")
     assert status == 0, err
     body = api.requests[-1].json()
     assert body["kind"] == "JobSet" and body["spec"]["suspend"] is True
+    assert container(body["spec"]["replicatedJobs"][0])["image"] == IMAGE
     assert body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-q"
     assert records.load("js01").engine["kind"] == "JobSet"
     api.route("GET", JOBSETS + "/js01", 200, jobset(ready=1))
