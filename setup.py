@@ -54,6 +54,7 @@ setup(
             "optuna>=4.0",
             "cloudml-hypertune>=0.1.0.dev6",  # a trainer that reports with Google's library
             "kubeflow-katib-api>=0.17",       # Katib's Experiment models check our render
+            "jsonschema>=4.18",  # the engines' CRD schemas check every manifest we render
             "playwright>=1.45",  # the console's browser tests, driving Debian's chromium
             # `.ci/run`'s linters, pinned: a newer release may find new things to say
             "ruff==0.17.*",

@@ -6,7 +6,7 @@ import click
 
 from submit import runners, spec as specs, submission
 from submit.cli_base import TrainerArgsCommand, cli, echo
-from submit.runners.engine import EngineOptions
+from submit.runners import kubeflow_options
 
 
 def training_options(command):
@@ -88,6 +88,13 @@ _OPTIONS = [
                                      "context's, else default]."),
     click.option("--kube-context", "context", help="kubeflow: the kubeconfig context "
                                                    "[default: the current one]."),
+    click.option("--api", type=click.Choice(kubeflow_options.APIS, case_sensitive=False),
+                 help="kubeflow: the job's Kubernetes API, a Kubeflow TFJob or a JobSet "
+                      "(kubernetes-sigs/jobset) [default: tfjob]."),
+    click.option("--queue", metavar="NAME",
+                 help="kubeflow: the Kueue LocalQueue the job waits in (the label "
+                      "kueue.x-k8s.io/queue-name) [default: the config's "
+                      "scheduling.queueName, else none]."),
     click.option("--project", help="vertex: the Google Cloud project [default: "
                                    "$GOOGLE_CLOUD_PROJECT]."),
     click.option("--region", help="The region, recorded in trainingInput; vertex runs the "
@@ -127,12 +134,12 @@ def submit_training(ctx, job_id, scale_tier, config_path, job_dir, staging_bucke
                     package_path, packages, module_name, worker_count,
                     parameter_server_count, evaluator_count, stream_logs, dry_run, resume,
                     restart_policy, max_restarts, runner, image, namespace, context,
-                    project, region, runtime_version, python_version, service_account,
+                    api, queue, project, region, runtime_version, python_version, service_account,
                     **job_definition):
     """The submission the flags ask for, run to its end (or its dry run's print)."""
-    options = EngineOptions(image=image, namespace=namespace, context=context,
-                            project=project, region=region,
-                            service_account=service_account)
+    options = kubeflow_options.KubeflowOptions(
+        image=image, namespace=namespace, context=context, project=project, region=region,
+        service_account=service_account, api=api and api.lower(), queue=queue)
     options.check_for(runner)
     flags = specs.Flags(
         job_id, scale_tier=scale_tier, worker_count=worker_count,

@@ -164,6 +164,10 @@ class Scheduling(Model):
 
     max_running_time: Duration | None = None
     max_wait_time: Duration | None = None
+    # the cluster engines' (values checked in submit/engine_keys.py)
+    strategy: Annotated[str | None, Field(examples=["STANDARD", "SPOT", "FLEX_START"])] = None
+    queue_name: str | None = None
+    ttl_after_finished: Duration | None = None
 
 
 class ParameterSpec(Model):
@@ -236,6 +240,12 @@ class TrainingInput(Model):
     hyperparameters: HyperparameterSpec | None = None
     use_chief_in_tf_config: bool | None = None
     scheduling: Scheduling | None = None
+    # the cluster engines' (values checked in submit/engine_keys.py)
+    service_account: str | None = None
+    network: str | None = None
+    enable_web_access: bool | None = None
+    tensorboard: str | None = None
+    base_output_directory: str | None = None
 
 
 class JobConfig(Model):

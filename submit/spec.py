@@ -18,7 +18,8 @@ from typing import Any
 
 from mljob import machines
 from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, WORKER  # noqa: F401
-from submit import config_reader, config_schema, containers, spellings, tuning_spec
+from submit import config_reader, config_schema, containers, engine_keys, spellings, \
+    tuning_spec
 from submit.config_schema import MAX_RESTARTS, RESTART_POLICIES, JobConfig, TrainingInput
 from submit.config_reader import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES
 from submit.config_reader import MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
@@ -314,6 +315,7 @@ def resolve(flags: Flags, config: JobConfig | None = None) -> JobSpec:
     running, waiting = (parse_duration(scheduling[key], f"trainingInput.scheduling.{key}")
                         if key in scheduling else None
                         for key in ("maxRunningTime", "maxWaitTime"))
+    engine_keys.check(ti, parse_duration)  # the cluster engines' keys
     return JobSpec(job_id=flags.job_id, scale_tier=tier_name, groups=groups,
                    job_dir=job_dir, staging_bucket=staging_bucket,
                    package_path=flags.package_path, package_uri=package_uri,

@@ -2,9 +2,11 @@
 the current kubeconfig (or `--kube-context`).
 
 What the TFJob holds, and why, is `submit.runners.kubeflow_render` (pure: no cluster
-calls). This module is the engine: it checks what only a cluster needs (a gs:// job dir:
-pods cannot see this machine's files or memory://), and creates, follows, reads the logs
-of and deletes the TFJob through the kubernetes client.
+calls); with `--api jobset` the job is a JobSet instead (`submit.runners.kubeflow_jobset`),
+created, followed and deleted the same way. This module is the engine: it checks what
+only a cluster needs (a gs:// job dir: pods cannot see this machine's files or
+memory://), and creates, follows, reads the logs of and deletes the TFJob (or JobSet)
+through the kubernetes client.
 
 A tuning job (`trainingInput.hyperparameters`) is a Katib Experiment
 (kubeflow.org/v1beta1) whose trial template is that TFJob, each trial's parameters
@@ -23,6 +25,7 @@ import calendar
 import json
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -35,11 +38,13 @@ from urllib3.exceptions import HTTPError
 from mljob import contracts
 from submit import jobs as records
 from submit import logs as logfmt
-from submit import spec as specs
-from submit import tuning_spec
+from submit import engine_keys, spec as specs
 from submit.errors import SubmitError, UsageError
 from submit.package import Package
-from submit.runners import kubeflow_render
+from submit.runners import kubeflow_jobset, kubeflow_render
+from submit.runners.kubeflow_katib import (  # noqa: F401 - the engine's names, as before
+    EXPERIMENT, EXPERIMENTS, KATIB_ALGORITHMS, KATIB_METRICS_FILE, KATIB_TYPES,
+    KATIB_VERSION, experiment)
 from submit.runners.engine import (ClusterEngine, EngineOptions, EngineStatus, Rendered,
                                    ReplicaStatus)
 from submit.runners.kubeflow_render import (  # noqa: F401 - the engine's names, as before
@@ -53,15 +58,7 @@ JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 TYPE_LABEL, INDEX_LABEL = "training.kubeflow.org/replica-type", \
     "training.kubeflow.org/replica-index"
 
-KATIB_VERSION, EXPERIMENTS = "v1beta1", "experiments"
-EXPERIMENT = "Experiment"  # the handle's kind for a tuning job (else a TFJob)
-# Where a trial's container writes its cloudml-hypertune metrics for Katib's collector.
-KATIB_METRICS_FILE = "/var/log/katib/hypertune/output.metrics"
-KATIB_ALGORITHMS = {"ALGORITHM_UNSPECIFIED": "tpe", "RANDOM_SEARCH": "random",
-                    "GRID_SEARCH": "grid"}
-KATIB_TYPES = {"DOUBLE": "double", "INTEGER": "int", "CATEGORICAL": "categorical",
-               "DISCRETE": "discrete"}
-
+SERVICE_ACCOUNT = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # fullmatch
 STATES = {"Created": records.QUEUED, "Suspended": records.QUEUED,
           "Running": records.RUNNING, "Restarting": records.RUNNING,
           "Succeeded": records.SUCCEEDED, "Failed": records.FAILED}
@@ -117,14 +114,49 @@ class KubeflowEngine(ClusterEngine):
                 self.options.namespace):
             raise UsageError(f"--namespace {self.options.namespace!r} is not a Kubernetes "
                              "namespace name; use lower-case letters, digits and '-'")
+        self._check_engine_keys(spec)
+
+    def _check_engine_keys(self, spec: specs.JobSpec) -> None:
+        """--api, --queue, the service account, and config.yaml's engine keys."""
+        queue = getattr(self.options, "queue", None)
+        if queue is not None and not engine_keys.QUEUE_NAME.fullmatch(queue):
+            raise UsageError(f"--queue {queue!r} is not a queue name; use "
+                             f"{engine_keys.QUEUE_HINT}")
+        account = self._service_account(spec)
+        if account is not None and not SERVICE_ACCOUNT.fullmatch(account):
+            where = "--service-account" if self.options.service_account else \
+                "trainingInput.serviceAccount"
+            raise UsageError(f"{where} {account!r:.80} is not a Kubernetes service "
+                             "account name; use lower-case letters, digits, '-' and '.' "
+                             "(a Google service account email is for --runner vertex)")
+        if engine_keys.strategy(spec.training_input) == "FLEX_START":
+            raise UsageError("trainingInput.scheduling.strategy FLEX_START is Vertex AI's; "
+                             "with --runner kubeflow use SPOT or STANDARD (flex-start node "
+                             "pools are the cluster's choice)")
+        vertex_only = [k for k in ("network", "tensorboard", "enableWebAccess",
+                                   "baseOutputDirectory") if k in spec.training_input]
+        if vertex_only:
+            raise UsageError(f"trainingInput.{vertex_only[0]} is for --runner vertex; "
+                             "drop it for --runner kubeflow")
+        if self._api() == "jobset":
+            kubeflow_jobset.check(spec, tfjob_name(spec.job_id))
+
+    def _api(self) -> str:
+        return getattr(self.options, "api", None) or "tfjob"
+
+    def _service_account(self, spec: specs.JobSpec) -> str | None:
+        return self.options.service_account or spec.training_input.get("serviceAccount")
 
     def render(self, spec: specs.JobSpec, package: Package | None) -> Rendered:
         name, namespace = tfjob_name(spec.job_id), self._namespace()
         image = self.options.image or (f"mljob-trainer:{package.sha256[:12]}" if package
                                        else "")
-        body = kubeflow_render.tfjob(spec, package, name=name, namespace=namespace,
-                                     image=image,
-                                     service_account=self.options.service_account)
+        queue = engine_keys.queue_name(spec.training_input,
+                                       getattr(self.options, "queue", None))
+        render = kubeflow_jobset.jobset if self._api() == "jobset" else \
+            kubeflow_render.tfjob
+        body = render(spec, package, name=name, namespace=namespace, image=image,
+                      service_account=self._service_account(spec), queue=queue)
         handle = {"name": name, "namespace": namespace, "context": self.options.context}
         blocked = None
         if self.options.image is None and not spec.custom_containers:
@@ -132,6 +164,8 @@ class KubeflowEngine(ClusterEngine):
                        "holding the trainer; build and push one from the Dockerfile "
                        "that --dry-run prints")
         kind = "TFJob"
+        if self._api() == "jobset":
+            kind = handle["kind"] = kubeflow_jobset.KIND
         tuning = spec.tuning
         if tuning is not None:
             assert spec.job_dir is not None  # check() asked for a gs:// job dir
@@ -181,10 +215,10 @@ class KubeflowEngine(ClusterEngine):
             raise UsageError(rendered.blocked)
         handle = dict(rendered.handle)
         api = kubernetes.client.CustomObjectsApi(self._client(handle))
-        version, plural = _resource(handle)
+        group, version, plural = _resource(handle)
         with _api_errors(handle, f"create the {handle.get('kind', 'TFJob')}"):
             created = api.create_namespaced_custom_object(
-                GROUP, version, handle["namespace"], plural, dict(rendered.body),
+                group, version, handle["namespace"], plural, dict(rendered.body),
                 _request_timeout=TIMEOUT_S)
         handle["uid"] = (created.get("metadata") or {}).get("uid")
         if not handle.get("context"):
@@ -199,28 +233,34 @@ class KubeflowEngine(ClusterEngine):
         client = self._client(handle)
         api = kubernetes.client.CustomObjectsApi(client)
         try:
-            version, plural = _resource(handle)
+            group, version, plural = _resource(handle)
             with _api_errors(handle, f"read the {handle.get('kind', 'TFJob')}"):
                 job = api.get_namespaced_custom_object(
-                    GROUP, version, handle["namespace"], plural, handle["name"],
+                    group, version, handle["namespace"], plural, handle["name"],
                     _request_timeout=TIMEOUT_S)
         except _Gone:
             return EngineStatus(records.CANCELLED, f"the {handle.get('kind', 'TFJob')} "
                                 f"{handle['name']} is gone "
                                 f"from namespace {handle['namespace']} (deleted)")
         state, message = records.QUEUED, None
-        for condition in (job.get("status") or {}).get("conditions") or []:
-            if condition.get("status") == "True" and condition.get("type") in STATES:
-                state = STATES[condition["type"]]
-                message = condition.get("message") if state == records.FAILED else None
+        if handle.get("kind") == kubeflow_jobset.KIND:
+            state, message = kubeflow_jobset.state_of(job)
+        else:
+            for condition in (job.get("status") or {}).get("conditions") or []:
+                if condition.get("status") == "True" and condition.get("type") in STATES:
+                    state = STATES[condition["type"]]
+                    message = condition.get("message") if state == records.FAILED \
+                        else None
         return EngineStatus(state, message, tuple(
             _replica_status(pod) for pod in self._pods(client, handle)))
 
     def _pods(self, client, handle) -> list:
         core = kubernetes.client.CoreV1Api(client)
         with _api_errors(handle, "list the job's pods"):
+            label = kubeflow_jobset.JOBSET_NAME_LABEL \
+                if handle.get("kind") == kubeflow_jobset.KIND else JOB_NAME_LABEL
             pods = core.list_namespaced_pod(
-                handle["namespace"], label_selector=f"{JOB_NAME_LABEL}={handle['name']}",
+                handle["namespace"], label_selector=f"{label}={handle['name']}",
                 _request_timeout=TIMEOUT_S).items
         return sorted(pods, key=_label)
 
@@ -269,13 +309,13 @@ class KubeflowEngine(ClusterEngine):
         null, mljob's own labels are left as they are. Running pods keep theirs."""
         handle = record.engine
         api = kubernetes.client.CustomObjectsApi(self._client(handle))
-        version, plural = _resource(handle)
+        group, version, plural = _resource(handle)
         body = {"metadata": {"labels": {**{k: None for k in old if k not in new}, **new}}}
         kind = handle.get("kind", "TFJob")
         try:
             with _api_errors(handle, f"update the {kind}'s labels"):
                 api.patch_namespaced_custom_object(
-                    GROUP, version, handle["namespace"], plural, handle["name"], body,
+                    group, version, handle["namespace"], plural, handle["name"], body,
                     _request_timeout=TIMEOUT_S)
         except _Gone:
             return (f"the {kind} {handle['name']} is gone from namespace "
@@ -284,78 +324,27 @@ class KubeflowEngine(ClusterEngine):
 
     def cancel(self, handle: Mapping[str, Any]) -> str:
         api = kubernetes.client.CustomObjectsApi(self._client(handle))
-        version, plural = _resource(handle)
+        group, version, plural = _resource(handle)
         try:  # an Experiment's trials and their TFJobs are its children: deleted with it
             with _api_errors(handle, f"delete the {handle.get('kind', 'TFJob')}"):
                 api.delete_namespaced_custom_object(
-                    GROUP, version, handle["namespace"], plural, handle["name"],
+                    group, version, handle["namespace"], plural, handle["name"],
                     propagation_policy="Foreground", _request_timeout=TIMEOUT_S)
         except _Gone:
             pass  # already deleted: cancelled all the same
         return records.CANCELLED
 
 
-def _resource(handle: Mapping[str, Any]) -> tuple[str, str]:
-    """(API version, plural) of the handle's object: a TFJob or a Katib Experiment."""
+def _resource(handle: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(API group, version, plural) of the handle's object: a TFJob, a Katib
+    Experiment or a JobSet."""
     if handle.get("kind") == EXPERIMENT:
-        return KATIB_VERSION, EXPERIMENTS
-    return VERSION, PLURAL
+        return GROUP, KATIB_VERSION, EXPERIMENTS
+    if handle.get("kind") == kubeflow_jobset.KIND:
+        return kubeflow_jobset.GROUP, kubeflow_jobset.VERSION, kubeflow_jobset.PLURAL
+    return GROUP, VERSION, PLURAL
 
 
-def experiment(tfjob: Mapping[str, Any], tuning: tuning_spec.TuningSpec,
-               job_dir: str) -> dict:
-    """The Katib Experiment around a rendered TFJob (see the module docstring)."""
-    trial_job = json.loads(json.dumps(tfjob))
-    metadata = trial_job.pop("metadata")
-    trial_job["metadata"] = {"labels": metadata["labels"]}  # Katib names each trial
-    trial_env = [{"name": contracts.TRIAL_ID_ENV, "value": "${trialSpec.Name}"},
-                 {"name": contracts.HP_METRIC_TAG_ENV, "value": tuning.metric_tag},
-                 {"name": contracts.HP_METRIC_FILE_ENV, "value": KATIB_METRICS_FILE}]
-    flags = [f"--{p.name}=${{trialParameters.{p.name}}}" for p in tuning.params]
-    for replica in trial_job["spec"]["tfReplicaSpecs"].values():
-        container = replica["template"]["spec"]["containers"][0]
-        args = list(container["args"])
-        if len(args) >= 2 and args[-2] == "--job-dir":
-            args = args[:-2]
-        container["args"] = args + flags + ["--job-dir", f"{job_dir}/${{trialSpec.Name}}"]
-        container["env"] = container["env"] + trial_env
-    parameters = []
-    for p in tuning.params:
-        space: dict[str, str | list[str]]
-        if p.type in ("DOUBLE", "INTEGER"):
-            space = {"min": str(p.low), "max": str(p.high), "distribution":
-                     "logUniform" if p.scale == "UNIT_LOG_SCALE" else "uniform"}
-        else:
-            space = {"list": [str(v) for v in p.values]}
-        parameters.append({"name": p.name, "parameterType": KATIB_TYPES[p.type],
-                           "feasibleSpace": space})
-    spec: dict[str, Any] = {
-        "objective": {"type": "maximize" if tuning.maximize else "minimize",
-                      "objectiveMetricName": tuning.metric_tag},
-        "algorithm": {"algorithmName": KATIB_ALGORITHMS[tuning.algorithm]},
-        "parallelTrialCount": tuning.max_parallel_trials,
-        "maxTrialCount": tuning.max_trials,
-        "parameters": parameters,
-        "metricsCollectorSpec": {
-            "collector": {"kind": "File"},
-            "source": {"fileSystemPath": {"path": KATIB_METRICS_FILE, "kind": "File",
-                                          "format": "JSON"}}},
-        "trialTemplate": {
-            "primaryContainerName": CONTAINER,
-            "primaryPodLabels": {"training.kubeflow.org/job-role": "master"},
-            "successCondition": 'status.conditions.#(type=="Succeeded")#|#(status=="True")#',
-            "failureCondition": 'status.conditions.#(type=="Failed")#|#(status=="True")#',
-            "trialParameters": [{"name": p.name, "reference": p.name,
-                                 "description": f"--{p.name}"} for p in tuning.params],
-            "trialSpec": trial_job}}
-    if tuning.max_failed_trials:
-        spec["maxFailedTrialCount"] = tuning.max_failed_trials
-    if tuning.early_stopping:
-        spec["earlyStopping"] = {"algorithmName": "medianstop", "algorithmSettings": [
-            {"name": "min_trials_required", "value": "2"}]}
-    body = {"apiVersion": f"{GROUP}/{KATIB_VERSION}", "kind": EXPERIMENT,
-            "metadata": metadata, "spec": spec}
-    return json.loads(json.dumps(body))  # no shared objects: YAML would alias them
 
 
 class _Gone(SubmitError):
@@ -384,6 +373,10 @@ class _api_errors:
                 if self.handle.get("kind") == EXPERIMENT:
                     raise SubmitError(f"the cluster has no Experiment resource ({GROUP}/"
                                       f"{KATIB_VERSION}); install Katib") from None
+                if self.handle.get("kind") == kubeflow_jobset.KIND:
+                    raise SubmitError("the cluster has no JobSet resource "
+                                      f"({kubeflow_jobset.GROUP}/{kubeflow_jobset.VERSION}); "
+                                      "install JobSet (kubernetes-sigs/jobset)") from None
                 raise SubmitError(f"the cluster has no TFJob resource ({GROUP}/{VERSION}); "
                                   "install the Kubeflow Training Operator") from None
             if exc.status == 404:
@@ -422,6 +415,8 @@ def _one_line(exc: BaseException) -> str:
 
 def _label(pod) -> str:
     labels = pod.metadata.labels or {}
+    if TYPE_LABEL not in labels and kubeflow_jobset.pod_label(labels):
+        return kubeflow_jobset.pod_label(labels) or ""
     kind, index = labels.get(TYPE_LABEL, "?"), labels.get(INDEX_LABEL, "0")
     if kind.lower() in contracts.LABEL_KINDS:  # the operator's replica type, lower-cased
         return contracts.replica_label(kind.lower(), index)

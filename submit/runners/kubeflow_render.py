@@ -28,6 +28,10 @@ Decisions:
   machine's vCPUs and memory are requested, memory is also the limit, GPUs go in limits
   as `nvidia.com/gpu`, and a GPU type in `acceleratorConfig` becomes GKE's
   `cloud.google.com/gke-accelerator` node selector.
+- `--queue`/`scheduling.queueName` is Kueue's label `kueue.x-k8s.io/queue-name` on the
+  TFJob (not its pods) with `runPolicy.suspend: true`, for Kueue to resume when it admits
+  the job; `scheduling.ttlAfterFinished` is `runPolicy.ttlSecondsAfterFinished`;
+  `scheduling.strategy: SPOT` selects GKE's Spot nodes (`cloud.google.com/gke-spot`).
 - The TFJob's name is the job id in lower case with `-` for `_` (Kubernetes names are
   DNS labels); the job id itself is kept in the label `mljob/job-id`.
 """
@@ -46,7 +50,7 @@ import yaml
 
 from mljob import contracts, machines
 from mljob.training.signals import STOP_DEADLINE_SECONDS
-from submit import containers, spec as specs
+from submit import containers, engine_keys, spec as specs
 from submit.errors import UsageError
 from submit.package import Package, mljob_home
 
@@ -61,6 +65,8 @@ MAX_NAME = 50   # pods are <name>-<type>-<index>; their services must stay DNS l
 REPLICA_TYPES = {specs.CHIEF: "Chief", specs.WORKER: "Worker", specs.PS: "PS",
                  specs.EVALUATOR: "Evaluator"}
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # fullmatch: `$` takes "\n"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue's LocalQueue of the job
+SPOT_LABEL = "cloud.google.com/gke-spot"  # scheduling.strategy SPOT, on GKE
 K8S_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
@@ -146,7 +152,7 @@ def check_labels(spec: specs.JobSpec) -> None:
 
 
 def tfjob(spec: specs.JobSpec, package: Package | None, *, name: str, namespace: str, image: str,
-          service_account: str | None = None) -> dict:
+          service_account: str | None = None, queue: str | None = None) -> dict:
     """The TFJob as the API takes it."""
     labels = {**spec.labels, "app.kubernetes.io/managed-by": "mljob",
               "mljob/job-id": spec.job_id}
@@ -166,9 +172,15 @@ def tfjob(spec: specs.JobSpec, package: Package | None, *, name: str, namespace:
     if spec.max_wait_time is not None:
         run_policy["schedulingPolicy"] = {
             "scheduleTimeoutSeconds": math.ceil(spec.max_wait_time)}
+    ttl = engine_keys.ttl_seconds(spec.training_input)
+    if ttl is not None:
+        run_policy["ttlSecondsAfterFinished"] = ttl
+    if queue:
+        run_policy["suspend"] = True  # Kueue admits it by resuming it
     return {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "TFJob",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels,
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {**labels, QUEUE_LABEL: queue} if queue else labels,
                      "annotations": {"mljob/package-uri": package.url or "",
                                      "mljob/package-sha256": package.sha256}
                      if package else {}},
@@ -220,5 +232,7 @@ def replica_spec(spec: specs.JobSpec, group: specs.ReplicaGroup, image: str,
     if accelerator and group.gpus:
         pod["nodeSelector"] = {"cloud.google.com/gke-accelerator":
                                accelerator.lower().replace("_", "-")}
+    if engine_keys.strategy(spec.training_input) == "SPOT":  # GKE's Spot VMs
+        pod["nodeSelector"] = {**pod.get("nodeSelector", {}), SPOT_LABEL: "true"}
     return {"replicas": group.count, "restartPolicy": group.restart_policy,
             "template": {"metadata": {"labels": dict(labels)}, "spec": pod}}

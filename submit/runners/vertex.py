@@ -30,7 +30,7 @@ from google.cloud import aiplatform_v1
 from google.protobuf import json_format
 
 from mljob import contracts, machines
-from submit import containers, jobs, spec as specs, tuning_spec
+from submit import containers, engine_keys, jobs, spec as specs, tuning_spec
 from submit import training_output as training_outputs
 from submit.errors import UsageError
 from submit.package import Package
@@ -100,13 +100,16 @@ class VertexEngine(ClusterEngine):
             raise UsageError(f"trainingInput.packageUris {spec.package_uri} cannot be read "
                              "by Vertex AI; stage the package to gs:// or use --package-path")
         self._location(spec)
-        image, account = self.options.image, self.options.service_account
+        image, account = self.options.image, _service_account(self.options, spec)
         if image is not None and (not image or re.search(r"\s", image)):
             raise UsageError(f"--image {image!r} is not an image URI; pass one of Vertex's "
                              "prebuilt training images, e.g. " + _image(DEFAULT_REGION, False))
         if account is not None and not _EMAIL.fullmatch(account):
-            raise UsageError(f"--service-account {account!r} is not a service account "
+            where = "--service-account" if self.options.service_account else \
+                "trainingInput.serviceAccount"
+            raise UsageError(f"{where} {account!r} is not a service account "
                              "email; write it like NAME@PROJECT.iam.gserviceaccount.com")
+        _check_engine_keys(spec, account, self._location(spec)[1])
         if spec.custom_containers and image is not None:
             raise UsageError("--image names the executor image a package is installed in; "
                              "custom containers name theirs with --master-image-uri "
@@ -136,9 +139,12 @@ class VertexEngine(ClusterEngine):
             worker_pool_specs=pools,
             base_output_directory=aiplatform_v1.GcsDestination(
                 output_uri_prefix=spec.job_dir))
-        if self.options.service_account:
-            job_spec.service_account = self.options.service_account
+        _engine_keys(job_spec, spec, _service_account(self.options, spec))
         scheduling = aiplatform_v1.Scheduling()
+        strategy = engine_keys.strategy(spec.training_input)
+        if strategy is not None:
+            # proto-plus ships no type information: mypy cannot see its enums' EnumMeta
+            scheduling.strategy = aiplatform_v1.Scheduling.Strategy[strategy]  # type: ignore[misc]
         if any(g.restart_policy != "Never" for g in spec.groups):
             # Vertex restarts a lost replica itself and has no per-exit-code policy; what
             # it can do is restart the whole job when a replica restarts, so every replica
@@ -270,6 +276,46 @@ def _pool(spec: JobSpec, group: specs.ReplicaGroup, package: Package | None,
             python_module=spec.module_name,
             args=list(spec.trainer_args),
             env=[aiplatform_v1.EnvVar(name=JOB_ID_ENV, value=spec.job_id)]))
+
+
+def _service_account(options: EngineOptions, spec: JobSpec) -> str | None:
+    """--service-account, else config.yaml's trainingInput.serviceAccount."""
+    return options.service_account or spec.training_input.get("serviceAccount")
+
+
+def _check_engine_keys(spec: JobSpec, account: str | None, region: str) -> None:
+    """What Vertex AI refuses of `submit.engine_keys`, refused here in one line."""
+    ti = spec.training_input
+    kubernetes_only = [k for k in ("queueName", "ttlAfterFinished")
+                       if k in engine_keys.scheduling(ti)]
+    if kubernetes_only:
+        raise UsageError(f"trainingInput.scheduling.{kubernetes_only[0]} is for --runner "
+                         "kubeflow (Kubernetes); drop it for --runner vertex")
+    board = ti.get("tensorboard")
+    if board is not None and account is None:
+        raise UsageError("trainingInput.tensorboard needs the service account the job "
+                         "runs as (Vertex AI's rule); give --service-account or "
+                         "trainingInput.serviceAccount")
+    if board is not None and board.split("/")[3] != region:
+        raise UsageError(f"trainingInput.tensorboard {board} is in {board.split('/')[3]}, "
+                         f"the job in {region}; use a TensorBoard of the job's region")
+
+
+def _engine_keys(job_spec: aiplatform_v1.CustomJobSpec, spec: JobSpec,
+                 account: str | None) -> None:
+    """trainingInput's Vertex AI keys (`submit.engine_keys`) onto the CustomJobSpec."""
+    ti = spec.training_input
+    if account:
+        job_spec.service_account = account
+    if ti.get("baseOutputDirectory"):
+        job_spec.base_output_directory = aiplatform_v1.GcsDestination(
+            output_uri_prefix=ti["baseOutputDirectory"])
+    if ti.get("network"):
+        job_spec.network = ti["network"]
+    if ti.get("tensorboard"):
+        job_spec.tensorboard = ti["tensorboard"]
+    if ti.get("enableWebAccess"):
+        job_spec.enable_web_access = True
 
 
 def prediction_output(job: aiplatform_v1.BatchPredictionJob) -> dict:

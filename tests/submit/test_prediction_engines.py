@@ -1,6 +1,7 @@
 """Batch prediction on the engines: Vertex AI's BatchPredictionJob through aiplatform_v1's
 own types and its REST client (to a recording endpoint), and a Kubernetes Indexed Job
-checked against the kubernetes client's V1Job and V1ConfigMap models."""
+checked against the kubernetes client's V1Job and V1ConfigMap models and against the
+JobTemplateSpec schema in JobSet's CRD (tests/schemas/README.md)."""
 import json
 
 import pytest
@@ -11,6 +12,7 @@ from kubernetes.client import ApiClient
 from mljob import storage
 from submit import jobs
 from submit.runners import vertex
+from tests.support import crd_schema
 from tests.support.api_edge import ApiEdge
 from tests.support.submit_cli import one_error_line, run
 
@@ -161,6 +163,7 @@ def test_kubeflow_indexed_job_and_plan_match_the_kubernetes_models(capsys, gs_in
     config_map, job = yaml.safe_load_all(out)
     assert _sdk(config_map, "V1ConfigMap") == config_map  # nothing the models drop
     assert _sdk(job, "V1Job") == job
+    assert crd_schema.job_errors(job) == []  # and Kubernetes' own schema (JobSet's CRD)
     plan = json.loads(config_map["data"]["prediction.json"])
     assert [s["url"] for s in plan["shards"]] == [f"{gs_inputs}/in/{i}.json"
                                                   for i in range(3)]

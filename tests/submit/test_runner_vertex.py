@@ -51,6 +51,12 @@ HP = {"goal": "MAXIMIZE", "hyperparameterMetricTag": "accuracy", "maxTrials": 8,
                  {"parameterName": "batch_size", "type": "DISCRETE",
                   "discreteValues": [32, 64, 128]}]}
 TUNING = {**CUSTOM, "hyperparameters": HP}
+ENGINE_KEYS = {  # Vertex AI's keys in config.yaml (submit/engine_keys.py)
+    "serviceAccount": "trainer@mljob-test.iam.gserviceaccount.com",
+    "network": "projects/123456789/global/networks/ml-vpc", "enableWebAccess": True,
+    "tensorboard": "projects/mljob-test/locations/us-central1/tensorboards/4242",
+    "baseOutputDirectory": "gs://mljob-test/outputs/job01",
+    "scheduling": {"strategy": "SPOT", "maxRunningTime": "7200s"}}
 PARENT = "projects/mljob-test/locations/us-central1"
 NAME = "projects/123456789/locations/us-central1/customJobs/7200000000000000001"
 JOB_PATH = "/v1/" + NAME
@@ -94,6 +100,7 @@ def pools(rendered) -> list[dict]:
     ("vertex_standard_1", {}, {"scale_tier": "STANDARD_1"}),
     ("vertex_custom_evaluator", CUSTOM, {}),
     ("vertex_tuning", TUNING, {}),
+    ("vertex_engine_keys", {**CUSTOM, **ENGINE_KEYS}, {}),
 ])
 def test_rendered_job_matches_golden_file(golden, training_input, flags):
     text = render(training_input, **flags).text + "\n"
