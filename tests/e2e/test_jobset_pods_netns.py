@@ -33,7 +33,7 @@ import yaml
 from tests.support.common import ROOT, pid_alive
 from tests.support.netns import list_namespaces, skip_reason, test_hosts
 from tests.support.trainer_runs import read, wait_exit
-from submit import spec as specs
+from tests.support.specs import resolve as spec_of
 from tests.e2e.test_engine_pods_netns import (
     GCS_JOB_DIR, PACKAGE, RESOLVE, STEPS, TRAINER_ARGS, TRAINING_INPUT, pod_process,
     service_dns)
@@ -47,7 +47,7 @@ pytestmark = [pytest.mark.slow,
 
 
 def render_jobset() -> dict:
-    spec = specs.resolve("job01", TRAINING_INPUT, job_dir=GCS_JOB_DIR,
+    spec = spec_of("job01", TRAINING_INPUT, job_dir=GCS_JOB_DIR,
                          staging_bucket="gs://mljob-staging", args=TRAINER_ARGS)
     engine = kubeflow.KubeflowEngine(KubeflowOptions(image="img", namespace="team-a",
                                                      api="jobset"))

@@ -15,7 +15,7 @@ import yaml
 
 from tests.support import crd_schema
 from tests.support.common import ROOT
-from submit import spec as specs
+from tests.support.specs import resolve as spec_of
 from submit.package import Package
 
 kubeflow = pytest.importorskip("submit.runners.kubeflow")
@@ -47,7 +47,7 @@ CASES = {"standard_1": ({}, "STANDARD_1"), "custom": (CUSTOM, None),
 
 def render(case: str, api: str, **options) -> dict:
     training_input, tier = CASES[case]
-    spec = specs.resolve("job01", training_input, scale_tier=tier,
+    spec = spec_of("job01", training_input, scale_tier=tier,
                          job_dir="gs://mljob-test/jobs/job01",
                          staging_bucket="gs://mljob-staging")
     engine = kubeflow.KubeflowEngine(KubeflowOptions(
@@ -101,7 +101,7 @@ def test_the_katib_experiment_meets_katibs_openapi_and_its_trial_the_tfjob_crd()
                       "maxValue": 0.1, "scaleType": "UNIT_LOG_SCALE"},
                      {"parameterName": "units", "type": "DISCRETE",
                       "discreteValues": [32, 64]}]}
-    spec = specs.resolve("tune01", {**CUSTOM, "hyperparameters": hp},
+    spec = spec_of("tune01", {**CUSTOM, "hyperparameters": hp},
                          job_dir="gs://mljob-test/jobs/tune01",
                          staging_bucket="gs://mljob-staging")
     body = kubeflow.KubeflowEngine(KubeflowOptions(namespace="team-a", image="i:1")).render(
@@ -159,7 +159,7 @@ def test_a_planted_fault_in_the_experiment_and_the_job_is_refused():
     hp = {"goal": "MINIMIZE", "hyperparameterMetricTag": "loss", "maxTrials": 2,
           "params": [{"parameterName": "lr", "type": "DOUBLE", "minValue": 0.001,
                       "maxValue": 0.1}]}
-    spec = specs.resolve("tune01", {"hyperparameters": hp},
+    spec = spec_of("tune01", {"hyperparameters": hp},
                          job_dir="gs://mljob-test/jobs/tune01",
                          staging_bucket="gs://mljob-staging")
     body = kubeflow.KubeflowEngine(KubeflowOptions(namespace="team-a", image="i:1")).render(

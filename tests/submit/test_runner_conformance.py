@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from mljob import procs
+from tests.support.specs import resolve as spec_of
 from submit import jobs as records, lifecycle, runners, spec as specs
 from submit.errors import JobCancelled, JobFailed, JobNotFoundError, UsageError
 from submit.package import Package
@@ -90,11 +91,11 @@ class LocalFar(Far):
         return runners.get("local")(EngineOptions(), source_dir=self.source)
 
     def spec(self, job_id: str, ending: str) -> specs.JobSpec:
-        return specs.resolve(job_id, {}, job_dir=str(self.tmp / job_id),
+        return spec_of(job_id, {}, job_dir=str(self.tmp / job_id),
                              module_name="fakejob.task", args=[ending], staged=False)
 
     def refused(self) -> specs.JobSpec:
-        return specs.resolve("many", {}, scale_tier="CUSTOM", worker_count=65,
+        return spec_of("many", {}, scale_tier="CUSTOM", worker_count=65,
                              parameter_server_count=1, job_dir=str(self.tmp / "many"),
                              module_name="fakejob.task", staged=False)
 
@@ -133,11 +134,11 @@ class EdgeFar(Far):
 
     def spec(self, job_id: str, ending: str) -> specs.JobSpec:
         self.endings[job_id] = ending
-        return specs.resolve(job_id, {}, job_dir=f"gs://mljob-test/conf/{job_id}",
+        return spec_of(job_id, {}, job_dir=f"gs://mljob-test/conf/{job_id}",
                              args=[ending])
 
     def refused(self) -> specs.JobSpec:
-        return specs.resolve("here", {}, job_dir="/tmp/not-reachable-from-a-cluster")
+        return spec_of("here", {}, job_dir="/tmp/not-reachable-from-a-cluster")
 
     def requests(self) -> list:
         return list(self.edge.requests)

@@ -16,8 +16,8 @@ import re
 import pytest
 import yaml
 
+from tests.support.specs import resolve as spec_of
 from submit import jobs as records
-from submit import spec as specs
 from submit.errors import SubmitError, UsageError
 from submit.runners import get as get_runner
 from submit.runners.engine import EngineOptions
@@ -108,7 +108,7 @@ def test_every_pod_gets_tf_config_naming_the_stable_hosts_and_its_own_index():
 def test_master_evaluator_and_dollar_signs():
     """Cloud ML's legacy `master`, an evaluator outside the cluster, and a `$(` in the
     user's args left as it is by the kubelet."""
-    spec = specs.resolve("job01", {**CUSTOM, "args": ["--note", "$(HOME) $$ $x"]},
+    spec = spec_of("job01", {**CUSTOM, "args": ["--note", "$(HOME) $$ $x"]},
                          job_dir="gs://mljob-test/jobs/job01",
                          staging_bucket="gs://mljob-staging")
     rjobs = jobs_of(render(spec))
@@ -146,7 +146,7 @@ def test_queue_ttl_deadline_spot_and_service_account_from_the_config():
     ti = {**CUSTOM, "serviceAccount": "trainer",
           "scheduling": {"queueName": "team-q", "ttlAfterFinished": "3600.5s",
                          "maxRunningTime": "7200s", "strategy": "SPOT"}}
-    spec = specs.resolve("job01", ti, job_dir="gs://mljob-test/jobs/job01",
+    spec = spec_of("job01", ti, job_dir="gs://mljob-test/jobs/job01",
                          staging_bucket="gs://mljob-staging")
     body = render(spec)
     assert body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-q"
@@ -190,11 +190,11 @@ def test_queue_ttl_deadline_spot_and_service_account_from_the_config():
      "is too long for a JobSet of 10000 worker replicas"),
 ])
 def test_what_a_jobset_cannot_take_is_one_line_with_the_fix(change, options, expected):
-    spec = specs.resolve("a_rather_long_job_id_of_47_characters_abcdefgh", change,
+    spec = spec_of("a_rather_long_job_id_of_47_characters_abcdefgh", change,
                          job_dir="gs://mljob-test/jobs/j",
                          staging_bucket="gs://mljob-staging") \
         if "workerCount" in change else \
-        specs.resolve("job01", change, job_dir="gs://mljob-test/jobs/j",
+        spec_of("job01", change, job_dir="gs://mljob-test/jobs/j",
                       staging_bucket="gs://mljob-staging")
     with pytest.raises(UsageError, match=re.escape(expected)) as info:
         engine(**options).check(spec)
@@ -208,7 +208,7 @@ def test_config_keys_are_checked_where_they_are_read():
                       ({"scheduling": {"queue": "q"}}, "scheduling has unknown key 'queue'"),
                       ({"enableWebAccess": "yes"}, "enableWebAccess must be true or false")):
         with pytest.raises(UsageError, match=re.escape(words)):
-            specs.resolve("job01", ti, job_dir="gs://mljob-test/j",
+            spec_of("job01", ti, job_dir="gs://mljob-test/j",
                           staging_bucket="gs://mljob-staging")
 
 

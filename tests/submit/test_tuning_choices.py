@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from tests.support.specs import resolve as spec_of
 from submit import jobs as records
 from tests.support.common import pid_alive
 from tests.support.submit_cli import run as submit_in_process, write_package
@@ -113,7 +114,7 @@ def test_a_minimize_study_descends_a_known_objective(tmp_path, monkeypatch):
     """goal MINIMIZE on (x - 0.3)^2: every trial's objective is its own value (not
     negated), the best comes first, and the Bayesian trials after the random start
     gather near 0.3, where a study climbing the objective would go to the edges."""
-    from submit import lifecycle, spec as specs
+    from submit import lifecycle
     from submit.local import plan as plans, tuner
     from submit.runners.engine import EngineOptions
     from submit.runners.local import LocalEngine
@@ -122,7 +123,7 @@ def test_a_minimize_study_descends_a_known_objective(tmp_path, monkeypatch):
     monkeypatch.setenv("TUNE_SLEEP", "0")
     hp = _hp(goal="MINIMIZE", maxTrials=12, maxParallelTrials=1)
     pkg = write_package(tmp_path / "pkg", TASK)
-    spec = specs.resolve("min01", {"hyperparameters": hp}, job_dir=str(tmp_path / "j"),
+    spec = spec_of("min01", {"hyperparameters": hp}, job_dir=str(tmp_path / "j"),
                          module_name="fakejob.task", args=[], staged=False)
     engine = LocalEngine(EngineOptions(), source_dir=pkg)
     rendered = engine.render(spec, None)

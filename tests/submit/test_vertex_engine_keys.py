@@ -9,7 +9,7 @@ import re
 import pytest
 from google.cloud import aiplatform_v1
 
-from submit import spec as specs
+from tests.support.specs import resolve as spec_of
 from submit.errors import UsageError
 from tests.submit.test_runner_vertex import (  # noqa: F401 - a fixture
     ENGINE_KEYS, PACKAGE, _no_ambient_cloud, engine, resolve)
@@ -75,5 +75,5 @@ def test_what_vertex_refuses_is_one_line_with_the_fix(change, words):
 ])
 def test_config_values_are_checked_when_read(change, words):
     with pytest.raises(UsageError, match=re.escape(words)):
-        specs.resolve("job01", change, job_dir="gs://mljob-test/j",
+        spec_of("job01", change, job_dir="gs://mljob-test/j",
                       staging_bucket="gs://mljob-staging")
