@@ -117,8 +117,8 @@ def timed(argv: list[str], env: dict, repeats: int) -> dict:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "submit", *argv], env=env, cwd=common.ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
+        done = subprocess.run([sys.executable, "-m", "submit", *argv], env=env,
+                              cwd=common.ROOT, capture_output=True, timeout=600)
         times.append(time.perf_counter() - start)
         if done.returncode != 0:
             raise SystemExit(f"python -m submit {' '.join(argv)} failed: "
