@@ -191,6 +191,7 @@ class Tuner(JobLife):
         self.dir = hp_dir(plan)
         self.running: list[Trial] = []
         self.failures = 0
+        self._wake = threading.Event()  # a trial ended: look now, not at the next poll
 
     # --- the job ---------------------------------------------------------------------
 
@@ -237,6 +238,7 @@ class Tuner(JobLife):
     def _loop(self) -> tuple[str, str | None]:
         next_mirror = time.monotonic() + 5.0
         while True:
+            self._wake.clear()  # before looking: an end after this wakes the wait below
             if self._cancel.is_set():
                 return jobs.CANCELLED, None
             for trial in list(self.running):
@@ -261,7 +263,7 @@ class Tuner(JobLife):
             if time.monotonic() >= next_mirror:
                 self._mirror(final=False)
                 next_mirror = time.monotonic() + 5.0
-            time.sleep(POLL_S)
+            self._wake.wait(POLL_S)
 
     def _more(self) -> bool:
         if self._cancel.is_set() or len(self.study.trials) >= self.spec.max_trials:
@@ -309,6 +311,8 @@ class Tuner(JobLife):
             trial.error = trial.runner.record.error_message
         except BaseException as exc:  # the trial fails, the tuner goes on
             trial.state, trial.error = jobs.FAILED, str(exc) or type(exc).__name__
+        finally:
+            self._wake.set()
 
     def _read_reports(self, trial: Trial) -> None:
         reports = hypertune.read_reports(trial.metric_file, self.spec.metric_tag)
