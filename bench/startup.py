@@ -60,7 +60,7 @@ def snapshot(dest: str) -> str:
 def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps: int,
             source: str) -> dict:
     env = {**os.environ, "MLJOB_HOME": home, "TF_CPP_MIN_LOG_LEVEL": "2",
-           "PYTHONPATH": source, "MLJOB_STARTUP_MARKS": "1",
+           "PYTHONPATH": source, "MLJOB_STARTUP_MARKS": "1", "PYTHONUNBUFFERED": "1",
            "MLJOB_QUICK_START": "1" if quick else "0"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.time()
@@ -94,8 +94,8 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
                 marks.setdefault("first_step", now)
         proc.wait(timeout=900)
     finally:
-        if proc.poll() is None:  # interrupted: cancel the job as Ctrl-C would
-            os.kill(proc.pid, signal.SIGINT)
+        if proc.poll() is None:  # interrupted: cancel the job (SIGINT may be ignored)
+            os.kill(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -122,7 +122,12 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
             "total_s": round(total, 2)}
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupt)  # stopped by PID: cancel the running job
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=1)

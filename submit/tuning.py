@@ -254,7 +254,7 @@ class Tuner(JobLife):
             while len(self.running) < self.spec.max_parallel_trials and self._more():
                 self._start_trial()
             if not self.running:
-                done = [t for t in self.study.trials if t.state.name == "COMPLETE"]
+                done = [t for t in self._trials() if t.state.name == "COMPLETE"]
                 if not done:
                     return jobs.FAILED, ("no trial reported its metric "
                                          f"{self.spec.metric_tag!r} and succeeded; see the "
@@ -265,12 +265,17 @@ class Tuner(JobLife):
                 next_mirror = time.monotonic() + 5.0
             self._wake.wait(POLL_S)
 
+    def _trials(self) -> list:
+        """The study's trials, not copied (Optuna copies each one otherwise: 0.3 s a
+        call at 1,000 trials, and the loop asks every poll)."""
+        return self.study.get_trials(deepcopy=False)
+
     def _more(self) -> bool:
-        if self._cancel.is_set() or len(self.study.trials) >= self.spec.max_trials:
+        if self._cancel.is_set() or len(self._trials()) >= self.spec.max_trials:
             return False
         if self.spec.algorithm == "GRID_SEARCH":
             return not self.study.sampler.is_exhausted(self.study) and \
-                len(self.study.trials) < self.spec.grid_size()
+                len(self._trials()) < self.spec.grid_size()
         return True
 
     # --- trials ------------------------------------------------------------------------
@@ -278,7 +283,7 @@ class Tuner(JobLife):
     def _start_trial(self) -> None:
         optuna_trial = self.study.ask(distributions(self.spec))
         trial_id = str(1 + max([int(t.user_attrs.get("trialId", t.number + 1))
-                                for t in self.study.trials if t.number !=
+                                for t in self._trials() if t.number !=
                                 optuna_trial.number] + [0]))
         params = {p.name: from_optuna(p, optuna_trial.params[p.name])
                   for p in self.spec.params}
@@ -505,7 +510,9 @@ def from_optuna(p: Parameter, value):
 def training_output(study, spec: TuningSpec, running=frozenset()) -> dict:
     """Cloud ML's trainingOutput of a tuning job: trials best first (those that ran to
     their end by objective, then those stopped early, then failed and running ones)."""
-    return output_of([_trial_output(t, running) for t in study.trials], spec)
+    # deepcopy=False: Optuna copies every trial otherwise, 0.3 s a call at 1,000 trials
+    return output_of([_trial_output(t, running)
+                      for t in study.get_trials(deepcopy=False)], spec)
 
 
 def output_of(trials: list[dict], spec: TuningSpec) -> dict:
