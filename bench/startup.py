@@ -13,8 +13,8 @@ Phases, in seconds, each from the end of the one before:
 
 - cli: interpreter start and the CLI's imports, to the submit command running
 - spec, package (sdist built and hashed), plan, stage: the launcher's steps
-- environment: the job recorded, the package environment checked (reused), PREPARING
-- process: replica processes started (Popen to the chief's exec)
+- environment: the package environment checked (reused), as the launcher times it
+- process: the job recorded, PREPARING, replica processes started (to the chief's exec)
 - python: the chief's interpreter and `trainer.task`'s imports, to its main()
 - tensorflow: the chief's import of TensorFlow, Keras and the trainer's modules
 - data: the dataset loaded; peers: waiting for the ps and workers to listen
@@ -66,7 +66,7 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
     start = time.time()
     marks: dict[str, float] = {}
     servers: dict[str, dict[str, float]] = {}
-    env_state = None
+    env_state, env_seconds = None, 0.0
     proc = subprocess.Popen(
         [sys.executable, "-m", "submit", job_id, *SETUPS[setup], "--job-dir", job_dir,
          "--package-path", source, "--", "--model", "mlp", "--train-steps", str(steps)],
@@ -88,7 +88,8 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
                     servers.setdefault(label, {}).setdefault(words[1], float(words[2]))
             elif label == "service" and text.startswith("package environment") and \
                     (" reused " in text or " created " in text):
-                marks.setdefault("environment", now)
+                # "... reused in 0.1 s": its own duration (service lines come in batches)
+                env_seconds = float(words[-2])
                 env_state = "reused" if " reused " in text else "created"
             elif label == "master-replica-0" and text.startswith("step "):
                 marks.setdefault("first_step", now)
@@ -105,6 +106,8 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{job_id} failed with status {proc.returncode}")
+    if "staged" in marks:  # the record saved and the environment checked after staging
+        marks["environment"] = marks["staged"] + env_seconds
     phases, last = {}, start
     for name in CHIEF_PHASES:
         if name in marks:
@@ -117,6 +120,7 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
     return {"setup": setup, "quick_start": quick, "environment": env_state,
             "to_first_step_s": round(marks.get("first_step", start) - start, 3),
             "phases_s": phases, "servers_s": server_times,
+            "marks": {k: round(v - start, 3) for k, v in marks.items()},
             "job_cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime
                                - before.ru_stime, 2),
             "total_s": round(total, 2)}
