@@ -41,7 +41,21 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "bench", "results", "startup.json")
-SETUPS = {"single": ["--scale-tier", "BASIC"],
+TUNING = """trainingInput:
+  scaleTier: BASIC
+  hyperparameters:
+    goal: MAXIMIZE
+    hyperparameterMetricTag: accuracy
+    maxTrials: 3
+    maxParallelTrials: 1
+    params:
+    - parameterName: learning_rate
+      type: DOUBLE
+      minValue: 0.0001
+      maxValue: 0.01
+      scaleType: UNIT_LOG_SCALE
+"""
+SETUPS = {"single": ["--scale-tier", "BASIC"], "tuning": ["--config", "tuning.yaml"],
           "ps": ["--scale-tier", "CUSTOM", "--master-machine-type", "standard",
                  "--worker-count", "2", "--parameter-server-count", "1"]}
 CHIEF_PHASES = ("cli", "spec", "package", "plan", "staged", "environment", "process",
@@ -66,6 +80,7 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
     start = time.time()
     marks: dict[str, float] = {}
     servers: dict[str, dict[str, float]] = {}
+    trials: dict[str, dict[str, float]] = {}  # a tuning job's trials: their chiefs' marks
     env_state, env_seconds = None, 0.0
     proc = subprocess.Popen(
         [sys.executable, "-m", "submit", job_id, *SETUPS[setup], "--job-dir", job_dir,
@@ -79,6 +94,15 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
             fields = line.rstrip("\n").split("\t")
             label, text = (fields[2], fields[3]) if len(fields) >= 4 else ("cli", line)
             words = text.split()
+            trial, _, replica = label.rpartition("/")
+            if trial.isdigit() and replica == "master-replica-0":
+                mine = trials.setdefault(trial, {})
+                mine["last_line"] = now
+                if words[:1] == ["startup"] and len(words) == 3:
+                    mine.setdefault(words[1], float(words[2]))
+                elif text.startswith("step "):
+                    mine.setdefault("first_step", now)
+                continue
             if words[:1] == ["startup"] and len(words) == 3:
                 if label == "cli":
                     marks.setdefault(words[1], float(words[2]))
@@ -117,7 +141,11 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
                             "listening": round(m["server"] - m["process"], 3)}
                     for label, m in sorted(servers.items())
                     if {"process", "tensorflow", "server"} <= set(m)}
+    if trials:  # the first trial's chief stands for the job's
+        marks.update({k: v for k, v in trials[min(trials, key=int)].items()
+                      if k != "last_line"})
     return {"setup": setup, "quick_start": quick, "environment": env_state,
+            "trials": trial_phases(trials),
             "to_first_step_s": round(marks.get("first_step", start) - start, 3),
             "phases_s": phases, "servers_s": server_times,
             "marks": {k: round(v - start, 3) for k, v in marks.items()},
@@ -130,6 +158,27 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def trial_phases(trials: dict[str, dict[str, float]]) -> list[dict]:
+    """Per trial: the tuner's gap (the previous trial's last line to this trial's chief
+    process), and the chief's seconds from its process start to its first step."""
+    out, previous_end = [], None
+    for trial in sorted(trials, key=int):
+        m = trials[trial]
+        if not {"process", "first_step"} <= set(m):
+            continue
+        phases, last = {}, m["process"]
+        for name in ("main", "tensorflow", "data", "model", "first_step"):
+            if name in m:
+                phases[NAMES.get(name, name)] = round(m[name] - last, 3)
+                last = m[name]
+        out.append({"trial": trial, "to_first_step_s": round(m["first_step"] - m["process"],
+                                                             3),
+                    "gap_before_s": None if previous_end is None else
+                    round(m["process"] - previous_end, 3), "phases_s": phases})
+        previous_end = m["last_line"]
+    return out
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _interrupt)  # stopped by PID: cancel the running job
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -140,6 +189,8 @@ def main() -> None:
     results = []
     work = tempfile.mkdtemp(prefix="mljob-bench-")
     source = snapshot(os.path.join(work, "src"))
+    with open(os.path.join(source, "tuning.yaml"), "w") as f:
+        f.write(TUNING)
     home = os.path.join(work, "home")
     try:
         n = 0
