@@ -104,8 +104,9 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
                     mine.setdefault("first_step", now)
                 continue
             if words[:1] == ["startup"] and len(words) == 3:
-                if label == "cli":
-                    marks.setdefault(words[1], float(words[2]))
+                if label == "cli":  # its own process start is the run's start
+                    if words[1] != "process":
+                        marks.setdefault(words[1], float(words[2]))
                 elif label.startswith("master-replica-0"):
                     marks.setdefault(words[1], float(words[2]))
                 else:
