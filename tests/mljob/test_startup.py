@@ -59,7 +59,7 @@ def test_a_ps_replica_serves_without_keras_model_or_data(reaper, tmp_path, quick
     env = {**os.environ, "PYTHONPATH": ROOT, "TF_CONFIG": json.dumps(tf_config),
            "MLJOB_STARTUP_MARKS": "1", "MLJOB_QUICK_START": quick,
            "TF_CPP_MIN_LOG_LEVEL": "2"}
-    # No data where it points: a replica that loaded data would fail, not serve.
+    # --data-dir names nothing: a replica that loaded data would read the bundled sample.
     proc = reaper.python("-c", _PS, str(tmp_path / "no-data"), str(tmp_path / "job"),
                          cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
