@@ -1,13 +1,29 @@
-"""Time from `python -m submit` to the chief's first training step, BASIC and STANDARD_1,
-with a cold package environment (a fresh MLJOB_HOME: the sdist is extracted) and a warm
-one (the same package again: the environment is reused).
+"""Seconds before training: from `python -m submit` to the chief's first training step,
+phase by phase, with the start-up shortcuts on and off side by side in one run.
 
-    python bench/startup.py [--train-steps 20] [--repeats 1]
+    python bench/startup.py [--train-steps 20] [--repeats 1] [--setups single,ps]
 
-Writes bench/results/startup.json. Each phase is taken from the launcher's own output:
-`submitted` (sdist built, hashed and staged), `environment_ready` (package environment
-extracted or reused), `first_step` (the chief's first `step` line), `total` (the command
-returned). The machine's load average is recorded before and after each run.
+Each job runs with MLJOB_STARTUP_MARKS=1, so the launcher and every replica print
+`startup PHASE TIME` lines (`mljob.startup`), and alternately with MLJOB_QUICK_START=1
+(the defaults: servers import TensorFlow without Keras and serve before the trainer
+loads its model and data, training replicas leave IPython out) and 0 (as before). The
+package environment is built once first (`cold`, reported), then reused by every
+measured job. Setups: `single` (BASIC) and `ps` (CUSTOM: chief + 2 workers + 1 ps).
+Phases, in seconds, each from the end of the one before:
+
+- cli: interpreter start and the CLI's imports, to the submit command running
+- spec, package (sdist built and hashed), plan, stage: the launcher's steps
+- environment: the package environment checked (reused), as the launcher times it
+- process: the job recorded, PREPARING, replica processes started (to the chief's exec)
+- python: the chief's interpreter and `trainer.task`'s imports, to its main()
+- tensorflow: the chief's import of TensorFlow, Keras and the trainer's modules
+- data: the dataset loaded; peers: waiting for the ps and workers to listen
+- strategy: the strategy built and connected; model: the model and optimizer built
+- first_step: restore, input pipeline, the first step's trace and compilation, the step
+
+plus each server's seconds from its process start to its import of TensorFlow and to
+its server listening, and the CPU seconds of the whole job (the supervisor's children).
+Writes bench/results/startup.json.
 """
 from __future__ import annotations
 
@@ -15,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import subprocess
@@ -24,84 +41,197 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "bench", "results", "startup.json")
+TUNING = """trainingInput:
+  scaleTier: BASIC
+  hyperparameters:
+    goal: MAXIMIZE
+    hyperparameterMetricTag: accuracy
+    maxTrials: 3
+    maxParallelTrials: 1
+    params:
+    - parameterName: learning_rate
+      type: DOUBLE
+      minValue: 0.0001
+      maxValue: 0.01
+      scaleType: UNIT_LOG_SCALE
+"""
+SETUPS = {"single": ["--scale-tier", "BASIC"], "tuning": ["--config", "tuning.yaml"],
+          "ps": ["--scale-tier", "CUSTOM", "--master-machine-type", "standard",
+                 "--worker-count", "2", "--parameter-server-count", "1"]}
+CHIEF_PHASES = ("cli", "spec", "package", "plan", "staged", "environment", "process",
+                "main", "tensorflow", "data", "peers", "strategy", "model", "first_step")
+NAMES = {"staged": "stage", "main": "python"}
 
 
 def snapshot(dest: str) -> str:
     """A frozen copy of the source tree: others editing the tree would change the
-    package hash between the cold and the warm run, and make both cold."""
+    package hash between runs, and make every run cold."""
     shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
         ".git", "jobs", "__pycache__", "*.egg-info", "results", ".pytest_cache"))
     return dest
 
 
-def run_job(job_id: str, tier: str, home: str, job_dir: str, steps: int,
-            package_path: str) -> dict:
+def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps: int,
+            source: str) -> dict:
     env = {**os.environ, "MLJOB_HOME": home, "TF_CPP_MIN_LOG_LEVEL": "2",
-           "PYTHONPATH": ROOT}
-    start = time.monotonic()
+           "PYTHONPATH": source, "MLJOB_STARTUP_MARKS": "1", "PYTHONUNBUFFERED": "1",
+           "MLJOB_QUICK_START": "1" if quick else "0"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.time()
     marks: dict[str, float] = {}
-    state = sha = None
+    servers: dict[str, dict[str, float]] = {}
+    trials: dict[str, dict[str, float]] = {}  # a tuning job's trials: their chiefs' marks
+    env_state, env_seconds = None, 0.0
     proc = subprocess.Popen(
-        [sys.executable, "-m", "submit", job_id, "--scale-tier", tier, "--job-dir",
-         job_dir, "--package-path", package_path, "--", "--model", "mlp",
-         "--train-steps", str(steps)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, "-m", "submit", job_id, *SETUPS[setup], "--job-dir", job_dir,
+         "--package-path", source, "--", "--model", "mlp", "--train-steps", str(steps)],
+        cwd=source, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
     try:
+        assert proc.stdout is not None
         for line in proc.stdout:
-            now = time.monotonic() - start
-            if "submitted successfully" in line:
-                marks.setdefault("submitted", now)
-            elif line.startswith("package environment"):
-                marks.setdefault("environment_ready", now)
-                state, sha = line.split()[-1], line.split()[2]
-            elif "\tmaster-replica-0\tstep " in line:
+            now = time.time()
+            fields = line.rstrip("\n").split("\t")
+            label, text = (fields[2], fields[3]) if len(fields) >= 4 else ("cli", line)
+            words = text.split()
+            trial, _, replica = label.rpartition("/")
+            if trial.isdigit() and replica == "master-replica-0":
+                mine = trials.setdefault(trial, {})
+                mine["last_line"] = now
+                if words[:1] == ["startup"] and len(words) == 3:
+                    mine.setdefault(words[1], float(words[2]))
+                elif text.startswith("step "):
+                    mine.setdefault("first_step", now)
+                continue
+            if words[:1] == ["startup"] and len(words) == 3:
+                if label == "cli":  # its own process start is the run's start
+                    if words[1] != "process":
+                        marks.setdefault(words[1], float(words[2]))
+                elif label.startswith("master-replica-0"):
+                    marks.setdefault(words[1], float(words[2]))
+                else:
+                    servers.setdefault(label, {}).setdefault(words[1], float(words[2]))
+            elif label == "service" and text.startswith("package environment") and \
+                    (" reused " in text or " created " in text):
+                # "... reused in 0.1 s": its own duration (service lines come in batches)
+                env_seconds = float(words[-2])
+                env_state = "reused" if " reused " in text else "created"
+            elif label == "master-replica-0" and text.startswith("step "):
                 marks.setdefault("first_step", now)
-        proc.wait(timeout=600)
+        proc.wait(timeout=900)
     finally:
-        if proc.poll() is None:  # interrupted: cancel the job as Ctrl-C would
-            os.kill(proc.pid, signal.SIGINT)
+        if proc.poll() is None:  # interrupted: cancel the job (SIGINT may be ignored)
+            os.kill(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    marks["total"] = time.monotonic() - start
+    total = time.time() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{job_id} failed with status {proc.returncode}")
-    return {"package_environment": state, "package_sha256": sha, **{k: round(v, 2) for k, v in marks.items()}}
+    if "staged" in marks:  # the record saved and the environment checked after staging
+        marks["environment"] = marks["staged"] + env_seconds
+    phases, last = {}, start
+    for name in CHIEF_PHASES:
+        if name in marks:
+            phases[NAMES.get(name, name)] = round(marks[name] - last, 3)
+            last = marks[name]
+    server_times = {label: {"tensorflow": round(m["tensorflow"] - m["process"], 3),
+                            "listening": round(m["server"] - m["process"], 3)}
+                    for label, m in sorted(servers.items())
+                    if {"process", "tensorflow", "server"} <= set(m)}
+    if trials:  # the first trial's chief stands for the job's
+        marks.update({k: v for k, v in trials[min(trials, key=int)].items()
+                      if k != "last_line"})
+    return {"setup": setup, "quick_start": quick, "environment": env_state,
+            "trials": trial_phases(trials),
+            "to_first_step_s": round(marks.get("first_step", start) - start, 3),
+            "phases_s": phases, "servers_s": server_times,
+            "marks": {k: round(v - start, 3) for k, v in marks.items()},
+            "job_cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime
+                               - before.ru_stime, 2),
+            "total_s": round(total, 2)}
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def trial_phases(trials: dict[str, dict[str, float]]) -> list[dict]:
+    """Per trial: the tuner's gap (the previous trial's last line to this trial's chief
+    process), and the chief's seconds from its process start to its first step."""
+    out, previous_end = [], None
+    for trial in sorted(trials, key=int):
+        m = trials[trial]
+        if not {"process", "first_step"} <= set(m):
+            continue
+        phases, last = {}, m["process"]
+        for name in ("main", "tensorflow", "data", "model", "first_step"):
+            if name in m:
+                phases[NAMES.get(name, name)] = round(m[name] - last, 3)
+                last = m[name]
+        out.append({"trial": trial, "to_first_step_s": round(m["first_step"] - m["process"],
+                                                             3),
+                    "gap_before_s": None if previous_end is None else
+                    round(m["process"] - previous_end, 3), "phases_s": phases})
+        previous_end = m["last_line"]
+    return out
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupt)  # stopped by PID: cancel the running job
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--setups", default="single,ps")
     args = parser.parse_args()
     results = []
-    source = snapshot(os.path.join(tempfile.mkdtemp(prefix="mljob-bench-src-"), "src"))
-    for tier in ("BASIC", "STANDARD_1"):
+    work = tempfile.mkdtemp(prefix="mljob-bench-")
+    source = snapshot(os.path.join(work, "src"))
+    with open(os.path.join(source, "tuning.yaml"), "w") as f:
+        f.write(TUNING)
+    home = os.path.join(work, "home")
+    try:
+        n = 0
+        cold = run_job("bench_cold", "single", True, home, os.path.join(work, "cold"),
+                       args.train_steps, source)
+        cold["phase"] = "cold"
+        print(json.dumps(cold), flush=True)
+        results.append(cold)
         for repeat in range(args.repeats):
-            work = tempfile.mkdtemp(prefix="mljob-bench-")
-            try:
-                home = os.path.join(work, "home")
-                for phase in ("cold", "warm"):
-                    job_id = f"bench_{tier.lower()}_{phase}_{repeat}"
+            for setup in args.setups.split(","):
+                order = (False, True) if repeat % 2 == 0 else (True, False)
+                for quick in order:
+                    n += 1
                     load = os.getloadavg()[0]
-                    marks = run_job(job_id, tier, home, os.path.join(work, job_id),
-                                    args.train_steps, source)
-                    entry = {"tier": tier, "phase": phase, "repeat": repeat,
-                             "load_before": round(load, 2),
-                             "load_after": round(os.getloadavg()[0], 2), **marks}
+                    entry = run_job(f"bench_{setup}_{n}", setup, quick, home,
+                                    os.path.join(work, f"j{n}"), args.train_steps, source)
+                    entry.update(phase="warm", repeat=repeat, load_before=round(load, 2),
+                                 load_after=round(os.getloadavg()[0], 2))
                     print(json.dumps(entry), flush=True)
                     results.append(entry)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
-    shutil.rmtree(os.path.dirname(source), ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    summary = {}
+    for setup in args.setups.split(","):
+        for quick in (False, True):
+            runs = [r for r in results if r.get("phase") == "warm" and r["setup"] == setup
+                    and r["quick_start"] == quick]
+            if runs:
+                summary[f"{setup} quick_start={int(quick)}"] = {
+                    "to_first_step_s": round(sum(r["to_first_step_s"] for r in runs)
+                                             / len(runs), 2),
+                    "job_cpu_s": round(sum(r["job_cpu_s"] for r in runs) / len(runs), 2)}
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     with open(OUT, "w") as f:
-        json.dump({"what": "seconds from `python -m submit` to milestones of the job",
+        json.dump({"what": "seconds from `python -m submit` to the chief's first step, by "
+                           "phase, start-up shortcuts off and on (MLJOB_QUICK_START)",
                    "train_steps": args.train_steps, "cpus": os.cpu_count(),
-                   "python": platform.python_version(), "results": results}, f, indent=2)
+                   "python": platform.python_version(), "summary": summary,
+                   "results": results}, f, indent=2)
+    print(json.dumps(summary, indent=2))
     print(f"wrote {os.path.relpath(OUT, ROOT)}")
 
 

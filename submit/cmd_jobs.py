@@ -7,16 +7,18 @@ stderr so that stdout stays the resource alone. `jobs submit` is a group: its co
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import click
 
-from submit import formats, jobs as records, lifecycle, listing, resource, spec as specs, \
-    submission, training_output, usage
+from submit import formats, job_index, jobs as records, lifecycle, listing, resource, \
+    spec as specs, submission, training_output, usage
 from submit.cli_base import GcloudGroup, cli, echo
-from submit.errors import EXIT_OK, UsageError
+from submit.errors import EXIT_OK, JobNotFoundError, SubmitError, UsageError
 from submit.runners.engine import SUPERVISOR
 
+log = logging.getLogger(__name__)
 LIST_KEYS = [("jobId", "JOB_ID"), ("state", "STATUS"), ("createTime", "CREATED")]
 
 
@@ -36,27 +38,45 @@ def jobs_submit():
                                               "labels.team=vision, jobId:job1*.")
 @click.option("--sort-by", help="Field(s) to sort by, ~ to reverse, e.g. ~createTime.")
 @click.option("--limit", type=int, help="At most this many jobs.")
+@click.option("--page-size", type=int,
+              help="Jobs read and printed at a time (the output is the same).")
 @click.option("--uri", is_flag=True, help="Print each job's URI (its record) only.")
 @formats.FORMAT_OPTION
-def jobs_list(filter_text, sort_by, limit, uri, fmt):
+def jobs_list(filter_text, sort_by, limit, page_size, uri, fmt):
     """Jobs in the local index, oldest first."""
-    chosen = listing.select([resource.with_current_labels(r) for r in records.list_all()],
-                            filter_text=filter_text, sort_by=sort_by, limit=limit)
+    if page_size is not None and page_size < 1:
+        raise UsageError(f"--page-size {page_size} must be 1 or more")
+    if uri and fmt:
+        raise UsageError("--uri and --format both say what to print; give one")
+    # The index's summary (submit.job_index): the whole records only of the chosen jobs.
+    chosen = listing.select(job_index.summaries(), filter_text=filter_text,
+                            sort_by=sort_by, limit=limit)
     if uri:
-        if fmt:
-            raise UsageError("--uri and --format both say what to print; give one")
         for r in chosen:
             echo(resource.uri(r))
         return EXIT_OK
     if fmt:
-        formats.emit(echo, [resource.job(r) for r in chosen], fmt, single=False,
+        formats.emit(echo, [resource.job(r) for r in _whole(chosen)], fmt, single=False,
                      default_keys=LIST_KEYS)
         return EXIT_OK
     echo(f"{'JOB_ID':<24} {'STATUS':<11} {'CREATED':<20} JOB_DIR")
-    for r in chosen:
-        echo(f"{r.job_id:<24} {state(r):<11} {resource.rfc3339(r.create_time):<20} "
-             f"{r.job_dir or '-'}")
+    size = page_size or len(chosen) or 1
+    for first in range(0, len(chosen), size):
+        echo("\n".join(f"{r.job_id:<24} {state(r):<11} "
+                       f"{resource.rfc3339(r.create_time):<20} {r.job_dir or '-'}"
+                       for r in chosen[first:first + size]))
     return EXIT_OK
+
+
+def _whole(chosen: list[records.JobRecord]) -> list[records.JobRecord]:
+    """The chosen jobs' whole records (a record removed meanwhile is left out)."""
+    out = []
+    for light in chosen:
+        try:
+            out.append(records.load(light.job_id))
+        except (JobNotFoundError, SubmitError) as exc:
+            log.warning("%s", exc)
+    return out
 
 
 @jobs_group.command("describe")

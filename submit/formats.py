@@ -18,6 +18,10 @@ import yaml
 
 from submit.errors import UsageError
 
+# libyaml's emitter where PyYAML has it: the same YAML, ~10x faster for a tuning job's
+# 1,000 trials (its pure-Python emitter took seconds)
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
 KINDS = ("json", "yaml", "table", "value")
 _FORMAT = re.compile(r"(json|yaml|table|value)(?:\((.*)\))?", re.S)
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\[[0-9]+\])?"
@@ -115,7 +119,8 @@ def render(resources: list[dict], text: str, *, single: bool,
     if kind == "json":
         return json.dumps(resources[0] if single else resources, indent=2, sort_keys=True)
     if kind == "yaml":
-        return "---\n".join(yaml.safe_dump(r, sort_keys=True, default_flow_style=False)
+        return "---\n".join(yaml.dump(r, Dumper=_DUMPER, sort_keys=True,
+                                      default_flow_style=False)
                             for r in resources).rstrip()
     keys = keys or list(default_keys)
     if kind == "value":

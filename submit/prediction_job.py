@@ -36,7 +36,6 @@ import psutil
 
 from mljob import contracts, procs, storage
 from mljob.errors import EXIT_USAGE
-from predict.batch_worker import published, shard_names
 from submit import jobs, logs
 from submit.local.joblife import JobLife
 from submit.prediction_output import claim_output, count_lines
@@ -198,6 +197,7 @@ class PredictionJob(JobLife):
     # --- the life ---------------------------------------------------------------------
 
     def _live(self) -> tuple[str, str | None]:
+        from predict.batch_worker import published  # numpy: not for every command line
         plan = self.pplan
         self._prepare_folders(plan.run_dir, plan.log_dir)
         claim_output(plan.output_path, plan.job_id)
@@ -332,6 +332,7 @@ class PredictionJob(JobLife):
     # --- what the job reports -------------------------------------------------------------
 
     def _count_published(self, index: int) -> None:
+        from predict.batch_worker import shard_names
         results, errors = shard_names(index, len(self.pplan.shards))
         self.counts["predictionCount"] += count_lines(storage.join(self.pplan.output_path,
                                                                    results))

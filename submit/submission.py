@@ -14,7 +14,7 @@ import os
 import tempfile
 from collections.abc import Callable
 
-from mljob import storage
+from mljob import startup, storage
 from submit import jobs as records
 from submit import lifecycle, package, runners, spec as specs
 from submit.errors import PackageUsageError, UsageError
@@ -39,10 +39,12 @@ class Submission:
 
 def submit(request: Submission, echo: Echo) -> int:
     """Run the submission to its end (or to the dry run's print); the exit status."""
+    startup.mark("cli")  # MLJOB_STARTUP_MARKS=1: where the time before training goes
     runner = runners.get(request.runner)(request.options)
     config = specs.read_config(request.config_path) if request.config_path else None
     spec = specs.resolve(request.flags, config)
     runner.check(spec)
+    startup.mark("spec")
     if not request.stream and spec.job_dir and spec.job_dir.startswith("memory://"):
         raise UsageError("--async cannot use a memory:// job dir: the store lives in this "
                          "process, which ends at once; use a path or gs:// URL, or stream")
@@ -63,7 +65,9 @@ def submit(request: Submission, echo: Echo) -> int:
             spec, (_fetch(spec.package_uri, tmp, request.dry_run) if spec.package_uri
                    else build_package(spec, source, tmp) if source else None),
             tmp, request.dry_run)
+        startup.mark("package")
         rendered = runner.render(spec, pkg)
+        startup.mark("plan")
         for note in rendered.notes:
             echo(note, err=True)  # stdout stays the job object alone
         if request.dry_run:
@@ -75,6 +79,7 @@ def submit(request: Submission, echo: Echo) -> int:
             if each.local_file and not _given_url(spec, each):
                 assert each.url is not None  # with_extras gives every archive its URL
                 package.stage(each, each.url)
+        startup.mark("staged")
     return start(runner, rendered, lifecycle.new_record(runner, spec, pkg, rendered), echo,
                  stream=request.stream)
 

@@ -9,7 +9,7 @@ import functools
 import keras
 import tensorflow as tf
 
-from mljob import training
+from mljob import startup, training
 from mljob.contracts import EVALUATOR, PS
 from trainer.errors import UsageError
 from trainer import data as data_lib
@@ -34,6 +34,7 @@ def run(args, config: training.RunConfig, info, stop=None, *, dropout: float) ->
     elif args.batch_size > len(load().train_labels):  # no full batch: no step would run
         raise UsageError(f"--batch-size {args.batch_size} is more than the "
                          f"{len(load().train_labels)} training examples; use a smaller one")
+    startup.mark("data")
 
     def train_dataset_fn(context):
         dataset = load()

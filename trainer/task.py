@@ -24,7 +24,7 @@ import sys
 import traceback
 
 from mljob import cluster as cluster_lib
-from mljob import storage
+from mljob import startup, storage
 from mljob.contracts import AIP_MODEL_DIR
 from mljob.errors import too_many_digits
 from mljob.training.config import MERGE_RULES, STEPS_PER_EXECUTION, WIRE_DTYPES, \
@@ -235,6 +235,7 @@ def _check(args: argparse.Namespace, info: cluster_lib.ClusterInfo) -> str | Non
 
 
 def main(argv: list[str] | None = None) -> int:
+    startup.mark("main")
     try:
         args = parser().parse_args(argv)
         info = cluster_lib.from_environment(
@@ -270,7 +271,12 @@ def _run_role(args, info: cluster_lib.ClusterInfo, outputs: Outputs) -> int:
     config = config_from(args, outputs)
     from mljob import training  # no TensorFlow yet; sets GRPC_FAIL_FAST before it loads
     training.require_tensorflow()
-    from trainer import fit
+    served = training.serve_if_server(info, config)  # a ps: no Keras, no model, no data
+    if served is not None:
+        return served
+    with startup.lean_imports():
+        from trainer import fit
+    startup.mark("tensorflow")
     try:
         return fit.run(args, config, info, dropout=dropout_of(args))
     except (TrainerError, cluster_lib.ClusterConfigError, storage.StorageError):

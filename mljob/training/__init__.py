@@ -115,6 +115,27 @@ def run(program: Program, config: RunConfig, *, info: cluster_lib.ClusterInfo | 
     return loop.run(info, program, config, kind, stop)
 
 
+def serve_if_server(info: cluster_lib.ClusterInfo | None = None,
+                    config: RunConfig | None = None) -> int | None:
+    """For a parameter server, or a worker under ParameterServerStrategy: serve now, and
+    return its exit status (it never returns: the process ends when stopped). None for
+    every other replica. A task module that calls this before it imports its model and
+    data (as the bundled trainer does) starts its servers without Keras and without
+    loading data (`mljob.startup`); `fit` serves such replicas either way."""
+    if info is None:
+        info = cluster_lib.from_environment(os.environ)
+    config = config or RunConfig()
+    if info.is_single_node or info.is_evaluator:
+        return None
+    kind = info.strategy_kind(config.strategy, num_gpus=0)
+    if kind != "ps" or info.task_type not in (cluster_lib.PS, cluster_lib.WORKER):
+        return None
+    require_tensorflow()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    from mljob.training import servers
+    return servers.serve(info, StopSignal())
+
+
 def main(model_fn: Callable[[], Any], train_dataset_fn: Callable[[Any], Any], **kwargs) -> None:
     """`fit`, then end the process with its exit status: a one-line `error: ...` for
     typed errors (status 2 for usage, 143 stopped after saving, 200 a peer is gone), a
@@ -149,6 +170,6 @@ def require_tensorflow() -> None:
                             "in an image that has TensorFlow")
 
 
-__all__ = ["fit", "run", "main", "RunConfig", "Serving", "Program", "StopSignal",
+__all__ = ["fit", "run", "main", "serve_if_server", "RunConfig", "Serving", "Program", "StopSignal",
            "STEPS_PER_EXECUTION", "require_tensorflow", "TrainingError", "UsageError",
            "PeerUnavailableError", "Preempted"]

@@ -37,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 from keras.src import tree
 
-from mljob import hypertune, storage
+from mljob import hypertune, startup, storage
 from mljob.cluster import ClusterInfo
 from mljob.errors import EXIT_OK
 from mljob.training.checkpoints import CheckpointStore
@@ -362,7 +362,9 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
         stop.install()  # seen while waiting; TensorFlow's handler takes over below
         if not wait_for_leader(info, stop):
             raise Preempted(f"stopped while waiting for the chief ({stop.reason()})")
+    startup.mark("peers")
     strategy, coordinator = make_strategy(kind, info, config.ps_shards)
+    startup.mark("strategy")
     # TensorFlow's coordination service (multiworker) sets its own SIGTERM handler in
     # C++ when the strategy starts, which swallows the signal: take it back. Every
     # replica that trains takes part in the save (multiworker peers through the
@@ -375,6 +377,7 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
     described = program.description()
     replica = Replica(strategy, coordinator, program, config, num_workers=info.num_workers,
                       agree_on_stop=kind == "multiworker")
+    startup.mark("model")
     store = CheckpointStore(config.checkpoint_url, keep=config.keep_checkpoints,
                             writer=chief)
     writers = SummaryWriters(config.summary_url, enabled=chief)

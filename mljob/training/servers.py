@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 
+from mljob import startup
 from mljob.cluster import ClusterInfo
 from mljob.errors import EXIT_PREEMPTED
 from mljob.training.signals import StopSignal, exit_now, say
@@ -24,11 +25,12 @@ from mljob.training.signals import StopSignal, exit_now, say
 def serve(info: ClusterInfo, stop: StopSignal) -> int:
     """Run this replica's gRPC server until stopped; never returns normally (os._exit),
     since TensorFlow's server threads would keep the interpreter from exiting."""
-    import tensorflow as tf
-
+    tf = startup.tensorflow_for_a_server()  # without Keras: a server runs no Python model
+    startup.mark("tensorflow")
     cluster = tf.train.ClusterSpec(info.tf_config()["cluster"])
     tf.distribute.Server(cluster, job_name=info.task_type, task_index=info.task_index,
                          protocol="grpc", start=True)
+    startup.mark("server")
     stop.install()  # after the server: TensorFlow's runtime may set its own handlers
     print(f"{info.task_name} serving {info.task_type} {info.task_index} at {info.address}",
           flush=True)

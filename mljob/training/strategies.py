@@ -25,6 +25,7 @@ from mljob.training.signals import StopSignal
 # below it, one more gRPC round trip per shard costs more than the bandwidth it spreads.
 MIN_SHARD_BYTES = 256 << 10
 PEER_WAIT_SECONDS = 120.0  # how long the chief waits for the ps and workers to come up
+PEER_POLL_SECONDS = 0.1    # a connect to a peer's port costs ~0.1 ms: look often
 
 
 def _check_collectives_can_start() -> None:
@@ -84,7 +85,7 @@ def wait_for_peers(info: ClusterInfo, stop: StopSignal,
             raise PeerUnavailableError(
                 f"{', '.join(waiting)} did not come up within {timeout:.0f}s; check that "
                 "every ps and worker replica is running, then restart the job")
-        if stop.wait(0.5):
+        if stop.wait(PEER_POLL_SECONDS):
             return False
     return True
 
@@ -103,7 +104,7 @@ def wait_for_leader(info: ClusterInfo, stop: StopSignal,
     if not _listening(leader):
         print(f"{info.task_name} waiting for the chief at {leader}", flush=True)
     while not _listening(leader) and time.monotonic() < deadline:
-        if stop.wait(0.5):
+        if stop.wait(PEER_POLL_SECONDS):
             return False
     return True
 

@@ -80,7 +80,9 @@ def pruner(spec: TuningSpec):
 
 def training_output(study, spec: TuningSpec, running=frozenset()) -> dict:
     """Cloud ML's trainingOutput of the study's trials, best first."""
-    return outputs.output_of([trial_output(t, running) for t in study.trials],
+    # deepcopy=False: Optuna copies every trial otherwise, 0.3 s a call at 1,000 trials
+    return outputs.output_of([trial_output(t, running)
+                              for t in study.get_trials(deepcopy=False)],
                              metric_tag=spec.metric_tag, maximize=spec.maximize)
 
 

@@ -1,0 +1,110 @@
+"""What a replica does before its first training step: marks to measure it, and the
+imports it can skip.
+
+- `mark(phase)`: with `MLJOB_STARTUP_MARKS=1` in its environment, a replica prints
+  `startup PHASE UNIX_TIME` on stdout as it reaches each phase (its process start
+  first), which `bench/startup.py` reads from the job's logs. Without it, nothing.
+- `tensorflow_for_a_server()`: a parameter server, or a worker under
+  ParameterServerStrategy, runs only TensorFlow's gRPC server; the chief's coordinator
+  sends it graphs, never Python. TensorFlow's `__init__` imports the whole of Keras
+  (`keras.src.optimizers`, for the SavedModel registry) and Keras imports IPython and
+  matplotlib where they are installed: a third of TensorFlow's import time, for a
+  process that never builds a layer. Such a server imports TensorFlow without Keras
+  (TensorFlow catches the ImportError and goes on; `tf.keras` stays a lazy loader).
+- `lean_imports()`: around a training replica's first import of Keras, IPython is
+  left out (Keras keeps None for it and uses it only to display in a notebook).
+
+`MLJOB_QUICK_START=0` turns both shortcuts off (for a side-by-side measurement). No
+TensorFlow at import time.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import os
+import sys
+import time
+from collections.abc import Iterator
+
+MARKS_ENV = "MLJOB_STARTUP_MARKS"
+QUICK_ENV = "MLJOB_QUICK_START"
+_marked: list[str] = []
+
+
+def quick() -> bool:
+    return os.environ.get(QUICK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def mark(phase: str) -> None:
+    """`startup PHASE TIME` on stdout when MLJOB_STARTUP_MARKS=1 (the process's start
+    time before the first)."""
+    if os.environ.get(MARKS_ENV) != "1":
+        return
+    if not _marked:
+        started = _process_start()
+        if started is not None:
+            print(f"startup process {started:.3f}", flush=True)
+    _marked.append(phase)
+    print(f"startup {phase} {time.time():.3f}", flush=True)
+
+
+def _process_start() -> float | None:
+    try:
+        import psutil
+        return psutil.Process().create_time()
+    except Exception:  # a measurement aid: never a reason to fail
+        return None
+
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    """Refuses to import the named packages with their submodules; a name ending in a
+    dot refuses the submodules alone."""
+
+    def __init__(self, *names: str):
+        self.names = names
+
+    def find_spec(self, fullname, path=None, target=None):
+        for name in self.names:
+            if fullname.startswith(name if name.endswith(".") else name + ".") \
+                    or fullname == name:
+                raise ImportError(f"{fullname} is not imported in this replica")
+        return None
+
+
+@contextlib.contextmanager
+def _refusing(*names: str) -> Iterator[None]:
+    finder = _Refuse(*names)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
+def tensorflow_for_a_server():
+    """TensorFlow, imported without Keras unless Keras is already in or quick() is off.
+
+    Only Keras's submodules are refused: TensorFlow looks for the top-level package
+    (`find_spec("keras")`) to point `tf.keras` at it, which imports nothing."""
+    if "tensorflow" in sys.modules or "keras" in sys.modules or not quick():
+        import tensorflow
+        return tensorflow
+    with _refusing("keras.", "tf_keras."):
+        import tensorflow
+    for name in [n for n in sys.modules if n == "keras" or n.startswith("keras.")]:
+        del sys.modules[name]  # half-imported by TensorFlow's caught attempt
+    return tensorflow
+
+
+@contextlib.contextmanager
+def lean_imports() -> Iterator[None]:
+    """Around a training replica's first import of Keras or TensorFlow: without IPython."""
+    if not quick() or "keras" in sys.modules or "IPython" in sys.modules:
+        yield
+        return
+    with _refusing("IPython"):
+        yield
+
+
+__all__ = ["mark", "quick", "tensorflow_for_a_server", "lean_imports", "MARKS_ENV",
+           "QUICK_ENV"]
