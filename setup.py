@@ -20,6 +20,7 @@ setup(
         "click>=8.1",
         "PyYAML>=6",
         "psutil>=5.9",
+        "tenacity>=8.2",  # storage retries: exponential back-off with jitter
         "setuptools>=61",  # the launcher builds the sdist with `setup.py sdist`
         "starlette>=0.37",
         "uvicorn>=0.29",
