@@ -21,6 +21,10 @@ from mljob import procs
 env = dict(os.environ, MLJOB_JOB_ID="job01")
 argv = ["sleep", "300"]
 first = subprocess.Popen(argv, env=env)
+deadline = time.monotonic() + 5  # exec may still be under way
+while procs.command_line(first.pid) != argv:
+    assert time.monotonic() < deadline, procs.command_line(first.pid)
+    time.sleep(0.005)
 recorded = procs.stamp(first.pid)
 assert procs.is_ours(first.pid, recorded, env={"MLJOB_JOB_ID": "job01"})
 first.kill()
@@ -30,7 +34,10 @@ with open("/proc/sys/kernel/ns_last_pid", "w") as f:
     f.write(str(first.pid - 1))
 second = subprocess.Popen(argv, env=env)
 assert second.pid == first.pid, (first.pid, second.pid)
-assert procs.command_line(second.pid) == recorded["cmdline"]
+deadline = time.monotonic() + 5
+while procs.command_line(second.pid) != argv:
+    assert time.monotonic() < deadline, procs.command_line(second.pid)
+    time.sleep(0.005)
 assert procs.environment(second.pid)["MLJOB_JOB_ID"] == "job01"
 print("reused" if not procs.is_ours(second.pid, recorded, env={"MLJOB_JOB_ID": "job01"})
       else "mistaken", flush=True)
