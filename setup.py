@@ -21,7 +21,8 @@ setup(
         "PyYAML>=6",
         "psutil>=5.9",
         "tenacity>=8.2",  # storage retries: exponential back-off with jitter
-        "setuptools>=61",  # the launcher builds the sdist with `setup.py sdist`
+        "setuptools>=61",  # the build backend of setup.py projects (and the generated one)
+        "build>=1.2",      # the launcher builds sdists with `python -m build --sdist`
         "starlette>=0.37",
         "uvicorn>=0.29",
         "prometheus-client>=0.17",  # `predict serve`'s /monitoring/prometheus/metrics
