@@ -43,6 +43,7 @@ setup(
         "tuning": ["optuna>=4.0", "matplotlib>=3.8", "tensorboard>=2.12"],
         "test": [
             "pytest>=8",
+            "uv>=0.5",  # package environments built with uv (pip where it is absent)
             "pytest-timeout>=2.3",
             "hypothesis>=6.100",
             "httpx>=0.27",
@@ -63,7 +64,7 @@ setup(
         # Serving's protos: `pip install --no-deps tensorflow-serving-api==2.21.*` (the
         # package requires the full `tensorflow`, which would land beside tensorflow-cpu;
         # .ci/setup installs it that way).
-        "bench": ["matplotlib>=3.8"],
+        "bench": ["matplotlib>=3.8", "uv>=0.5"],
     },
     entry_points={
         "console_scripts": [

@@ -137,7 +137,7 @@ def _zip_members(wheel: zipfile.ZipFile, path: str) -> list[zipfile.ZipInfo]:
 _IMPORTS_MLJOB = re.compile(rb"\s*(from\s+mljob[\s.]|import\s+mljob\b)")
 
 
-_REQUIRES_MLJOB = re.compile(rb"(Requires-Dist:\s*)?mljob\b", re.I)
+_REQUIRES_MLJOB = re.compile(rb"(Requires-Dist:\s*)?mljob(?![\w.-])", re.I)  # not mljob-x
 
 
 def imports_mljob(package: Package) -> bool:

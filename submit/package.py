@@ -208,7 +208,8 @@ def _build_failure(proc: subprocess.CompletedProcess) -> str:
     """The reason `python -m build` gives, and the fix for the usual one: a backend the
     project declares that this interpreter lacks (the build is not isolated)."""
     text = "\n".join(x for x in (proc.stderr, proc.stdout) if x)
-    missing = re.search(r"Missing dependencies:\s*\n\s*(\S+)", text)
+    missing = re.search(r"(?:Missing|Unmet) dependencies[^\n]*\n\s*(\S+)", text) \
+        or re.search(r"BackendUnavailable: Cannot import '([^']+)'", text)
     if missing:
         return (f"its build backend needs {missing.group(1)}, which this Python lacks "
                 f"(builds run offline, without isolation); pip install "
