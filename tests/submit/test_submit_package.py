@@ -229,3 +229,13 @@ def test_mljob_core_sdist_holds_mljob_alone_and_is_found_when_imported(tmp_path)
     assert package.imports_mljob(package.build(str(uses), str(tmp_path / "d1")))
     (uses / "task.py").write_text("import os\nprint('from mljob import x')\n")
     assert not package.imports_mljob(package.build(str(uses), str(tmp_path / "d2")))
+
+
+def test_the_installer_setting_is_checked(monkeypatch):
+    from submit import envs
+    monkeypatch.setenv(envs.INSTALLER_ENV, "conda")
+    with pytest.raises(PackageUsageError, match=r"MLJOB_ENV_INSTALLER='conda' is not an "
+                                                r"installer; use auto, uv or pip"):
+        envs.installer()
+    monkeypatch.setenv(envs.INSTALLER_ENV, "pip")
+    assert envs.installer() is None
