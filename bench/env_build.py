@@ -8,11 +8,14 @@ Builds the project's sdist once (`submit.package.build`, as `python -m submit` d
 without --package-path), stages it in a local folder, then times
 `submit.envs.ensure_environment` for it; every environment built must pass the cache's
 trust check (`submit.envtrust`). Writes bench/results/env_build.json with the times, the
-uv/pip ratio and the load average before and after each build.
+uv/pip ratio, the distributions each installed into the environment (uv ignores the
+interpreter's own packages a venv sees, so it installs copies of them: see
+`submit.envs.installer`) and the load average before and after each build.
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -44,6 +47,8 @@ def build_once(pkg: package.Package, tool: str, work: str) -> dict:
         assert created, "the environment was reused: the cache was not fresh"
         reason = envtrust.untrusted(root, key, envs.ENV_MARKER)
         assert reason is None, f"{tool}'s environment fails the trust check: {reason}"
+        installed = glob.glob(os.path.join(glob.escape(root), key, "lib", "python*",
+                                           "site-packages", "*.dist-info"))
     finally:
         for name, value in saved.items():
             if value is None:
@@ -51,14 +56,15 @@ def build_once(pkg: package.Package, tool: str, work: str) -> dict:
             else:
                 os.environ[name] = value
     return {"tool": tool, "seconds": round(seconds, 2), "load_before": round(load, 2),
-            "load_after": round(os.getloadavg()[0], 2)}
+            "load_after": round(os.getloadavg()[0], 2),
+            "distributions_installed": len(installed)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    os.environ.pop(envs.INSTALLER_ENV, None)
+    os.environ[envs.INSTALLER_ENV] = "uv"
     if envs.installer() is None:
         raise SystemExit("uv is not installed: pip install uv (the bench extra has it)")
     work = tempfile.mkdtemp(prefix="mljob-bench-env-")

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 PIP_TIMEOUT_S = 3600
 ENV_CACHE_ENV = "MLJOB_ENV_CACHE"
-INSTALLER_ENV = "MLJOB_ENV_INSTALLER"  # auto (uv where installed, else pip), uv, pip
+INSTALLER_ENV = "MLJOB_ENV_INSTALLER"  # pip (the default), uv, auto (uv where installed)
 ENV_MARKER = "mljob-env.json"   # written last: an environment with it is complete
 _BUILD_DIR = envtrust.BUILD_DIR
 
@@ -154,12 +154,19 @@ def _download(packages: Sequence[Package], folder: str) -> list[str]:
 
 
 def installer() -> str | None:
-    """uv's binary where uv is installed (unless MLJOB_ENV_INSTALLER=pip), else None:
-    pip. uv creates and fills an environment several times faster than venv and pip."""
-    choice = (os.environ.get(INSTALLER_ENV) or "auto").strip().lower()
+    """uv's binary when MLJOB_ENV_INSTALLER asks for uv (`uv`, or `auto` where uv is
+    installed), else None: venv and pip, the default.
+
+    pip is the default because uv does not look at the packages a venv sees through
+    `include-system-site-packages` (astral-sh/uv#4466, #2500): it installs its own copies
+    of every dependency this interpreter already has, in the newest versions it finds,
+    and those shadow TensorFlow's own (measured here: grpcio 1.84 over the interpreter's
+    1.85, setuptools 84 over 65, 54 distributions for the bundled trainer, where pip
+    installs one). uv is for environments whose dependencies the interpreter lacks."""
+    choice = (os.environ.get(INSTALLER_ENV) or "pip").strip().lower()
     if choice not in ("auto", "uv", "pip"):
         raise PackageUsageError(f"{INSTALLER_ENV}={choice!r:.40} is not an installer; use "
-                                "auto, uv or pip")
+                                "pip, uv or auto")
     if choice == "pip":
         return None
     try:

@@ -235,7 +235,9 @@ def test_the_installer_setting_is_checked(monkeypatch):
     from submit import envs
     monkeypatch.setenv(envs.INSTALLER_ENV, "conda")
     with pytest.raises(PackageUsageError, match=r"MLJOB_ENV_INSTALLER='conda' is not an "
-                                                r"installer; use auto, uv or pip"):
+                                                r"installer; use pip, uv or auto"):
         envs.installer()
     monkeypatch.setenv(envs.INSTALLER_ENV, "pip")
     assert envs.installer() is None
+    monkeypatch.delenv(envs.INSTALLER_ENV)
+    assert envs.installer() is None  # pip unless asked: see envs.installer
