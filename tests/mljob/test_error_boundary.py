@@ -64,6 +64,7 @@ def test_a_broken_pipe_that_is_not_stdout_is_an_error(capsys):
 
 
 WRITER = """
+import sys
 from mljob.errors import boundary
 def body():
     for i in range(10**6):
