@@ -21,7 +21,9 @@ setup(
         "PyYAML>=6",
         "pydantic>=2.5",  # config.yaml's schema (submit/config_schema.py)
         "psutil>=5.9",
-        "setuptools>=61",  # the launcher builds the sdist with `setup.py sdist`
+        "tenacity>=8.2",  # storage retries: exponential back-off with jitter
+        "setuptools>=61",  # the build backend of setup.py projects (and the generated one)
+        "build>=1.2",      # the launcher builds sdists with `python -m build --sdist`
         "starlette>=0.37",
         "uvicorn>=0.29",
         "prometheus-client>=0.17",  # `predict serve`'s /monitoring/prometheus/metrics
@@ -42,6 +44,7 @@ setup(
         "tuning": ["optuna>=4.0", "matplotlib>=3.8", "tensorboard>=2.12"],
         "test": [
             "pytest>=8",
+            "uv>=0.5",  # package environments built with uv (pip where it is absent)
             "pytest-timeout>=2.3",
             "hypothesis>=6.100",
             "jsonschema>=4.18",  # the published config.yaml schema checked against the models
@@ -64,7 +67,7 @@ setup(
         # Serving's protos: `pip install --no-deps tensorflow-serving-api==2.21.*` (the
         # package requires the full `tensorflow`, which would land beside tensorflow-cpu;
         # .ci/setup installs it that way).
-        "bench": ["matplotlib>=3.8"],
+        "bench": ["matplotlib>=3.8", "uv>=0.5"],
     },
     entry_points={
         "console_scripts": [

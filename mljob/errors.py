@@ -1,14 +1,21 @@
 """One error base for every mljob package, the exit statuses, and the one-line form of
 an exception that every message quotes.
 
-Library code raises subclasses of `MljobError`; each CLI's top layer alone turns them
-into `error: ...` and `exit_status`. The statuses follow Kubeflow's TFJob `ExitCode`
+Library code raises subclasses of `MljobError`; one error boundary (`boundary`), which
+every command-line program (`python -m submit`, `python -m predict`,
+`tensorflow_model_server`, `python -m trainer.task` and a trainer calling
+`mljob.training.main`) runs its body in, alone turns them into `error: ...` and
+`exit_status`. The statuses follow Kubeflow's TFJob `ExitCode`
 policy, which the launcher's restart policies read: 1-127 are permanent failures,
 128-255 retryable.
 """
 from __future__ import annotations
 
+import os
+import select
 import sys
+import traceback
+from collections.abc import Callable
 
 EXIT_OK = 0
 EXIT_FAILED = 1              # a bug or an unrecoverable error: do not retry
@@ -46,3 +53,66 @@ def too_many_digits(exc: BaseException) -> str | None:
         return (f"an integer of more than {sys.get_int_max_str_digits()} digits; no value "
                 "here is that large")
     return None
+
+
+def boundary(call: Callable[[], int | None], *, program: str) -> int:
+    """Run a command-line program's body and return its exit status; what escapes it
+    becomes one line on stderr:
+
+    - an `MljobError` (a usage error, a typed failure): `error: MESSAGE`, its
+      `exit_status` (2 for the user's mistakes);
+    - Ctrl-C: `error: interrupted`, 130;
+    - output closed by its reader (`... | head`): nothing more, 0;
+    - any other `OSError` (a storage failure after its retries, a file the system
+      refused): `error: MESSAGE`, 1;
+    - anything else is a bug: its traceback, then `error: PROGRAM failed with an
+      unexpected error (traceback above)`, 1.
+
+    `call` returns the status (None for 0); a `SystemExit` passes through."""
+    try:
+        status = call()
+        return EXIT_OK if status is None else int(status)
+    except MljobError as exc:
+        say(str(exc))
+        return exc.exit_status
+    except KeyboardInterrupt:
+        say("interrupted")
+        return EXIT_CANCELLED
+    except BrokenPipeError as exc:
+        if _reader_gone():
+            return EXIT_OK
+        say(str(exc))
+        return EXIT_FAILED
+    except OSError as exc:
+        say(str(exc))
+        return EXIT_FAILED
+    except Exception:  # a bug: keep the traceback, it is what a report needs
+        traceback.print_exc()
+        say(f"{program} failed with an unexpected error (traceback above)")
+        return EXIT_FAILED
+
+
+def say(message: str) -> None:
+    """`error: MESSAGE` on stderr, as one line (a message's own line breaks would read
+    as several errors)."""
+    try:
+        print("error: " + " ".join(message.split()), file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr closed too: nobody to tell
+        pass
+
+
+def _reader_gone() -> bool:
+    """True when stdout's reader has gone (the broken pipe was ours to write); stdout is
+    then pointed at /dev/null, so the interpreter's last flush does not fail again."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if not any(event & select.POLLERR for _, event in poller.poll(0)):
+            return False
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no such stream, or no poll here
+        return False
+    return True

@@ -1,5 +1,7 @@
 """Process helpers shared by the launcher, the replicas, the tests and the benchmarks:
-free ports, liveness by PID, and stopping a process (and what it started) by PID.
+free ports, liveness by PID, stopping a process (and what it started) by PID, and
+whether a recorded PID is still the process that was started (psutil reads what the
+system knows of a process: start time, command line, environment, open files, state).
 
 Kept free of TensorFlow so every caller can import it cheaply.
 """
@@ -11,6 +13,8 @@ import socket
 import subprocess
 import threading
 import time
+
+import psutil
 
 
 def free_ports(n: int) -> list[int]:
@@ -29,18 +33,13 @@ def free_ports(n: int) -> list[int]:
 
 def pid_alive(pid: int) -> bool:
     """True while the process exists and is not a zombie (dead for our purposes)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
         return False
-    except PermissionError:
-        return True
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except FileNotFoundError:  # gone since kill(0), or no /proc at all (macOS)
-        return not os.path.isdir("/proc")
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # includes ZombieProcess
+        return False
+    except psutil.AccessDenied:  # exists, but not ours to read
         return True
 
 
@@ -76,58 +75,56 @@ def stop_process(proc: subprocess.Popen, grace: float = 5.0, *,
 # A PID in a record is only a number: by the time it is read the process may have ended
 # and the number been reused, or the record may have been written by someone else. Before
 # a PID is signalled it must still be the very process that was recorded (same start time
-# and command line, as /proc shows them) and carry the job's own marker: an environment
+# and command line, as psutil reads them) and carry the job's own marker: an environment
 # variable set when it was started, or a file only that job's supervisor holds open.
 
+# Start times are compared to within a millisecond: they are whole clock ticks (10 ms)
+# since boot, recovered from psutil's wall-clock start time in floating point.
+_SAME_START = 1e-3
 
-def _proc_read(pid: int, name: str) -> bytes | None:
+
+def _process(pid: int) -> psutil.Process | None:
     try:
-        with open(f"/proc/{pid}/{name}", "rb") as f:
-            return f.read(1 << 20)
-    except OSError:  # gone, not ours to read, or no /proc
+        return psutil.Process(pid)
+    except (psutil.Error, ValueError, TypeError):
         return None
 
 
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks after boot (/proc/PID/stat field 22)."""
-    stat = _proc_read(pid, "stat")
-    if stat is None:
-        return None
-    fields = stat.rsplit(b")", 1)[-1].split()  # the name in () may hold spaces
+def started(pid: int) -> float | None:
+    """When the process started, in seconds since boot (psutil's start time less the
+    boot time: unlike wall-clock time it never moves, so two readers agree)."""
+    proc = _process(pid)
     try:
-        return int(fields[19])  # fields[0] is field 3 (state)
-    except (IndexError, ValueError):
+        return None if proc is None else proc.create_time() - psutil.boot_time()
+    except psutil.Error:
         return None
 
 
 def command_line(pid: int) -> list[str] | None:
-    raw = _proc_read(pid, "cmdline")
-    if not raw:
+    proc = _process(pid)
+    try:
+        return (proc.cmdline() or None) if proc is not None else None
+    except psutil.Error:  # gone, a zombie, or not ours to read
         return None
-    return [a.decode("utf-8", "surrogateescape") for a in raw.rstrip(b"\0").split(b"\0")]
 
 
 def environment(pid: int) -> dict[str, str]:
-    raw = _proc_read(pid, "environ") or b""
-    pairs = (item.decode("utf-8", "surrogateescape").partition("=")
-             for item in raw.split(b"\0") if item)
-    return {k: v for k, _, v in pairs}
+    proc = _process(pid)
+    try:
+        return proc.environ() if proc is not None else {}
+    except psutil.Error:
+        return {}
 
 
 def holds_open(pid: int, path: str) -> bool:
-    """True when the process has `path` open (read from /proc/PID/fd)."""
+    """True when the process has `path` open."""
     target = os.path.realpath(path)
+    proc = _process(pid)
     try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
+        files = proc.open_files() if proc is not None else []
+    except psutil.Error:
         return False
-    for fd in fds:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
-                return True
-        except OSError:
-            continue
-    return False
+    return any(os.path.realpath(f.path) == target for f in files)
 
 
 def stamp(pid: int, wait: float = 2.0) -> dict | None:
@@ -136,12 +133,24 @@ def stamp(pid: int, wait: float = 2.0) -> dict | None:
     moment, so it is waited for (up to `wait` seconds)."""
     deadline = time.monotonic() + wait
     while True:
-        ticks, argv = start_ticks(pid), command_line(pid)
-        if ticks is not None and argv is not None:
-            return {"start_ticks": ticks, "cmdline": argv}
-        if ticks is None or time.monotonic() > deadline:  # gone, or no /proc
+        start, argv = started(pid), command_line(pid)
+        if start is not None and argv is not None:
+            return {"started": start, "cmdline": argv}
+        if start is None or time.monotonic() > deadline:  # gone, or not ours to read
             return None
         time.sleep(0.005)
+
+
+def _same_start(pid: int, recorded: dict) -> bool:
+    start = started(pid)
+    if start is None:
+        return False
+    then = recorded.get("started")
+    if then is None and isinstance(recorded.get("start_ticks"), int):  # older records
+        then = recorded["start_ticks"] / os.sysconf("SC_CLK_TCK")
+    if isinstance(then, bool) or not isinstance(then, (int, float)):
+        return False
+    return abs(start - then) < _SAME_START
 
 
 def is_ours(pid, recorded, *, env=None, open_file: str | None = None) -> bool:
@@ -153,8 +162,7 @@ def is_ours(pid, recorded, *, env=None, open_file: str | None = None) -> bool:
         return False
     if not isinstance(recorded, dict) or not pid_alive(pid):
         return False
-    if start_ticks(pid) != recorded.get("start_ticks") \
-            or command_line(pid) != recorded.get("cmdline"):
+    if not _same_start(pid, recorded) or command_line(pid) != recorded.get("cmdline"):
         return False
     if env:
         live = environment(pid)

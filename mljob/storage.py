@@ -25,10 +25,10 @@ import errno
 import functools
 import logging
 import os
+import random
 import re
 import shutil
 import stat
-import time
 import uuid
 from typing import TypeVar
 from collections.abc import Callable, Iterable
@@ -41,6 +41,7 @@ if os.environ.get("STORAGE_EMULATOR_HOST"):
 
 from mljob.errors import first_line
 import fsspec
+import tenacity
 from fsspec.core import split_protocol, url_to_fs
 
 log = logging.getLogger(__name__)
@@ -318,10 +319,27 @@ def _exchange(a: str, b: str) -> bool:
     raise OSError(err, os.strerror(err), b)
 
 
+def backoff(delay: float) -> tenacity.wait.wait_base:
+    """The pause before each retry: `delay` doubling up to RETRY_MAX_DELAY, plus a random
+    part up to half of that pause, so replicas that meet one outage together do not
+    retry in lock-step (and the jitter survives the cap)."""
+    fixed = tenacity.wait_exponential(multiplier=delay, exp_base=2, max=RETRY_MAX_DELAY)
+    return _HalfJitter(fixed)
+
+
+class _HalfJitter(tenacity.wait.wait_base):
+    def __init__(self, fixed: tenacity.wait.wait_base):
+        self.fixed = fixed
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        pause = self.fixed(retry_state)
+        return pause + random.uniform(0, pause / 2)
+
+
 def retry(fn: Callable[[], T], what: str, *, missing_ok: bool = True,
           attempts: int | None = None, delay: float | None = None,
           creates: bool = False) -> T:
-    """Run fn, retrying transient storage errors with exponential back-off.
+    """Run fn, retrying transient storage errors with jittered exponential back-off.
 
     FileNotFoundError and PermissionError are not transient and are raised at once
     (as StorageError with the operation named, except FileNotFoundError itself). When
@@ -332,32 +350,41 @@ def retry(fn: Callable[[], T], what: str, *, missing_ok: bool = True,
     attempts = attempts or int(os.environ.get("MLJOB_STORAGE_RETRIES", RETRY_ATTEMPTS))
     if delay is None:
         delay = float(os.environ.get("MLJOB_STORAGE_RETRY_DELAY", RETRY_BASE_DELAY))
-    for attempt in range(1, attempts + 1):
-        try:
-            return fn()
-        except FileNotFoundError as exc:
-            # An OS error names its local file (a source that vanished); a backend's
-            # "not found" while creating means the bucket is missing.
-            if creates and exc.filename is None:
-                raise StorageError(f"cannot {what}: its bucket or parent folder does not "
-                                   f"exist ({_reason(exc)}); create it or fix the URL") \
-                    from None
-            raise
-        except PermissionError as exc:
-            raise StorageError(f"cannot {what}: permission denied ({_reason(exc)})") \
+
+    def warn(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning("storage: %s failed (%s), retry %d/%d in %.1fs", what,
+                    _reason(exc) if exc else "?", state.attempt_number, attempts - 1,
+                    state.upcoming_sleep)
+
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(attempts), wait=backoff(delay),
+        retry=tenacity.retry_if_exception(_retried), before_sleep=warn, reraise=True)
+    try:
+        return retrying(fn)
+    except FileNotFoundError as exc:
+        # An OS error names its local file (a source that vanished); a backend's
+        # "not found" while creating means the bucket is missing.
+        if creates and exc.filename is None:
+            raise StorageError(f"cannot {what}: its bucket or parent folder does not "
+                               f"exist ({_reason(exc)}); create it or fix the URL") \
                 from None
-        except Exception as exc:  # storage backends raise many types
-            if not _transient(exc):
-                raise StorageError(f"cannot {what}: {_reason(exc)}") from None
-            if attempt == attempts:
-                raise StorageError(
-                    f"cannot {what} after {attempts} attempts: {_reason(exc)}; "
-                    "check that the storage is reachable") from None
-            log.warning("storage: %s failed (%s), retry %d/%d in %.1fs", what,
-                        _reason(exc), attempt, attempts - 1, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX_DELAY)
-    raise AssertionError("unreachable")
+        raise
+    except PermissionError as exc:
+        raise StorageError(f"cannot {what}: permission denied ({_reason(exc)})") \
+            from None
+    except Exception as exc:  # storage backends raise many types
+        if not _retried(exc):
+            raise StorageError(f"cannot {what}: {_reason(exc)}") from None
+        raise StorageError(
+            f"cannot {what} after {attempts} attempts: {_reason(exc)}; "
+            "check that the storage is reachable") from None
+
+
+def _retried(exc: BaseException) -> bool:
+    return (isinstance(exc, Exception)
+            and not isinstance(exc, (FileNotFoundError, PermissionError))
+            and _transient(exc))
 
 
 def _reason(exc: BaseException) -> str:
@@ -396,23 +423,53 @@ def _transient(exc: Exception) -> bool:
 
 
 def _cap_gcs_request_retries() -> None:
-    """Register a gcsfs filesystem whose HTTP requests are tried at most
-    MLJOB_STORAGE_REQUEST_RETRIES times (gcsfs fixes 6 when its class is defined)."""
-    tries = int(os.environ["MLJOB_STORAGE_REQUEST_RETRIES"])
+    """Make every HTTP request of gcsfs be tried at most MLJOB_STORAGE_REQUEST_RETRIES
+    times (gcsfs fixes 6 when its classes are defined).
+
+    gcsfs retries with a decorator on private methods, and which class defines them
+    varies between versions (its extended filesystem overrides the download methods and
+    calls the decorated ones through `super()`), so every class gcsfs may register for
+    gs:// is searched and each retried method is decorated again, in the class that
+    defines it, with the capped count. A subclass would leave the methods reached
+    through `super()` uncapped."""
+    tries = max(int(os.environ["MLJOB_STORAGE_REQUEST_RETRIES"]), 1)
     try:
         import gcsfs
+        import gcsfs.core
         from gcsfs.retry import retry_request
     except ImportError:
         return
-    base = gcsfs.GCSFileSystem
-    methods = {}
-    for name in ("_request", "_get_file_request", "_get_file_concurrent"):
-        inner = getattr(getattr(base, name, None), "__wrapped__", None)
-        if inner is not None:
-            methods[name] = retry_request(retries=max(tries, 1))(inner)
-    capped = type("GCSFileSystem", (base,), methods)
-    for protocol in ("gs", "gcs"):
-        fsspec.register_implementation(protocol, capped, clobber=True)
+    loop = getattr(retry_request, "__wrapped__", None)  # the loop the decorator runs
+    classes = [gcsfs.GCSFileSystem, gcsfs.core.GCSFileSystem]
+    try:
+        from gcsfs.extended_gcsfs import ExtendedGcsFileSystem
+        classes.append(ExtendedGcsFileSystem)
+    except ImportError:
+        pass
+    capped = 0
+    for klass in {k for cls in classes for k in cls.__mro__}:
+        for name, method in list(vars(klass).items()):
+            if loop is not None and _retried_by(method, loop):
+                setattr(klass, name, retry_request(retries=tries)(method.__wrapped__))
+                capped += 1
+    if not capped:
+        log.warning("storage: MLJOB_STORAGE_REQUEST_RETRIES is ignored: this gcsfs "
+                    "version retries in a way mljob does not know")
+
+
+def _retried_by(method, loop) -> bool:
+    """True for a function wrapped by gcsfs's retry decorator (the `decorator` package
+    keeps the loop it calls in the wrapper's closure)."""
+    if not callable(method) or getattr(method, "__wrapped__", None) is None:
+        return False
+    cells = getattr(method, "__closure__", None) or ()
+    for cell in cells:
+        try:
+            if cell.cell_contents is loop:
+                return True
+        except ValueError:  # an empty cell
+            continue
+    return False
 
 
 if os.environ.get("MLJOB_STORAGE_REQUEST_RETRIES"):
@@ -428,4 +485,4 @@ def _protocols(fs) -> tuple:
 __all__ = ["StorageError", "TooLargeError", "filesystem", "check_segments", "absolute_url",
            "is_local", "local_path", "join", "exists", "read_bytes", "open_input",
            "write_bytes", "makedirs", "upload_file", "download_tree", "upload_tree",
-           "publish_dir", "retry", "fsspec"]
+           "publish_dir", "retry", "backoff", "fsspec"]

@@ -1,6 +1,7 @@
 """python -m predict local|batch|serve: predictions from an export.
 
-This is the one layer that turns the predictor's typed errors into a one-line
+Its commands run inside the error boundary every mljob program shares
+(`mljob.errors.boundary`), which turns the predictor's typed errors into a one-line
 `error: ...` on stderr and an exit status (2 for the user's mistakes).
 """
 from __future__ import annotations
@@ -13,8 +14,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import click
 
+from mljob.errors import boundary
 from predict.errors import PredictError
-from mljob.storage import StorageError
 
 MODEL_DIR = click.option("--model-dir", required=True, metavar="URL",
                          help="The export: <job-dir>/model (SavedModel) or a folder "
@@ -117,19 +118,18 @@ def publish(model_dir, base_path, version, warmup_requests):
 
 
 def main(argv=None) -> int:
+    return boundary(lambda: _cli(argv), program="python -m predict")
+
+
+def _cli(argv) -> int:
+    """click's own outcomes as statuses; everything else is the boundary's."""
     try:
         result = cli.main(args=argv, prog_name="python -m predict", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        return 130
+    except click.exceptions.Abort:  # click's form of Ctrl-C
+        raise KeyboardInterrupt from None
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
-    except (PredictError, StorageError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        return getattr(exc, "exit_status", 1)
-    except BrokenPipeError:
-        return 0
     return result if isinstance(result, int) else 0  # serve's status
 
 

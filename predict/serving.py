@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 
-from mljob.errors import first_line
+from mljob.errors import boundary, first_line
 from predict import flags as serving_flags
 from predict.errors import PredictError, UsageError
 
@@ -27,23 +27,19 @@ def main_model_server(argv=None) -> int:
 
 
 def main(argv, *, prog: str, drop_in: bool = False) -> int:
+    """TF Serving's command line; its exit status (`mljob.errors.boundary`)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    try:
-        options = serving_flags.parse(argv, drop_in=drop_in)
-    except serving_flags.HelpRequested:
-        print(serving_flags.help_text(prog))
-        return 0
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_status
-    try:
+
+    def serve() -> int:
+        try:
+            options = serving_flags.parse(argv, drop_in=drop_in)
+        except serving_flags.HelpRequested:
+            print(serving_flags.help_text(prog))
+            return 0
         run(options)
-    except PredictError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_status
-    except KeyboardInterrupt:
-        return 130
-    return 0
+        return 0
+
+    return boundary(serve, program=prog)
 
 
 def run(options) -> None:

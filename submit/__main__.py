@@ -7,9 +7,10 @@
     python -m submit local predict --model-dir DIR --json-instances FILE
 
 The commands live in `submit.cmd_*` modules, each adding itself to the root group of
-`submit.cli_base`; this module registers them and is the one top layer: library errors
-(`submit.errors`, storage, predict and click errors) become a one-line `error: ...` on
-stderr and an exit status (2 for usage).
+`submit.cli_base`; this module registers them and runs them inside the one error
+boundary of every mljob program (`mljob.errors.boundary`): library errors (`submit.errors`,
+storage, predict and click errors) become a one-line `error: ...` on stderr and an exit
+status (2 for usage).
 """
 from __future__ import annotations
 
@@ -19,13 +20,12 @@ import sys
 
 import click
 
-from mljob import storage
-from mljob.errors import MljobError
+from mljob.errors import boundary, say
 from submit import (cmd_console, cmd_jobs, cmd_local, cmd_models,  # noqa: F401
                     cmd_prediction, cmd_predict, cmd_submit)
 from submit import jobs as records, lifecycle
 from submit.cli_base import cli, echo
-from submit.errors import EXIT_OK, EXIT_USAGE, JobCancelled
+from submit.errors import EXIT_OK, EXIT_USAGE
 from submit.local import entry, plan as plans
 
 _NoArgsIsHelp = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
@@ -58,29 +58,24 @@ def main(argv=None, standalone_mode: bool = True):
 
 
 def _main(argv) -> int:
+    return boundary(lambda: _cli(argv), program="python -m submit")
+
+
+def _cli(argv) -> int:
+    """click's own outcomes as statuses; everything else is the boundary's."""
     try:
         result = cli.main(args=argv, prog_name="python -m submit", standalone_mode=False)
         return result if isinstance(result, int) else EXIT_OK
-    except MljobError as exc:  # submit's, predict's and the core's typed errors
-        _error(str(exc))
-        return getattr(exc, "exit_status", 1)
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except _NoArgsIsHelp as exc:  # a bare group: show its help, as click would
         click.echo(exc.ctx.get_help(), err=True)
         return EXIT_USAGE
     except click.ClickException as exc:
-        _error(f"{exc.format_message()} (see python -m submit --help)")
+        say(f"{exc.format_message()} (see python -m submit --help)")
         return EXIT_USAGE
-    except click.exceptions.Abort:
-        return JobCancelled.exit_status
-    except (storage.StorageError, OSError) as exc:
-        _error(str(exc))
-        return 1
-
-
-def _error(message: str) -> None:
-    click.echo("error: " + " ".join(message.split()), err=True)
+    except click.exceptions.Abort:  # click's form of Ctrl-C
+        raise KeyboardInterrupt from None
 
 
 if __name__ == "__main__":

@@ -21,16 +21,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 
 from mljob import cluster as cluster_lib
-from mljob import startup, storage
+from mljob import startup
 from mljob.contracts import AIP_MODEL_DIR
-from mljob.errors import too_many_digits
+from mljob.errors import boundary, too_many_digits
 from mljob.training.config import MERGE_RULES, STEPS_PER_EXECUTION, WIRE_DTYPES, \
     RunConfig
 from mljob.training.outputs import DEFAULT_JOBS_DIR, Outputs, resolve_outputs
-from trainer.errors import EXIT_FAILED, EXIT_USAGE, TrainerError, UsageError
+from trainer.errors import UsageError
 
 MODELS = ("cnn", "mlp")  # trainer.model.MODELS, repeated to keep TensorFlow unimported
 PRECISIONS = ("off", "mixed_bfloat16")  # trainer.model.PRECISIONS, likewise
@@ -235,36 +234,29 @@ def _check(args: argparse.Namespace, info: cluster_lib.ClusterInfo) -> str | Non
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The bundled trainer's command line; its exit status (`mljob.errors.boundary`: a
+    one-line `error: ...` for typed errors, a traceback only for a bug)."""
     startup.mark("main")
-    try:
-        args = parser().parse_args(argv)
-        info = cluster_lib.from_environment(
-            os.environ, ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
-            job_name=args.job_name, task_index=args.task_index)
-        outputs = resolve_outputs(args.job_dir, os.environ)
-        _check(args, info)
-        if info.is_chief and args.job_dir is None:
-            whence = f" (the parent of {AIP_MODEL_DIR})" if AIP_MODEL_DIR in \
-                outputs.from_environment else ""
-            print(f"no --job-dir given; writing to {outputs.job_dir}{whence}", flush=True)
-        if info.is_chief and outputs.from_environment:
-            print(outputs.describe(), flush=True)
-        if info.is_chief and info.source == "CLUSTER_SPEC":
-            print(f"cluster: {info.describe()} from CLUSTER_SPEC (Vertex AI worker pools)",
-                  flush=True)
-        return _run_role(args, info, outputs)
-    except TrainerError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return exc.exit_status
-    except cluster_lib.ClusterConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    except storage.StorageError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr, flush=True)
-        return 130
+    return boundary(lambda: _main(argv), program="training")
+
+
+def _main(argv: list[str] | None) -> int:
+    args = parser().parse_args(argv)
+    info = cluster_lib.from_environment(
+        os.environ, ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
+        job_name=args.job_name, task_index=args.task_index)
+    outputs = resolve_outputs(args.job_dir, os.environ)
+    _check(args, info)
+    if info.is_chief and args.job_dir is None:
+        whence = f" (the parent of {AIP_MODEL_DIR})" if AIP_MODEL_DIR in \
+            outputs.from_environment else ""
+        print(f"no --job-dir given; writing to {outputs.job_dir}{whence}", flush=True)
+    if info.is_chief and outputs.from_environment:
+        print(outputs.describe(), flush=True)
+    if info.is_chief and info.source == "CLUSTER_SPEC":
+        print(f"cluster: {info.describe()} from CLUSTER_SPEC (Vertex AI worker pools)",
+              flush=True)
+    return _run_role(args, info, outputs)
 
 
 def _run_role(args, info: cluster_lib.ClusterInfo, outputs: Outputs) -> int:
@@ -277,15 +269,7 @@ def _run_role(args, info: cluster_lib.ClusterInfo, outputs: Outputs) -> int:
     with startup.lean_imports():
         from trainer import fit
     startup.mark("tensorflow")
-    try:
-        return fit.run(args, config, info, dropout=dropout_of(args))
-    except (TrainerError, cluster_lib.ClusterConfigError, storage.StorageError):
-        raise
-    except Exception:  # a bug: keep the traceback, it is what a report needs
-        traceback.print_exc()
-        print("error: training failed with an unexpected error (traceback above)",
-              file=sys.stderr, flush=True)
-        return EXIT_FAILED
+    return fit.run(args, config, info, dropout=dropout_of(args))
 
 
 def _exit(status: int) -> None:

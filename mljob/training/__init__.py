@@ -31,14 +31,11 @@ loop, the strategies, the evaluator and the export do, when a run starts.
 from __future__ import annotations
 
 import os
-import sys
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mljob import cluster as cluster_lib
-from mljob import storage
-from mljob.errors import EXIT_FAILED, EXIT_USAGE
+from mljob.errors import boundary
 from mljob.training.config import STEPS_PER_EXECUTION, Program, RunConfig, Serving
 from mljob.training.errors import PeerUnavailableError, Preempted, TrainingError, UsageError
 from mljob.training.signals import StopSignal, exit_now
@@ -139,27 +136,9 @@ def serve_if_server(info: cluster_lib.ClusterInfo | None = None,
 def main(model_fn: Callable[[], Any], train_dataset_fn: Callable[[Any], Any], **kwargs) -> None:
     """`fit`, then end the process with its exit status: a one-line `error: ...` for
     typed errors (status 2 for usage, 143 stopped after saving, 200 a peer is gone), a
-    traceback only for a bug. What a user's `task.py` calls last."""
-    exit_now(_status(lambda: fit(model_fn, train_dataset_fn, **kwargs)))
-
-
-def _status(call: Callable[[], int]) -> int:
-    try:
-        return call()
-    except (TrainingError, cluster_lib.ClusterConfigError) as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return getattr(exc, "exit_status", EXIT_USAGE)
-    except storage.StorageError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr, flush=True)
-        return 130
-    except Exception:  # a bug: keep the traceback, it is what a report needs
-        traceback.print_exc()
-        print("error: training failed with an unexpected error (traceback above)",
-              file=sys.stderr, flush=True)
-        return EXIT_FAILED
+    traceback only for a bug (`mljob.errors.boundary`). What a user's `task.py` calls
+    last."""
+    exit_now(boundary(lambda: fit(model_fn, train_dataset_fn, **kwargs), program="training"))
 
 
 def require_tensorflow() -> None:

@@ -50,7 +50,7 @@ def test_a_changed_package_with_the_same_file_name_runs_its_new_code(capsys, tmp
 
 CRASHING_BUILDER = r'''
 import json, os, sys
-from submit import package
+from submit import envs, package
 step, root, key, pkg = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 
 def crash(*args, **kwargs):
@@ -68,11 +68,11 @@ def linking(src, dst, *args, **kwargs):
         crash()
     return real_symlink(src, dst, *args, **kwargs)
 
-package.open = opening      # the module's own open, before the builtin
+envs.open = opening      # the module's own open, before the builtin
 os.symlink = linking
 if step in ("_create_venv", "_pip_install"):
-    setattr(package, step, crash)
-package.ensure_environment([package.Package(**pkg)], key, root=root)
+    setattr(envs, step, crash)
+envs.ensure_environment([package.Package(**pkg)], key, root=root)
 '''
 
 

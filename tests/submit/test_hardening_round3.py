@@ -222,7 +222,7 @@ def test_an_sdist_member_that_expands_far_is_read_a_line_at_a_time(tmp_path):
 def test_a_wheel_is_bounded_and_streamed_like_an_sdist(tmp_path, monkeypatch):
     """Before: wheels had no member-count or size bound, and each member was read whole."""
     import zipfile
-    from submit import package
+    from submit import archives, package
     from submit.errors import PackageUsageError
     wheel = tmp_path / "bomb-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
@@ -238,12 +238,12 @@ def test_a_wheel_is_bounded_and_streamed_like_an_sdist(tmp_path, monkeypatch):
     """, limit_mb=1536)
     assert result["error"] is None and "IMPORTS True" in result["stdout"], result
     assert result["peak_mb"] < 120, result
-    monkeypatch.setattr(package, "MAX_EXTRACTED_BYTES", 100 << 20)
+    monkeypatch.setattr(archives, "MAX_EXTRACTED_BYTES", 100 << 20)
     with pytest.raises(PackageUsageError, match="expands to more than 100000 members or "
                                                 "104857600 bytes"):
         package.describe(str(wheel))
-    monkeypatch.setattr(package, "MAX_EXTRACTED_BYTES", 1 << 30)
-    monkeypatch.setattr(package, "MAX_MEMBERS", 1)
+    monkeypatch.setattr(archives, "MAX_EXTRACTED_BYTES", 1 << 30)
+    monkeypatch.setattr(archives, "MAX_MEMBERS", 1)
     for action in (lambda: package.describe(str(wheel)),
                    lambda: package.check_members(str(wheel))):
         with pytest.raises(PackageUsageError, match="more than 1 members"):

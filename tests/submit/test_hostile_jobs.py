@@ -105,7 +105,7 @@ def test_is_ours_needs_the_same_process_and_its_marker(reaper):
     assert procs.is_ours(proc.pid, stamp, env={"MLJOB_JOB_ID": "job01"})
     assert not procs.is_ours(proc.pid, stamp, env={"MLJOB_JOB_ID": "job02"})
     assert not procs.is_ours(proc.pid, stamp)  # no marker asked: never ours
-    assert not procs.is_ours(proc.pid, {**stamp, "start_ticks": stamp["start_ticks"] - 1},
+    assert not procs.is_ours(proc.pid, {**stamp, "started": stamp["started"] - 0.01},
                              env={"MLJOB_JOB_ID": "job01"})
     assert not procs.is_ours(proc.pid, {**stamp, "cmdline": ["sleep", "301"]},
                              env={"MLJOB_JOB_ID": "job01"})

@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from submit import package
+from submit import archives, package
 from submit.__main__ import main
 from submit.errors import PackageUsageError
 from tests.support.submit_cli import files_under, write_package
@@ -56,7 +56,7 @@ def _tar(path, members: list[tuple[str, int]]) -> str:
 
 def test_a_package_that_expands_too_far_is_refused_before_it_is_extracted(tmp_path,
                                                                            monkeypatch):
-    monkeypatch.setattr(package, "MAX_EXTRACTED_BYTES", 4 * 1024 * 1024)
+    monkeypatch.setattr(archives, "MAX_EXTRACTED_BYTES", 4 * 1024 * 1024)
     bomb = _tar(tmp_path / "pkg-1.0.tar.gz", [("pkg-1.0/setup.py", 10),
                                               ("pkg-1.0/zeros.bin", 8 * 1024 * 1024)])
     assert os.path.getsize(bomb) < 64 * 1024
@@ -68,7 +68,7 @@ def test_a_package_that_expands_too_far_is_refused_before_it_is_extracted(tmp_pa
 
 
 def test_a_package_of_too_many_members_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(package, "MAX_MEMBERS", 50)
+    monkeypatch.setattr(archives, "MAX_MEMBERS", 50)
     many = _tar(tmp_path / "pkg-1.0.tar.gz", [(f"pkg-1.0/m{i}.py", 1) for i in range(51)])
     with pytest.raises(PackageUsageError, match="more than 50 members"):
         package.content_hash(many)
@@ -76,7 +76,7 @@ def test_a_package_of_too_many_members_is_refused(tmp_path, monkeypatch):
 
 def test_a_staged_package_too_large_to_download_is_refused(tmp_path, monkeypatch):
     archive = _tar(tmp_path / "pkg-1.0.tar.gz", [("pkg-1.0/setup.py", 10)])
-    monkeypatch.setattr(package, "MAX_PACKAGE_BYTES", os.path.getsize(archive) - 1)
+    monkeypatch.setattr(archives, "MAX_PACKAGE_BYTES", os.path.getsize(archive) - 1)
     with pytest.raises(PackageUsageError, match="is larger than"):
         package.fetch(archive, str(tmp_path / "dl"))
     staged = package.Package("pkg-1.0.tar.gz", "0" * 64, "pkg-1.0", url=archive)

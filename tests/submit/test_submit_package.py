@@ -131,7 +131,16 @@ def test_an_abandoned_build_is_removed_and_never_used(tmp_path):
     assert os.readlink(env) != dead.name
 
 
-def test_a_dependency_that_cannot_be_installed_names_itself_and_leaves_nothing(tmp_path):
+@pytest.mark.parametrize("tool, says", [
+    ("pip", "pip says 'Could not find a version that satisfies the requirement"),
+    ("uv", "uv says 'Because mljob-no-such-package-xq7 was not found in the package "
+           "registry")])
+def test_a_dependency_that_cannot_be_installed_names_itself_and_leaves_nothing(
+        tmp_path, monkeypatch, tool, says):
+    from submit import envs
+    monkeypatch.setenv(envs.INSTALLER_ENV, tool)
+    if tool == "uv" and envs.installer() is None:
+        pytest.skip("uv is not installed")
     pkg = fakejob_sdist(tmp_path, 'install_requires=["mljob-no-such-package-xq7>=1"]')
     key = package.environment_key([pkg])
     root = tmp_path / "envs"
@@ -139,7 +148,7 @@ def test_a_dependency_that_cannot_be_installed_names_itself_and_leaves_nothing(t
         package.ensure_environment([pkg], key, root=str(root))
     message = str(info.value)
     assert "cannot install 'mljob-no-such-package-xq7>=1'" in message
-    assert "Could not find a version that satisfies the requirement" in message
+    assert says in message
     assert "\n" not in message
     assert os.listdir(root) == [f"{key}.pip.log"]  # pip's output, and no environment
 
@@ -153,6 +162,13 @@ def test_pip_failures_name_the_requirement_and_the_reason():
         "(from x==0.1) (from versions: none)")
     assert package.pip_failure("ERROR: Failed building wheel for lxml\n")[0] == "'lxml'"
     assert package.pip_failure("killed\n") == ("the job's packages", "killed")
+    uv = ("Using Python 3.11.7 environment at: env\n"
+          "error: No solution found when resolving dependencies\n"
+          "  cause: Because nope was not found in the package registry and x==0.1 depends "
+          "on nope>=2, we can conclude that x==0.1 cannot be used.\n")
+    assert package.pip_failure(uv) == (
+        "'nope>=2'", "Because nope was not found in the package registry and x==0.1 "
+        "depends on nope>=2, we can conclude that x==0.1 cannot be used.")
 
 
 def test_a_package_changed_after_staging_is_refused(tmp_path):
@@ -213,3 +229,15 @@ def test_mljob_core_sdist_holds_mljob_alone_and_is_found_when_imported(tmp_path)
     assert package.imports_mljob(package.build(str(uses), str(tmp_path / "d1")))
     (uses / "task.py").write_text("import os\nprint('from mljob import x')\n")
     assert not package.imports_mljob(package.build(str(uses), str(tmp_path / "d2")))
+
+
+def test_the_installer_setting_is_checked(monkeypatch):
+    from submit import envs
+    monkeypatch.setenv(envs.INSTALLER_ENV, "conda")
+    with pytest.raises(PackageUsageError, match=r"MLJOB_ENV_INSTALLER='conda' is not an "
+                                                r"installer; use pip, uv or auto"):
+        envs.installer()
+    monkeypatch.setenv(envs.INSTALLER_ENV, "pip")
+    assert envs.installer() is None
+    monkeypatch.delenv(envs.INSTALLER_ENV)
+    assert envs.installer() is None  # pip unless asked: see envs.installer
