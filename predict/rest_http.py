@@ -11,6 +11,7 @@ routes by itself), and JSON through orjson when it is installed (predict.instanc
 from __future__ import annotations
 
 import json
+from typing import Any, cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -24,7 +25,7 @@ try:
     import httptools
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 except ImportError:  # pragma: no cover - an install without it
-    httptools = None
+    httptools = None  # type: ignore[assignment]
 
 try:
     import uvloop  # noqa: F401 - uvicorn imports it by name
@@ -161,10 +162,11 @@ if httptools is not None:
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.parser = _Parser(self.parser)
+            self._methods = _Parser(self.parser)
+            self.parser = cast(Any, self._methods)
 
         def send_400_response(self, msg: str) -> None:
-            method = self.parser.refused_method
+            method = self._methods.refused_method
             if method is not None:
                 shown = method.decode("ascii", "replace") if method.isalpha() else \
                     "the request's method"
