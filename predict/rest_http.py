@@ -11,10 +11,13 @@ routes by itself), and JSON through orjson when it is installed (predict.instanc
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any, cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from predict.errors import UsageError
 
 try:
     import orjson
@@ -182,5 +185,24 @@ else:  # pragma: no cover - an install without httptools
     PROTOCOL = JSONErrorsH11
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """The REST port's listening socket (UsageError when it cannot be had)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP explicitly: asyncio turns Nagle off (TCP_NODELAY) only on sockets
+    # whose proto says TCP; with proto 0 every keep-alive response waits ~40 ms for the
+    # client's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another "
+                         "--rest_api_port or --host") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
 __all__ = ["app", "dumps", "Request", "ClientDisconnect", "JSONErrorsH11", "PROTOCOL",
-           "LOOP", "METHODS"]
+           "LOOP", "METHODS", "bind"]

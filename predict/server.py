@@ -26,7 +26,6 @@ import asyncio
 import logging
 import re
 import signal
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -161,13 +160,13 @@ class PredictionService:
         """fn(*args) in the thread pool; past --rest_api_timeout_in_ms the client gets
         504 (TF Serving's DEADLINE_EXCEEDED) while the call finishes on its own.
 
-        The fast path: a request of at most INLINE_BYTES, for a model whose last call
-        took at most INLINE_S (and under a tenth of the timeout), while no other request
-        is being answered and batching is off, runs on the event loop's own thread, as
-        TF Serving runs a request on the thread that read it. Nothing waits behind it
-        (no other request is in the server) and the two thread switches it saves are
-        some 60 us of a 0.3 ms model. With batching on a request always waits in the
-        batch queue (TF Serving waits batch_timeout_micros at one client too)."""
+        The fast path: a body of at most INLINE_BYTES, for a model whose last call took
+        at most INLINE_S (and under a tenth of the timeout), while no other request is
+        being answered and batching is off, runs on the event loop's thread, as TF
+        Serving runs a request on the thread that read it: nothing waits behind it, and
+        it saves two thread switches (~60 us of a 0.3 ms model). With batching on, a
+        request waits in the queue (TF Serving waits batch_timeout_micros at one client
+        too)."""
         recent = self._recent.get(name)
         inline = self._busy == 0 and self.batcher is None and size <= INLINE_BYTES and \
             recent is not None and recent <= INLINE_S and recent * 10 < self.timeout_s
@@ -191,13 +190,13 @@ class PredictionService:
                 self._recent[name] = time.perf_counter() - began
 
         future = asyncio.get_running_loop().run_in_executor(self.pool, timed)
-        future.add_done_callback(self._done)
+        future.add_done_callback(self._release)
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except asyncio.TimeoutError:
             raise self._timeout() from None
 
-    def _done(self, _future) -> None:
+    def _release(self, _future) -> None:
         self._busy -= 1
 
     def _timeout(self) -> HTTPError:
@@ -406,7 +405,7 @@ def serve(repository: Repository, *, host: str, rest_port: int | None, grpc_port
     until SIGTERM or SIGINT, then return (the process exits 0). `reload(proto)`
     answers HandleReloadConfigRequest; `after_start()` runs once the models are loaded
     (the config file poller)."""
-    sock = _bind(host, rest_port) if rest_port is not None else None
+    sock = rest_http.bind(host, rest_port) if rest_port is not None else None
     grpc_server = None
     try:
         repository.start()
@@ -470,24 +469,6 @@ class _ReadyServer(uvicorn.Server):
         await super().startup(sockets=sockets)
         if not self.should_exit:
             print(self.ready_line, flush=True)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP explicitly: asyncio turns Nagle off (TCP_NODELAY) only on sockets
-    # whose proto says TCP; with proto 0 every keep-alive response waits ~40 ms for the
-    # client's delayed ACK.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise UsageError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another "
-                         "--rest_api_port or --host") from None
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 def _allow(request: Request, method: str) -> None:
