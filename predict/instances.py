@@ -37,6 +37,9 @@ _SEPARATORS = re.compile(r"[,\s]+")
 _DIGIT_RUNS = bytes(48 if 48 <= i <= 57 else 120 if chr(i) in ".eE+" else 32
                     for i in range(256))
 _LONG_INTEGER = b" " + b"0" * 19
+# orjson reads nesting as deep as it comes, json refuses past Python's recursion limit
+# (1,000 frames): a body with fewer openings than this is not nested that deep.
+_FEW_OPENINGS = 500
 MAX_INPUT_BYTES = 256 * 1024 * 1024  # predict local holds its whole input in memory
 MAX_LINE_BYTES = 64 * 1024 * 1024    # one instance a line, as predict batch streams them
 
@@ -94,11 +97,13 @@ def parse_json(text: str):
 def parse_json_bytes(raw: bytes):
     """parse_json of UTF-8 bytes (a request body), ten times faster through orjson when
     it is installed. orjson accepts less than json (no NaN or Infinity, no lone
-    surrogates, no numbers beyond the float range) and reads integers beyond 64 bits as
-    floats: whatever it refuses, and every body with a 19-digit integer, is read by json,
-    so the values accepted and the errors are json's. UnicodeDecodeError for bytes
-    that are not UTF-8."""
-    if orjson is not None and (b" " + raw).translate(_DIGIT_RUNS).find(_LONG_INTEGER) < 0:
+    surrogates, no numbers beyond the float range), more in one way (nesting deeper
+    than Python's recursion limit) and reads integers beyond 64 bits as floats:
+    whatever it refuses, and every body with a 19-digit integer or 500 brackets, is
+    read by json, so the values accepted and the errors are json's.
+    UnicodeDecodeError for bytes that are not UTF-8."""
+    if orjson is not None and raw.count(b"[") + raw.count(b"{") < _FEW_OPENINGS and \
+            (b" " + raw).translate(_DIGIT_RUNS).find(_LONG_INTEGER) < 0:
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
