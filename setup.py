@@ -26,6 +26,11 @@ setup(
         "build>=1.2",      # the launcher builds sdists with `python -m build --sdist`
         "starlette>=0.37",
         "uvicorn>=0.29",
+        # `predict serve`'s REST path at one client: httptools' parser and uvloop under
+        # uvicorn, orjson for the bodies (predict.rest_http)
+        "httptools>=0.6",
+        "uvloop>=0.19; sys_platform != 'win32'",
+        "orjson>=3.8",
         "prometheus-client>=0.17",  # `predict serve`'s /monitoring/prometheus/metrics
         "grpcio>=1.60",             # `predict serve`'s gRPC API (--port)
         "grpcio-health-checking>=1.60",  # grpc.health.v1 on the gRPC port

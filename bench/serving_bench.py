@@ -19,6 +19,12 @@ request is counted. The clients run in this process, so they share the
 machine's 2 cores with the server: compare the rows with each other, not with a
 bigger machine.
 
+One client alone in its own process (`--rounds` interleaved rounds, medians): the
+floor, REST with httpx and with http.client, gRPC, and the empty route (GET /healthz:
+the HTTP round trip alone); the goal is REST's p50 within 2x of the floor's. Then each
+server step of that request timed alone in this process (JSON parse, decode, the model
+call, encode): with the empty route they account for the REST request's time.
+
 Writes bench/results/serving.json and bench/results/serving.png.
 """
 from __future__ import annotations
@@ -110,6 +116,8 @@ def main(argv=None) -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--clients", default=",".join(map(str, CLIENTS)))
     parser.add_argument("--reload-seconds", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds of the one-client-alone measurement")
     args = parser.parse_args(argv)
     clients_list = [int(c) for c in args.clients.split(",")]
 
@@ -158,8 +166,8 @@ def main(argv=None) -> None:
                 return lambda: stub.Predict(request, timeout=60)
 
             if not batching:
-                results["one client in its own process"] = lone_client(url, grpc_port,
-                                                                       export_dir)
+                results["one client in its own process"] = lone_client(
+                    url, grpc_port, export_dir, rounds=args.rounds)
                 print(f"one client in its own process: "
                       f"{results['one client in its own process']}", flush=True)
             for api, make in (("rest", rest_call), ("grpc", grpc_call)):
@@ -184,6 +192,8 @@ def main(argv=None) -> None:
     if one and one["p50_ms"]:
         results["rest p50 at 1 client over the floor's"] = round(
             one["p50_ms"] / results["floor"]["p50_ms"], 1)
+    results["server stages at one client, p50 us"] = stages(export_dir)
+    print(f"stages: {results['server stages at one client, p50 us']}", flush=True)
     payload = {
         "model": "mlp", "seconds_per_cell": args.seconds, "instances_per_request": 1,
         "server": "--rest_api_num_threads=16; batching: " + " ".join(BATCHING),
@@ -201,13 +211,25 @@ import json, sys, time
 import numpy as np
 api, target, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)
-if api == "rest":
+body = json.dumps({"instances": [{"image": image[0].tolist(), "key": 1}]}).encode()
+headers = {"content-type": "application/json"}
+if api in ("rest", "rest empty route"):
     import httpx
     client = httpx.Client(base_url=target, timeout=60)
-    body = json.dumps({"instances": [{"image": image[0].tolist(), "key": 1}]}).encode()
-    call = lambda: client.post("/v1/models/default:predict", content=body,
-                               headers={"content-type": "application/json"})
-else:
+    call = (lambda: client.post("/v1/models/default:predict", content=body, headers=headers)) \
+        if api == "rest" else (lambda: client.get("/healthz"))
+elif api in ("rest lean client", "lean empty route"):
+    import http.client
+    host, port = target.split("//")[1].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    method, path, data = ("POST", "/v1/models/default:predict", body) \
+        if api == "rest lean client" else ("GET", "/healthz", None)
+    def call():
+        conn.request(method, path, data, headers)
+        answer = conn.getresponse()
+        answer.read()
+        assert answer.status == 200, answer.status
+elif api == "grpc":
     import grpc, tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
     request = predict_pb2.PredictRequest()
@@ -216,6 +238,11 @@ else:
     request.inputs["key"].CopyFrom(tf.make_tensor_proto(np.array([1], np.int64)))
     stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(target))
     call = lambda: stub.Predict(request, timeout=60)
+else:  # the floor: the signature in this process, on ready tensors
+    import tensorflow as tf
+    fn = tf.saved_model.load(target).signatures["serving_default"]
+    image_t, key_t = tf.constant(image), tf.constant([1], tf.int64)
+    call = lambda: fn(image=image_t, key=key_t)
 for _ in range(30):
     call()
 times = []
@@ -225,41 +252,85 @@ for _ in range(n):
     times.append(time.perf_counter() - t0)
 print(json.dumps(times))
 """
+LONE_KINDS = ("floor", "rest", "rest lean client", "grpc", "rest empty route",
+              "lean empty route")
 
 
-def lone_client(url: str, grpc_port: int, export_dir: str, n: int = 400) -> dict:
+def lone_client(url: str, grpc_port: int, export_dir: str, n: int = 400,
+                rounds: int = 3) -> dict:
     """p50/p99 of one client alone in its own process (the threads above share this
-    process with TensorFlow), sequential requests on one connection; the floor beside
-    it measured the same way (the signature called in a fresh process)."""
-    out = {}
-    for api, target in (("rest", url), ("grpc", f"127.0.0.1:{grpc_port}")):
-        done = subprocess.run([sys.executable, "-c", LONE_CLIENT, api, target, str(n)],
-                              capture_output=True, text=True, timeout=600)
-        times = json.loads(done.stdout.strip().splitlines()[-1])
-        out[api] = summary(times, sum(times))
-    floor = subprocess.run([sys.executable, "-c", FLOOR, export_dir, str(n)],
-                           capture_output=True, text=True, timeout=600)
-    times = json.loads(floor.stdout.strip().splitlines()[-1])
-    out["floor"] = summary(times, sum(times))
-    out["rest p50 over the floor's"] = round(out["rest"]["p50_ms"] / out["floor"]["p50_ms"], 1)
+    process with TensorFlow), sequential requests on one keep-alive connection, and the
+    floor measured the same way (the signature called in a fresh process); `rounds`
+    rounds, the kinds interleaved in each, and the median of each figure over them.
+    REST twice: with httpx (as the threads above) and with the standard library's
+    http.client (a lighter client: what is left is the server's). The empty route
+    (GET /healthz) is the HTTP round trip alone, without JSON or the model."""
+    per: dict = {kind: [] for kind in LONE_KINDS}
+    targets = {"floor": export_dir, "grpc": f"127.0.0.1:{grpc_port}"}
+    for _ in range(rounds):
+        for kind in LONE_KINDS:
+            done = subprocess.run([sys.executable, "-c", LONE_CLIENT, kind,
+                                   targets.get(kind, url), str(n)],
+                                  capture_output=True, text=True, timeout=600,
+                                  env={**os.environ, **common.REPLICA_ENV})
+            if done.returncode != 0:
+                raise SystemExit(f"the lone {kind} client failed: {done.stderr[-2000:]}")
+            times = json.loads(done.stdout.strip().splitlines()[-1])
+            per[kind].append(summary(times, sum(times)))
+    out: dict = {}
+    for kind, cells in per.items():
+        out[kind] = {"p50_ms": round(float(np.median([c["p50_ms"] for c in cells])), 3),
+                     "p99_ms": round(float(np.median([c["p99_ms"] for c in cells])), 3),
+                     "throughput_per_s": round(float(np.median(
+                         [c["throughput_per_s"] for c in cells])), 1),
+                     "p50_ms_each_round": [c["p50_ms"] for c in cells]}
+    for kind in ("rest", "rest lean client", "grpc"):
+        ratios = [c["p50_ms"] / f["p50_ms"] for c, f in zip(per[kind], per["floor"],
+                                                             strict=True)]
+        out[f"{kind} p50 over the floor's"] = round(float(np.median(ratios)), 2)
+    out["rounds"] = rounds
     return out
 
 
-FLOOR = r"""
-import json, sys, time
-import numpy as np, tensorflow as tf
-fn = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-image = tf.constant(np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32))
-key = tf.constant([1], tf.int64)
-for _ in range(30):
-    fn(image=image, key=key)
-times = []
-for _ in range(int(sys.argv[2])):
-    t0 = time.perf_counter()
-    fn(image=image, key=key)
-    times.append(time.perf_counter() - t0)
-print(json.dumps(times))
-"""
+def stages(export_dir: str, n: int = 2000) -> dict:
+    """Where one REST request's time goes in the server, each step timed alone in this
+    process on the request the clients send (p50, microseconds): what the HTTP round
+    trip (the empty route above) does not hold."""
+    import tensorflow as tf
+
+    from predict import decode, instances, model as models, rest_http
+    model = models.load(export_dir)
+    sig = model.signature(None)
+    image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)
+    body = json.dumps({"instances": [{"image": image[0].tolist(), "key": 1}]}).encode()
+    parsed = instances.parse_json_bytes(body)
+    decoded = [decode.decode_instance(parsed["instances"][0], sig)]
+    batch = decode.stack(decoded, sig)
+    outputs = model.predict(batch, sig.name)
+    fn = tf.saved_model.load(export_dir).signatures["serving_default"]
+    image_t, key_t = tf.constant(image), tf.constant([1], tf.int64)
+    steps = {
+        "floor (signature on ready tensors)": lambda: fn(image=image_t, key=key_t),
+        "JSON parse (orjson, 15.8 KB)": lambda: instances.parse_json_bytes(body),
+        "JSON parse (json, before)": lambda: json.loads(body.decode()),
+        "decode and stack": lambda: decode.stack(
+            [decode.decode_instance(parsed["instances"][0], sig)], sig),
+        "model call (tensors in, arrays out)": lambda: model.predict(batch, sig.name),
+        "encode and JSON write": lambda: rest_http.dumps(
+            {"predictions": decode.encode_rows(outputs, [False],
+                                               decode.passthrough_key(sig))}),
+    }
+    out = {}
+    for name, step in steps.items():
+        for _ in range(100):
+            step()
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        out[name] = round(1e6 * float(np.median(times)), 1)
+    return out
 
 
 def reload_under_load(export_dir: str, scratch: str, body: bytes, request,

@@ -22,7 +22,24 @@ from predict.model import Signature
 from mljob import storage
 from mljob.errors import first_line, too_many_digits
 
+try:
+    import orjson
+except ImportError:  # pragma: no cover - an install without it
+    orjson = None  # type: ignore[assignment]
+
 _SEPARATORS = re.compile(r"[,\s]+")
+# orjson reads an integer beyond 64 bits as a float; json keeps it an integer (and the
+# decoder refuses it by name). A number whose integer part has 19 digits may be one:
+# json reads those bodies. Found with one translate and one find (a regular expression
+# takes ten times orjson's time on a 15 KB image): digits become 0, what may come
+# before a float's other digits (. e E +) becomes x, everything else a space; then an
+# integer part of 19 digits is a space and 19 zeros.
+_DIGIT_RUNS = bytes(48 if 48 <= i <= 57 else 120 if chr(i) in ".eE+" else 32
+                    for i in range(256))
+_LONG_INTEGER = b" " + b"0" * 19
+# orjson reads nesting as deep as it comes, json refuses past Python's recursion limit
+# (1,000 frames): a body with fewer openings than this is not nested that deep.
+_FEW_OPENINGS = 500
 MAX_INPUT_BYTES = 256 * 1024 * 1024  # predict local holds its whole input in memory
 MAX_LINE_BYTES = 64 * 1024 * 1024    # one instance a line, as predict batch streams them
 
@@ -75,6 +92,23 @@ def parse_json(text: str):
     except ValueError as exc:
         raise InstanceError(f"malformed JSON: {too_many_digits(exc) or first_line(exc)}") \
             from None
+
+
+def parse_json_bytes(raw: bytes):
+    """parse_json of UTF-8 bytes (a request body), ten times faster through orjson when
+    it is installed. orjson accepts less than json (no NaN or Infinity, no lone
+    surrogates, no numbers beyond the float range), more in one way (nesting deeper
+    than Python's recursion limit) and reads integers beyond 64 bits as floats:
+    whatever it refuses, and every body with a 19-digit integer or 500 brackets, is
+    read by json, so the values accepted and the errors are json's.
+    UnicodeDecodeError for bytes that are not UTF-8."""
+    if orjson is not None and raw.count(b"[") + raw.count(b"{") < _FEW_OPENINGS and \
+            (b" " + raw).translate(_DIGIT_RUNS).find(_LONG_INTEGER) < 0:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return parse_json(raw.decode("utf-8"))
 
 
 def json_instances(data: bytes):
@@ -142,5 +176,5 @@ def text_value(line: str, name: str, dtype: np.dtype):
     return values[0] if len(values) == 1 else values
 
 
-__all__ = ["read_source", "split_lines", "parse_json", "json_instances", "json_request",
-           "request_instances", "text_instances", "text_value"]
+__all__ = ["read_source", "split_lines", "parse_json", "parse_json_bytes", "json_instances",
+           "json_request", "request_instances", "text_instances", "text_value"]

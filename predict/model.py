@@ -118,14 +118,21 @@ class SavedModel(Model):
             raise ModelLoadError(f"cannot load the SavedModel at {source}: "
                                  f"{first_line(exc)}") from None
         self._functions = {name: self._loaded.signatures[name] for name in signatures}
+        self._flat = {name: _flat_call(fn, signatures[name])
+                      for name, fn in self._functions.items()}
         super().__init__(source, signatures)
 
     def predict(self, batch: dict, signature_name: str | None = None) -> dict:
         import tensorflow as tf
         sig = self.signature(signature_name)
-        args = {name: tf.convert_to_tensor(batch[name], dtype=info.dtype)
-                for name, info in sig.inputs.items()}
-        out = self._functions[sig.name](**args)
+        flat = self._flat[sig.name]
+        if flat is not None:  # the callers checked names, dtypes and shapes already
+            order, call = flat
+            out = call([tf.constant(batch[name], dtype=dtype) for name, dtype in order])
+        else:
+            args = {name: tf.convert_to_tensor(batch[name], dtype=info.dtype)
+                    for name, info in sig.inputs.items()}
+            out = self._functions[sig.name](**args)
         return {name: out[name].numpy() for name in sig.outputs}
 
 
@@ -186,6 +193,38 @@ class LegacyExport(Model):
 
     def close(self) -> None:
         self._session.close()
+
+
+def _flat_call(fn, sig: Signature):
+    """(input order with dtypes, a call taking the input tensors in that order) for a
+    signature function whose parameters are all keyword-only tensors, or None.
+
+    Calling a signature by keyword binds and checks the arguments in Python first (some
+    50 us a call, a sixth of a small model's); the flat call runs the same graph function
+    on tensors given in its own order. The order is the function type's, checked here
+    against the graph's placeholders; anything unexpected keeps the keyword call."""
+    import inspect
+
+    import tensorflow as tf
+    try:
+        params = list(fn.function_type.parameters.values())
+        captured = fn.captured_inputs
+        placeholders = fn.inputs[:len(fn.inputs) - len(captured)]
+        call_flat = fn._call_flat
+    except AttributeError:  # another TensorFlow's ConcreteFunction
+        return None
+    if len(params) != len(sig.inputs) or len(placeholders) != len(params) or \
+            {p.name for p in params} != set(sig.inputs):
+        return None
+    order = []
+    for param, placeholder in zip(params, placeholders, strict=True):
+        spec = param.type_constraint
+        if param.kind is not inspect.Parameter.KEYWORD_ONLY or \
+                not isinstance(spec, tf.TensorSpec) or spec.dtype != placeholder.dtype or \
+                tf.as_dtype(sig.inputs[param.name].dtype) != spec.dtype:
+            return None
+        order.append((param.name, spec.dtype))
+    return order, lambda tensors: call_flat(tensors, fn.captured_inputs)
 
 
 def detect_format(local_dir: str) -> str:
