@@ -35,6 +35,8 @@ import sys
 from bench import common
 
 BATCH = 100
+# Training FLOPs of one CNN example (flops_per_example("cnn"), without building it).
+CNN_FLOPS = 83_303_424
 CONFIGS = {
     "mljob (defaults)": ("trainer.task", [], {}, "auto"),
     "mljob float32": ("trainer.task", ["--mixed-precision", "off"], {}, "float32"),
@@ -132,7 +134,7 @@ def main(argv=None) -> int:
                     record = common.measure(f"cnn: {label}", targs, batch_size=BATCH,
                                             module=module, env=env,
                                             timeout=args.timeout)
-                record.update(repeat=repeat, computes=computes)
+                record.update(repeat=repeat, computes=computes, config=label)
                 if "examples_per_s" in record:
                     gflops = per_example * record["examples_per_s"] / 1e9
                     record["gflop_per_s"] = round(gflops, 1)
@@ -159,14 +161,15 @@ def summarize(runs: list[dict]) -> dict:
     """Medians per configuration, and each configuration over tf1 single within the
     same repeat (the median of those ratios)."""
     out: dict = {}
-    labels = dict.fromkeys(r["label"] for r in runs if r["label"] != "matmul ceiling")
+    labels = dict.fromkeys(r["config"] for r in runs if "config" in r)
     for label in labels:
-        rows = [r for r in runs if r["label"] == label and "examples_per_s" in r]
+        rows = [r for r in runs if r.get("config") == label and "examples_per_s" in r]
         if not rows:
             continue
         ratios = []
         for r in rows:
-            tf1 = [x for x in runs if x["label"] == "tf1 single" and x["repeat"] == r["repeat"]
+            tf1 = [x for x in runs if x.get("config") == "tf1 single"
+                   and x["repeat"] == r["repeat"]
                    and "examples_per_s" in x]
             if tf1:
                 ratios.append(r["examples_per_s"] / tf1[0]["examples_per_s"])
