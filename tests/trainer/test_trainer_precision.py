@@ -22,6 +22,11 @@ def _cpu(monkeypatch, tmp_path, flags: str) -> None:
 
 def test_auto_on_a_bf16_cpu_trains_bfloat16_and_exports_float32(tmp_path, monkeypatch):
     _cpu(monkeypatch, tmp_path, "avx512f avx512_bf16")
+    from trainer import model as model_lib
+    built = []  # the precision of every model the run builds (training, export)
+    build = model_lib.build
+    monkeypatch.setattr(model_lib, "build", lambda *a, **k: built.append(
+        k.get("precision", "off")) or build(*a, **k))
     job = tmp_path / "job"
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):  # no --mixed-precision: the default, auto
@@ -35,6 +40,7 @@ def test_auto_on_a_bf16_cpu_trains_bfloat16_and_exports_float32(tmp_path, monkey
         and "avx512_bf16" in decided[0], out
     started = next(line for line in out.splitlines() if line.startswith("training started"))
     assert "mixed_precision=mixed_bfloat16" in started
+    assert built[0] == "mixed_bfloat16" and built[-1] == "off", built  # trained; exported
     evals = [line for line in out.splitlines() if line.startswith("eval step=")]
     assert float(evals[-1].rsplit("accuracy=", 1)[1]) > 0.5  # it learned in bfloat16
 
