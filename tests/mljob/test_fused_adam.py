@@ -33,7 +33,7 @@ def _train(fused: bool, steps: int = 6, learning_rate=1e-2):
                 yb, model(xb, training=True)))
         grads = tape.gradient(loss, model.trainable_variables)
         if not (fused and updates.apply_adam(opt, model.trainable_variables, grads)):
-            opt.apply_gradients(zip(grads, model.trainable_variables))
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
     for i in range(steps):
         step(x[i], y[i])
