@@ -41,6 +41,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-eval", action="store_true", help="skip the final test evaluation")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="also evaluate on the test split every N steps (a callback calling "
+                   "model.evaluate; 0: only at the end), for time to accuracy")
     args = p.parse_args(argv)
     if min(args.train_steps, args.batch_size, args.log_every, args.steps_per_execution) < 1:
         p.error("--train-steps, --batch-size, --log-every and --steps-per-execution "
@@ -71,7 +74,11 @@ def main(argv=None) -> int:
           f"steps_per_execution={args.steps_per_execution} jit_compile={args.jit_compile} "
           f"mixed_precision={args.mixed_precision or 'off'} data={dataset.source}",
           flush=True)
-    fit_kwargs = dict(verbose=0, callbacks=[progress])
+    callbacks = [progress]
+    test = data.eval_dataset(dataset.test_images, dataset.test_labels, 1000)
+    if args.eval_every > 0:
+        callbacks.append(_Evaluate(test, args.eval_every, progress))
+    fit_kwargs = dict(verbose=0, callbacks=callbacks)
     if args.pipeline == "numpy":
         x, y = data.to_float(dataset.train_images), dataset.train_labels
         steps_per_epoch = len(y) // args.batch_size
@@ -89,7 +96,6 @@ def main(argv=None) -> int:
                   .batch(args.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
         model.fit(ds, steps_per_epoch=args.train_steps, epochs=1, **fit_kwargs)
     if not args.no_eval:
-        test = data.eval_dataset(dataset.test_images, dataset.test_labels, 1000)
         loss, accuracy = model.evaluate(test, verbose=0)
         print(f"eval step={progress.done} loss={loss:.4f} accuracy={accuracy:.4f}", flush=True)
     print(f"training finished: step={progress.done}", flush=True)
@@ -132,6 +138,30 @@ class _Progress:
                 self.epoch_base = self.done
 
         return Progress(*args, **kwargs)
+
+
+class _Evaluate:
+    """Evaluates on the test split every N steps (after the step's progress line) and
+    prints `eval step=... loss=... accuracy=...` as the trainer does."""
+
+    def __new__(cls, *args, **kwargs):
+        import keras
+
+        class Evaluate(keras.callbacks.Callback):
+            def __init__(self, test, every, progress):
+                super().__init__()
+                self.test, self.every, self.progress = test, every, progress
+                self.last = 0
+
+            def on_train_batch_end(self, batch, logs=None):
+                step = self.progress.done
+                if step // self.every > self.last // self.every:
+                    self.last = step
+                    loss, accuracy = self.model.evaluate(self.test, verbose=0)
+                    print(f"eval step={step} loss={loss:.4f} accuracy={accuracy:.4f}",
+                          flush=True)
+
+        return Evaluate(*args, **kwargs)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The cost of a local step on a ps worker, in one process: Keras's own step
-(`optimizer.apply_gradients` on variables, as the single node trains) beside local
-steps' stateless loop with Adam's update run op by op (as before) and fused by XLA
-(`mljob.training.loop._adam_step`, what the workers run), and the loop with plain SGD
-fused the same way (no moments: the floor of any update).
+(`optimizer.apply_gradients` on variables, as the single node trained before it fused
+Adam too) beside local steps' stateless loop with Adam's update run op by op (as before)
+and fused by XLA (`mljob.training.updates.adam_step`, what the workers and the single
+node run), and the loop with plain SGD fused the same way (no moments: the floor of any
+update).
 
     python -m bench.local_update                 # CNN and MLP, float32 and mixed bfloat16
     python -m bench.local_update --model cnn --precision mixed_bfloat16
@@ -34,7 +35,7 @@ def _one(model_name: str, precision: str, variant: str, functions: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from mljob.training.loop import _adam_step
+    from mljob.training.updates import adam_step as _adam_step
     from trainer import model as models
 
     model = models.build(model_name, seed=1, precision=precision)

@@ -41,14 +41,19 @@ python -m bench.ps_speed "${quick[@]}" --model cnn --repeats 4 --name ps_speed_c
 python -m bench.ps_links "${quick[@]}" || echo "bench.ps_links did not run (see above)"
 if [[ ${#quick[@]} -eq 0 ]]; then
   # The long runs: CNN on the full Fashion-MNIST to >= 90% (tens of minutes each).
-  python -m bench.time_to_accuracy --setup single --timeout 1800
-  python -m bench.time_to_accuracy --setup ps --timeout 1800
+  python -m bench.accuracy_curves --setup single --timeout 1800
+  python -m bench.accuracy_curves --setup ps --timeout 1800
   # Each way of updating the ps for 4,000 steps, then their accuracy by step on one plot.
-  python -m bench.time_to_accuracy --setup ps --extra="--no-ps-local-steps" --name-suffix _step_by_step
-  python -m bench.time_to_accuracy --setup ps --name-suffix _defaults
-  python -m bench.time_to_accuracy --setup ps --extra="--mixed-precision mixed_bfloat16" \
+  python -m bench.accuracy_curves --setup ps --extra="--no-ps-local-steps" --name-suffix _step_by_step
+  python -m bench.accuracy_curves --setup ps --name-suffix _defaults
+  python -m bench.accuracy_curves --setup ps --extra="--mixed-precision mixed_bfloat16" \
     --name-suffix _defaults_mixed_bfloat16
-  python -m bench.time_to_accuracy --compare _step_by_step,_defaults,_defaults_mixed_bfloat16
+  python -m bench.accuracy_curves --compare _step_by_step,_defaults,_defaults_mixed_bfloat16
+  # Time to accuracy: mljob single and ps against Keras fit and TF1's designs, CNN and MLP;
+  # the full default job in both precisions; the single node against TF1 and the ceiling.
+  python -m bench.time_to_accuracy
+  python -m bench.time_to_accuracy --final
+  python -m bench.single_node
   python -m bench.ps_merge
 fi
 python -m bench.memory

@@ -63,7 +63,24 @@ def _load(data_dir: str | None):
     from trainer import data
     dataset = data.load(data_dir)
     images = data.to_float(dataset.train_images).reshape(-1, 784)
-    return images, dataset.train_labels.astype(np.int64)
+    test = (data.to_float(dataset.test_images).reshape(-1, 784),
+            dataset.test_labels.astype(np.int64))
+    return images, dataset.train_labels.astype(np.int64), test
+
+
+def _evaluate(session, ops, test, batch: int = 1000) -> tuple[float, float]:
+    """Mean loss and accuracy over the whole test split, batches of 1000, as the
+    trainer evaluates; `ops` is (x, y, training, loss, accuracy)."""
+    x, y, training, loss, accuracy = ops
+    images, labels = test
+    total_loss = total_right = 0.0
+    for at in range(0, len(labels), batch):
+        feed = {x: images[at:at + batch], y: labels[at:at + batch], training: False}
+        batch_loss, batch_acc = session.run([loss, accuracy], feed_dict=feed)
+        n = len(labels[at:at + batch])
+        total_loss += batch_loss * n
+        total_right += batch_acc * n
+    return total_loss / len(labels), total_right / len(labels)
 
 
 def main(argv=None) -> int:
@@ -76,7 +93,9 @@ def main(argv=None) -> int:
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--job-dir", default=None, help="accepted for bench.common; unused")
-    p.add_argument("--eval-every", default=None, help="accepted for bench.common; unused")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="the chief evaluates on the test split every N global steps and "
+                   "prints the trainer's `eval step=...` line (0: never)")
     p.add_argument("--checkpoint-every", default=None, help="accepted; unused")
     args = p.parse_args(argv)
 
@@ -100,7 +119,7 @@ def main(argv=None) -> int:
         device = None
     is_chief = job in ("chief", "master", "")
 
-    images, labels = _load(args.data_dir)
+    images, labels, test = _load(args.data_dir)
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.device(device):
         x = tf.compat.v1.placeholder(tf.float32, [None, 784])
@@ -130,7 +149,7 @@ def main(argv=None) -> int:
     if is_chief:
         print(f"training started: design=tf1-between-graph model={args.model} "
               f"optimizer={args.optimizer} batch_size={args.batch_size}", flush=True)
-    last_logged, last_time = 0, time.monotonic()
+    last_logged, last_time, last_eval = 0, time.monotonic(), 0
     with session:
         while not session.should_stop():
             pick = rng.integers(0, len(images), args.batch_size)
@@ -145,6 +164,13 @@ def main(argv=None) -> int:
                                     float(batch_loss), float(batch_acc), rate,
                                     args.learning_rate), flush=True)
                 last_logged, last_time = global_step, now
+            if is_chief and args.eval_every and global_step // args.eval_every \
+                    > last_eval // args.eval_every and not session.should_stop():
+                last_eval = global_step
+                test_loss, test_acc = _evaluate(session, (x, y, training, loss, accuracy),
+                                                test)
+                print(f"eval step={min(global_step, args.train_steps)} loss={test_loss:.4f} "
+                      f"accuracy={test_acc:.4f}", flush=True)
     return 0
 
 

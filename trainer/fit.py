@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from mljob import startup, training
 from mljob.contracts import EVALUATOR, PS
+from mljob.training import precision as precision_lib
 from trainer.errors import UsageError
 from trainer import data as data_lib
 from trainer import export as export_lib
@@ -49,18 +50,33 @@ def run(args, config: training.RunConfig, info, stop=None, *, dropout: float) ->
         return data_lib.eval_dataset(dataset.test_images, dataset.test_labels,
                                      EVAL_BATCH_SIZE)
 
+    # Decided once, here, before any model is built; the chief says which and why.
+    choice = precision_lib.resolve(args.mixed_precision,
+                                   gpu_capabilities=_gpu_capabilities())
+    if info is None or info.is_chief:
+        print(choice.line(), flush=True)
+
     def describe() -> str:
-        return (f"model={args.model} mixed_precision={args.mixed_precision} "
+        return (f"model={args.model} mixed_precision={choice.policy} "
                 f"data={load().source!r}")
 
     return training.fit(
         functools.partial(model_lib.build, args.model, dropout=dropout, seed=args.seed,
-                          precision=args.mixed_precision, hidden_units=args.hidden_units),
+                          precision=choice.policy, hidden_units=args.hidden_units),
         train_dataset_fn, eval_dataset_fn=eval_dataset_fn, loss=cross_entropy,
         optimizer=lambda: keras.optimizers.Adam(args.learning_rate),
         metrics=["accuracy"], serving=export_lib.serving(args.model, args.hidden_units),
         describe=describe,
         config=config, info=info, stop=stop)
+
+
+def _gpu_capabilities() -> list[tuple[int, int]]:
+    """The compute capabilities of the GPUs TensorFlow sees (none on a CPU machine)."""
+    found = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        details = tf.config.experimental.get_device_details(gpu)
+        found.append(tuple(details.get("compute_capability") or (0, 0)))
+    return found
 
 
 __all__ = ["run", "cross_entropy", "EVAL_BATCH_SIZE"]

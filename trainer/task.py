@@ -32,7 +32,7 @@ from mljob.training.outputs import DEFAULT_JOBS_DIR, Outputs, resolve_outputs
 from trainer.errors import UsageError
 
 MODELS = ("cnn", "mlp")  # trainer.model.MODELS, repeated to keep TensorFlow unimported
-PRECISIONS = ("off", "mixed_bfloat16")  # trainer.model.PRECISIONS, likewise
+PRECISIONS = ("auto", "off", "mixed_bfloat16")  # mljob.training.precision.PRECISIONS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -174,9 +174,11 @@ def parser() -> argparse.ArgumentParser:
     add("--hidden-units", type=_positive, default=None,
         help="width of the fully connected hidden layer (default 1024 for the CNN, "
         "100 for the MLP)")
-    add("--mixed-precision", choices=PRECISIONS, default="off",
-        help="off (default) or mixed_bfloat16: compute in bfloat16, keep float32 "
-        "variables, checkpoints and export (faster CNN on CPUs with AMX/AVX512-BF16)")
+    add("--mixed-precision", choices=PRECISIONS, default="auto",
+        help="auto (default): bfloat16 compute where the CPU has AVX512_BF16 or AMX (or "
+        "the GPUs have compute capability 8.0+), float32 elsewhere; mixed_bfloat16: "
+        "bfloat16 compute; off: float32. Variables, checkpoints and the export stay "
+        "float32 either way")
     seeds = p.add_argument_group("cluster flags of the original samples (instead of "
                                  "TF_CONFIG; worker 0 is the chief)")
     seeds.add_argument("--ps-hosts")

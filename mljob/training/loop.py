@@ -49,6 +49,7 @@ from mljob.training.signals import StopSignal
 from mljob.training.strategies import make_strategy, peer_named_in, wait_for_leader, \
     wait_for_peers, weight_parts, weights_numpy
 from mljob.training.summaries import Progress, SummaryWriters
+from mljob.training.updates import adam_step, apply_adam, fusable
 
 
 class InputContext(tf.distribute.InputContext):
@@ -120,6 +121,12 @@ class Replica:
             optimizer=list(self.optimizer.variables), step=self.step)
         self._chunk = tf.function(self._train_chunk)
         self._iterator = None
+        # One process, one replica: Adam's update fused by XLA (mljob.training.updates)
+        # where it is exactly Keras's; synchronous replicas keep Keras's update, which
+        # all-reduces the gradients.
+        self.fused_update = coordinator is None and strategy.num_replicas_in_sync == 1 \
+            and strategy is tf.distribute.get_strategy() \
+            and fusable(self.optimizer, self.parts)
         # Under ps, local steps are on unless turned off, for Adam (whose update they
         # run on the workers); asked for with another optimizer, they are an error.
         adam = type(self.optimizer) is keras.optimizers.Adam and not self.optimizer.amsgrad
@@ -203,7 +210,8 @@ class Replica:
             scaled = loss * self.loss_scale
             scaled_for_grads = self.optimizer.scale_loss(scaled)
         grads = tape.gradient(scaled_for_grads, self.parts)
-        self.optimizer.apply_gradients(zip(grads, self.parts, strict=True))
+        if not (self.fused_update and apply_adam(self.optimizer, self.parts, grads)):
+            self.optimizer.apply_gradients(zip(grads, self.parts, strict=True))
         state = self.objective.update(self.objective.zero_state(), labels, outputs,
                                       weights, each, loss)
         return scaled, state
@@ -286,7 +294,7 @@ class Replica:
             grads = tape.gradient(loss, weights)
             t = tf.cast(t0 + tf.cast(i, t0.dtype) + 1, tf.float32)
             alpha = lr * tf.sqrt(1 - tf.pow(b2, t)) / (1 - tf.pow(b1, t))
-            weights, ms, vs = _adam_step(weights, ms, vs, grads, alpha, b1, b2, eps)
+            weights, ms, vs = adam_step(weights, ms, vs, grads, alpha, b1, b2, eps)
             metric_state = objective.update(metric_state, labels, outputs, sample_weight,
                                             each, mean_loss)
             return i + 1, weights, ms, vs, ns, loss, metric_state
@@ -422,20 +430,6 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
     finally:
         writers.close()
         store.close()
-
-
-@tf.function(jit_compile=True)
-def _adam_step(weights, ms, vs, grads, alpha, b1, b2, eps):
-    """Keras's Adam update of local steps' copies (lists of tensors): (weights, first
-    moments, second moments) after one step with step size alpha. XLA fuses each
-    tensor's update into one pass over it; run op by op, the tensors' twelve passes cost
-    the CNN's worker 45-58 CPU-ms a step in mixed bfloat16 against 34-37 fused, and
-    Keras's own single-node step 40 (bench/local_update.py)."""
-    ms = [m + (g - m) * (1 - b1) for m, g in zip(ms, grads, strict=True)]
-    vs = [v + (tf.square(g) - v) * (1 - b2) for v, g in zip(vs, grads, strict=True)]
-    weights = [w - m * alpha / (tf.sqrt(v) + eps)
-               for w, m, v in zip(weights, ms, vs, strict=True)]
-    return weights, ms, vs
 
 
 def _tf_variable(var):

@@ -1,6 +1,7 @@
-"""`--mixed-precision mixed_bfloat16`: a single-node run computes in bfloat16 yet keeps
-float32 variables, so its checkpoints and its export are those of a float32 run (what
-the real `saved_model_cli` shows); an unknown value is a usage error."""
+"""`--mixed-precision`: a single-node run computing in bfloat16 (the default `auto` on a
+CPU with AVX512_BF16, its flags injected) keeps float32 variables, so its checkpoints
+and its export are those of a float32 run (what the real `saved_model_cli` shows);
+`auto` on a CPU without is float32; an unknown value is a usage error."""
 from __future__ import annotations
 
 import contextlib
@@ -12,16 +13,34 @@ from trainer import task
 from tests.support.trainer_runs import FAST
 
 
-def test_mixed_bfloat16_trains_and_exports_float32(tmp_path):
+def _cpu(monkeypatch, tmp_path, flags: str) -> None:
+    from mljob.training import precision
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nflags\t\t: fpu sse2 avx2 {flags}\n")
+    monkeypatch.setattr(precision, "CPUINFO", str(info))
+
+
+def test_auto_on_a_bf16_cpu_trains_bfloat16_and_exports_float32(tmp_path, monkeypatch):
+    _cpu(monkeypatch, tmp_path, "avx512f avx512_bf16")
+    from trainer import model as model_lib
+    built = []  # the precision of every model the run builds (training, export)
+    build = model_lib.build
+    monkeypatch.setattr(model_lib, "build", lambda *a, **k: built.append(
+        k.get("precision", "off")) or build(*a, **k))
     job = tmp_path / "job"
     buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        status = task.main([*FAST, "--job-dir", str(job), "--mixed-precision",
-                            "mixed_bfloat16", "--train-steps", "40", "--log-every", "20",
-                            "--eval-every", "0", "--checkpoint-every", "0"])
+    with contextlib.redirect_stdout(buffer):  # no --mixed-precision: the default, auto
+        status = task.main([*FAST, "--job-dir", str(job), "--train-steps", "40",
+                            "--log-every", "20", "--eval-every", "0",
+                            "--checkpoint-every", "0"])
     out = buffer.getvalue()
     assert status == 0, out
-    assert "mixed_precision=mixed_bfloat16" in out.splitlines()[0]
+    decided = [line for line in out.splitlines() if line.startswith("mixed precision:")]
+    assert len(decided) == 1 and "mixed_bfloat16" in decided[0] \
+        and "avx512_bf16" in decided[0], out
+    started = next(line for line in out.splitlines() if line.startswith("training started"))
+    assert "mixed_precision=mixed_bfloat16" in started
+    assert built[0] == "mixed_bfloat16" and built[-1] == "off", built  # trained; exported
     evals = [line for line in out.splitlines() if line.startswith("eval step=")]
     assert float(evals[-1].rsplit("accuracy=", 1)[1]) > 0.5  # it learned in bfloat16
 
@@ -49,6 +68,19 @@ def test_mixed_bfloat16_trains_and_exports_float32(tmp_path):
         assert "dtype: DT_FLOAT" in block, shown
 
 
+def test_auto_on_a_cpu_without_bf16_computes_float32(tmp_path, monkeypatch):
+    _cpu(monkeypatch, tmp_path, "avx512f avx512_vnni")
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        status = task.main([*FAST, "--job-dir", str(tmp_path / "job"), "--train-steps",
+                            "2", "--eval-every", "0", "--checkpoint-every", "0"])
+    out = buffer.getvalue()
+    assert status == 0, out
+    assert "mixed precision: off (float32 compute" in out
+    started = next(line for line in out.splitlines() if line.startswith("training started"))
+    assert "mixed_precision=off" in started
+
+
 def test_unknown_precision_is_a_usage_error(capsys):
     assert task.main(["--mixed-precision", "float16"]) == 2
     err = capsys.readouterr().err
@@ -60,7 +92,9 @@ def test_policy_is_per_layer_and_logits_stay_float32():
     import keras
 
     from trainer import model
-    assert task.PRECISIONS == model.PRECISIONS  # repeated in task.py to keep TF unloaded
+    from mljob.training import precision
+    assert task.PRECISIONS == precision.PRECISIONS  # what auto resolves to, model builds
+    assert set(model.PRECISIONS) == set(precision.PRECISIONS) - {precision.AUTO}
     mixed = model.build("mlp", precision="mixed_bfloat16")
     assert mixed.get_layer("hidden").compute_dtype == "bfloat16"
     assert mixed.get_layer("logits").compute_dtype == "float32"

@@ -45,7 +45,10 @@ def test_trains_and_reports_the_contract_lines(trained):
     status, out, _, _ = trained
     assert status == 0, out
     lines = out.splitlines()
-    assert lines[0].startswith("training started: strategy=single step=0 train_steps=120 "
+    # The precision the job computes in, decided once before the model is built, then
+    # the started line.
+    assert lines[0].startswith("mixed precision: ")
+    assert lines[1].startswith("training started: strategy=single step=0 train_steps=120 "
                                "model=mlp ")
     steps = [line for line in lines if line.startswith("step ")]
     # The first line right after the first step, then every --log-every steps, whatever
