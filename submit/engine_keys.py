@@ -24,10 +24,11 @@ trainingInput.scheduling, beside Cloud ML's maxRunningTime and maxWaitTime:
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from submit.errors import ConfigError
 
@@ -76,19 +77,42 @@ def check(ti: Mapping[str, Any], duration: Callable[[Any, str], float]) -> None:
                               "Kubernetes keeps (2147483647s); give less")
 
 
-def scheduling(ti: Mapping[str, Any]) -> Mapping[str, Any]:
-    return ti.get("scheduling") or {}
+@dataclasses.dataclass(frozen=True)
+class EngineKeys:
+    """The keys above, resolved once into the JobSpec (`JobSpec.engine`): renderers read
+    these fields, never the raw trainingInput. None where the config did not give one."""
+
+    service_account: str | None = None
+    network: str | None = None
+    enable_web_access: bool | None = None
+    tensorboard: str | None = None
+    base_output_directory: str | None = None
+    strategy: str | None = None
+    queue_name: str | None = None
+    ttl_seconds: int | None = None
+
+    # field -> the config key a message names
+    KEYS: ClassVar[Mapping[str, str]] = {
+        "service_account": "serviceAccount", "network": "network",
+        "enable_web_access": "enableWebAccess", "tensorboard": "tensorboard",
+        "base_output_directory": "baseOutputDirectory",
+        "strategy": "scheduling.strategy", "queue_name": "scheduling.queueName",
+        "ttl_seconds": "scheduling.ttlAfterFinished"}
+
+    def given(self, *fields: str) -> list[str]:
+        """The config keys (as written) of those of `fields` the config gave."""
+        return [self.KEYS[f] for f in fields if getattr(self, f) is not None]
 
 
-def strategy(ti: Mapping[str, Any]) -> str | None:
-    return scheduling(ti).get("strategy")
-
-
-def queue_name(ti: Mapping[str, Any], flag: str | None = None) -> str | None:
-    """`--queue`, else scheduling.queueName, else None."""
-    return flag or scheduling(ti).get("queueName")
-
-
-def ttl_seconds(ti: Mapping[str, Any]) -> int | None:
-    value = scheduling(ti).get("ttlAfterFinished")
-    return None if value is None else math.ceil(float(value[:-1]))
+def resolve(ti: Mapping[str, Any], duration: Callable[[Any, str], float]) -> EngineKeys:
+    """The keys above, checked (`check`) and resolved."""
+    check(ti, duration)
+    scheduling = ti.get("scheduling") or {}
+    ttl = scheduling.get("ttlAfterFinished")
+    return EngineKeys(
+        service_account=ti.get("serviceAccount"), network=ti.get("network"),
+        enable_web_access=ti.get("enableWebAccess"), tensorboard=ti.get("tensorboard"),
+        base_output_directory=ti.get("baseOutputDirectory"),
+        strategy=scheduling.get("strategy"), queue_name=scheduling.get("queueName"),
+        ttl_seconds=None if ttl is None else math.ceil(
+            duration(ttl, "trainingInput.scheduling.ttlAfterFinished")))

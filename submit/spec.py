@@ -133,6 +133,7 @@ class JobSpec:
     extra_packages: tuple[str, ...] = ()
     region: str | None = None               # --region, else trainingInput.region
     tuning: tuning_spec.TuningSpec | None = None
+    engine: engine_keys.EngineKeys = engine_keys.EngineKeys()  # the engines' own keys
 
     def count(self, task_type: str) -> int:
         return sum(g.count for g in self.groups if g.task_type == task_type)
@@ -315,7 +316,7 @@ def resolve(flags: Flags, config: JobConfig | None = None) -> JobSpec:
     running, waiting = (parse_duration(scheduling[key], f"trainingInput.scheduling.{key}")
                         if key in scheduling else None
                         for key in ("maxRunningTime", "maxWaitTime"))
-    engine_keys.check(ti, parse_duration)  # the cluster engines' keys
+    engine = engine_keys.resolve(ti, parse_duration)  # the cluster engines' keys
     return JobSpec(job_id=flags.job_id, scale_tier=tier_name, groups=groups,
                    job_dir=job_dir, staging_bucket=staging_bucket,
                    package_path=flags.package_path, package_uri=package_uri,
@@ -325,7 +326,7 @@ def resolve(flags: Flags, config: JobConfig | None = None) -> JobSpec:
                    labels=merge_labels(config_labels(config),
                                        parse_labels_flag(flags.labels)),
                    max_running_time=running, max_wait_time=waiting, extra_packages=extras,
-                   region=ti.get("region"), tuning=tuning)
+                   region=ti.get("region"), tuning=tuning, engine=engine)
 
 
 def _module(ti: dict, flags: Flags) -> str:

@@ -129,12 +129,12 @@ class KubeflowEngine(ClusterEngine):
             raise UsageError(f"{where} {account!r:.80} is not a Kubernetes service "
                              "account name; use lower-case letters, digits, '-' and '.' "
                              "(a Google service account email is for --runner vertex)")
-        if engine_keys.strategy(spec.training_input) == "FLEX_START":
+        if spec.engine.strategy == "FLEX_START":
             raise UsageError("trainingInput.scheduling.strategy FLEX_START is Vertex AI's; "
                              "with --runner kubeflow use SPOT or STANDARD (flex-start node "
                              "pools are the cluster's choice)")
-        vertex_only = [k for k in ("network", "tensorboard", "enableWebAccess",
-                                   "baseOutputDirectory") if k in spec.training_input]
+        vertex_only = spec.engine.given("network", "tensorboard", "enable_web_access",
+                                        "base_output_directory")
         if vertex_only:
             raise UsageError(f"trainingInput.{vertex_only[0]} is for --runner vertex; "
                              "drop it for --runner kubeflow")
@@ -145,14 +145,13 @@ class KubeflowEngine(ClusterEngine):
         return getattr(self.options, "api", None) or "tfjob"
 
     def _service_account(self, spec: specs.JobSpec) -> str | None:
-        return self.options.service_account or spec.training_input.get("serviceAccount")
+        return self.options.service_account or spec.engine.service_account
 
     def render(self, spec: specs.JobSpec, package: Package | None) -> Rendered:
         name, namespace = tfjob_name(spec.job_id), self._namespace()
         image = self.options.image or (f"mljob-trainer:{package.sha256[:12]}" if package
                                        else "")
-        queue = engine_keys.queue_name(spec.training_input,
-                                       getattr(self.options, "queue", None))
+        queue = getattr(self.options, "queue", None) or spec.engine.queue_name
         render = kubeflow_jobset.jobset if self._api() == "jobset" else \
             kubeflow_render.tfjob
         body = render(spec, package, name=name, namespace=namespace, image=image,

@@ -43,7 +43,7 @@ import math
 from typing import Any
 
 from mljob import contracts
-from submit import engine_keys, jobs as records, spec as specs
+from submit import jobs as records, spec as specs
 from submit.errors import UsageError
 from submit.package import Package
 from submit.runners import kubeflow_render as render
@@ -128,7 +128,7 @@ def jobset(spec: specs.JobSpec, package: Package | None, *, name: str, namespace
             "replicatedJobs": replicated}}
     if queue:
         body["spec"]["suspend"] = True  # Kueue admits it by resuming it
-    ttl = engine_keys.ttl_seconds(spec.training_input)
+    ttl = spec.engine.ttl_seconds
     if ttl is not None:
         body["spec"]["ttlSecondsAfterFinished"] = ttl
     return body

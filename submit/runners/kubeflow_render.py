@@ -50,7 +50,7 @@ import yaml
 
 from mljob import contracts, machines
 from mljob.training.signals import STOP_DEADLINE_SECONDS
-from submit import containers, engine_keys, spec as specs
+from submit import containers, spec as specs
 from submit.errors import UsageError
 from submit.package import Package, mljob_home
 
@@ -172,7 +172,7 @@ def tfjob(spec: specs.JobSpec, package: Package | None, *, name: str, namespace:
     if spec.max_wait_time is not None:
         run_policy["schedulingPolicy"] = {
             "scheduleTimeoutSeconds": math.ceil(spec.max_wait_time)}
-    ttl = engine_keys.ttl_seconds(spec.training_input)
+    ttl = spec.engine.ttl_seconds
     if ttl is not None:
         run_policy["ttlSecondsAfterFinished"] = ttl
     if queue:
@@ -232,7 +232,7 @@ def replica_spec(spec: specs.JobSpec, group: specs.ReplicaGroup, image: str,
     if accelerator and group.gpus:
         pod["nodeSelector"] = {"cloud.google.com/gke-accelerator":
                                accelerator.lower().replace("_", "-")}
-    if engine_keys.strategy(spec.training_input) == "SPOT":  # GKE's Spot VMs
+    if spec.engine.strategy == "SPOT":  # GKE's Spot VMs
         pod["nodeSelector"] = {**pod.get("nodeSelector", {}), SPOT_LABEL: "true"}
     return {"replicas": group.count, "restartPolicy": group.restart_policy,
             "template": {"metadata": {"labels": dict(labels)}, "spec": pod}}

@@ -30,7 +30,7 @@ from google.cloud import aiplatform_v1
 from google.protobuf import json_format
 
 from mljob import contracts, machines
-from submit import containers, engine_keys, jobs, spec as specs, tuning_spec
+from submit import containers, jobs, spec as specs, tuning_spec
 from submit import training_output as training_outputs
 from submit.errors import UsageError
 from submit.package import Package
@@ -141,7 +141,7 @@ class VertexEngine(ClusterEngine):
                 output_uri_prefix=spec.job_dir))
         _engine_keys(job_spec, spec, _service_account(self.options, spec))
         scheduling = aiplatform_v1.Scheduling()
-        strategy = engine_keys.strategy(spec.training_input)
+        strategy = spec.engine.strategy
         if strategy is not None:
             # proto-plus ships no type information: mypy cannot see its enums' EnumMeta
             scheduling.strategy = aiplatform_v1.Scheduling.Strategy[strategy]  # type: ignore[misc]
@@ -280,18 +280,17 @@ def _pool(spec: JobSpec, group: specs.ReplicaGroup, package: Package | None,
 
 def _service_account(options: EngineOptions, spec: JobSpec) -> str | None:
     """--service-account, else config.yaml's trainingInput.serviceAccount."""
-    return options.service_account or spec.training_input.get("serviceAccount")
+    return options.service_account or spec.engine.service_account
 
 
 def _check_engine_keys(spec: JobSpec, account: str | None, region: str) -> None:
     """What Vertex AI refuses of `submit.engine_keys`, refused here in one line."""
-    ti = spec.training_input
-    kubernetes_only = [k for k in ("queueName", "ttlAfterFinished")
-                       if k in engine_keys.scheduling(ti)]
+    keys = spec.engine
+    kubernetes_only = keys.given("queue_name", "ttl_seconds")
     if kubernetes_only:
-        raise UsageError(f"trainingInput.scheduling.{kubernetes_only[0]} is for --runner "
+        raise UsageError(f"trainingInput.{kubernetes_only[0]} is for --runner "
                          "kubeflow (Kubernetes); drop it for --runner vertex")
-    board = ti.get("tensorboard")
+    board = keys.tensorboard
     if board is not None and account is None:
         raise UsageError("trainingInput.tensorboard needs the service account the job "
                          "runs as (Vertex AI's rule); give --service-account or "
@@ -304,17 +303,17 @@ def _check_engine_keys(spec: JobSpec, account: str | None, region: str) -> None:
 def _engine_keys(job_spec: aiplatform_v1.CustomJobSpec, spec: JobSpec,
                  account: str | None) -> None:
     """trainingInput's Vertex AI keys (`submit.engine_keys`) onto the CustomJobSpec."""
-    ti = spec.training_input
+    keys = spec.engine
     if account:
         job_spec.service_account = account
-    if ti.get("baseOutputDirectory"):
+    if keys.base_output_directory:
         job_spec.base_output_directory = aiplatform_v1.GcsDestination(
-            output_uri_prefix=ti["baseOutputDirectory"])
-    if ti.get("network"):
-        job_spec.network = ti["network"]
-    if ti.get("tensorboard"):
-        job_spec.tensorboard = ti["tensorboard"]
-    if ti.get("enableWebAccess"):
+            output_uri_prefix=keys.base_output_directory)
+    if keys.network:
+        job_spec.network = keys.network
+    if keys.tensorboard:
+        job_spec.tensorboard = keys.tensorboard
+    if keys.enable_web_access:
         job_spec.enable_web_access = True
 
 

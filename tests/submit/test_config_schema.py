@@ -181,7 +181,14 @@ def test_runners_read_the_resolved_spec_not_the_raw_training_input():
                                                        "type": "NVIDIA_TESLA_T4"}},
                 "workerConfig": {"acceleratorConfig": {"count": "1",
                                                        "type": "NVIDIA_L4"}}},
-               {"scaleTier": "BASIC_GPU", "hyperparameters": hp}):
+               {"scaleTier": "BASIC_GPU", "hyperparameters": hp},
+               {"scaleTier": "STANDARD_1", "region": "us-central1",
+                "serviceAccount": "trainer@my-project.iam.gserviceaccount.com",
+                "network": "projects/123/global/networks/vpc-1", "enableWebAccess": True,
+                "tensorboard": "projects/123/locations/us-central1/tensorboards/77",
+                "baseOutputDirectory": "gs://mljob-test/out",
+                "scheduling": {"strategy": "SPOT", "queueName": "team-a",
+                               "ttlAfterFinished": "3600s"}}):
         spec = specs.resolve(specs.Flags("job01", job_dir="gs://mljob-test/jobs/job01"),
                              specs.training_config(ti))
         bare = dataclasses.replace(spec, training_input={})
@@ -191,4 +198,4 @@ def test_runners_read_the_resolved_spec_not_the_raw_training_input():
             assert full.text == empty.text, type(engine).__name__
         if "region" in ti:
             assert VertexEngine(EngineOptions(project="my-project")).render(
-                bare, PACKAGE).handle["region"] == "europe-west4"
+                bare, PACKAGE).handle["region"] == ti["region"]
