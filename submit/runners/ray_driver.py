@@ -295,7 +295,14 @@ class Driver:
             scheduling_strategy=self.strategy_of(
                 placement_group=self.pg, placement_group_bundle_index=i)
         ).remote(self.replicas[i]["label"], self.job.get("patterns"))
-        node_id, ip, port = self.ray.get(actor.where.remote(self.addresses[i][1] or None))
+        wait = self.job.get("max_wait_time") or PLACEMENT_WAIT_S
+        try:
+            node_id, ip, port = self.ray.get(
+                actor.where.remote(self.addresses[i][1] or None), timeout=wait)
+        except self.ray.exceptions.GetTimeoutError:
+            raise ValueError(f"{self.replicas[i]['label']} found no room in the cluster "
+                             f"within {wait:g}s (its bundle was not placed again); add a "
+                             "node or retry the job") from None
         self.actors[i], self.nodes[i], self.addresses[i] = actor, node_id, (ip, port)
 
     def tf_config(self, i: int) -> str:
