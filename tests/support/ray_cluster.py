@@ -24,7 +24,7 @@ import psutil
 from mljob.procs import free_ports
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
-START_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 180.0
 
 
 def skip_reason() -> str | None:
@@ -160,7 +160,8 @@ def _wait_ready(node: RayNode, dashboard: str | None, wrap=None) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if node.proc.poll() is not None:
-            kind = _SlowStart if "timed out during startup" in node.log() else RuntimeError
+            slow = ("timed out during startup", "Failed to get node info")
+            kind = _SlowStart if any(s in node.log() for s in slow) else RuntimeError
             raise kind(f"ray start exited {node.proc.returncode}:\n{node.log()}")
         if "Ray runtime started" in node.log() and (
                 dashboard is None or _answers(f"{dashboard}/api/version", wrap)):
