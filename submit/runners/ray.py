@@ -58,6 +58,7 @@ ADDRESS_ENV = "RAY_ADDRESS"
 CONNECT_TIMEOUT_S = 5.0
 POLL_S = 1.0
 CANCEL_WAIT_S = 30.0
+FOLLOW_OUTAGE_S = 120.0  # how long a followed job's dashboard may not answer
 DRIVER_FILE = "ray_driver.py"
 JOB_FILE = "job.json"
 GIB = 1024 ** 3
@@ -215,10 +216,20 @@ class RayEngine(ClusterEngine):
                              f"{contracts.LABEL_HINT}, or {logfmt.SERVICE}")
         client = _client(handle["address"])
         seen = 0
+        failing_since = None
         while True:
-            done = not follow or STATES.get(_job_status(client, handle)) in \
-                records.FINAL_STATES
-            text = _get_logs(client, handle)
+            try:
+                done = not follow or STATES.get(_job_status(client, handle)) in \
+                    records.FINAL_STATES
+                text = _get_logs(client, handle)
+                failing_since = None
+            except SubmitError:
+                # a dashboard busy or restarting: following goes on for a while
+                failing_since = failing_since or time.monotonic()
+                if not follow or time.monotonic() - failing_since > FOLLOW_OUTAGE_S:
+                    raise
+                time.sleep(POLL_S)
+                continue
             cut = text.rfind("\n", seen) + 1 if not done else len(text)
             for line in text[seen:cut].splitlines():
                 if task_name is None or line.split("\t", 3)[2:3] == [task_name]:

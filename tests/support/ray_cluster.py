@@ -128,11 +128,14 @@ def _start_node(temp_dir: str, *, ip: str = "127.0.0.1", head_address: str | Non
             f"--metrics-export-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",
             f"--dashboard-agent-listen-port={ports[4]}",
             f"--runtime-env-agent-port={ports[5]}"]  # workers: Ray's 10002-19999
+    # every node its own temp dir, as on separate machines (nodes sharing one would
+    # build the same runtime_env folders at once)
+    args.append(f"--temp-dir={link}")
     dashboard = None
     if head_address is None:
         gcs = port or ports[7]
         dashboard = f"http://{ip}:{ports[8]}"
-        args += ["--head", f"--port={gcs}", f"--temp-dir={link}",
+        args += ["--head", f"--port={gcs}",
                  f"--dashboard-host={ip}", f"--dashboard-port={ports[8]}",
                  "--include-dashboard=true", f"--ray-client-server-port={free_ports(1)[0]}"]
         address = f"{ip}:{gcs}"
