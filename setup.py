@@ -44,6 +44,10 @@ setup(
         # the cluster engines' SDKs (`--runner kubeflow`, `--runner vertex`)
         "kubeflow": ["kubernetes>=29", "kubeflow-training>=1.8,<2"],
         "vertex": ["google-cloud-aiplatform>=1.60"],
+        # `--runner ray`: Ray's `default` extra is the smallest install with the
+        # dashboard's job API (submit, status, logs, stop), `ray start --head` serving it,
+        # and pip runtime_envs (virtualenv)
+        "ray": ["ray[default]==2.60.0"],
         # hyperparameter tuning on the local runner: the study, its plot, and TensorBoard's
         # HParams summaries (written with tensorboard's protos, no TensorFlow)
         "tuning": ["optuna>=4.0", "matplotlib>=3.8", "tensorboard>=2.12"],

@@ -80,7 +80,8 @@ _OPTIONS = [
     click.option("--runner", default="local", show_default=True,
                  type=click.Choice(tuple(runners.RUNNERS)),
                  help="Where the job runs: processes on this machine, a Kubeflow TFJob on "
-                      "the current kubeconfig's cluster, or a Vertex AI CustomJob."),
+                      "the current kubeconfig's cluster, a Vertex AI CustomJob, or a job on a Ray "
+                      "cluster."),
     click.option("--image", help="kubeflow: the container image holding the trainer (see "
                                  "the Dockerfile --dry-run prints); vertex: the executor "
                                  "image the package is installed into."),
@@ -97,6 +98,9 @@ _OPTIONS = [
                       "scheduling.queueName, else none]."),
     click.option("--project", help="vertex: the Google Cloud project [default: "
                                    "$GOOGLE_CLOUD_PROJECT]."),
+    click.option("--ray-address", metavar="URL",
+                 help="ray: the Ray cluster's dashboard (job API) address, e.g. "
+                      "http://HEAD:8265 [default: $RAY_ADDRESS]."),
     click.option("--region", help="The region, recorded in trainingInput; vertex runs the "
                                   "job there [default: the config's region, else us-central1]."),
     click.option("--runtime-version", help="Cloud ML's runtime version (e.g. 2.11), recorded "
@@ -135,11 +139,12 @@ def submit_training(ctx, job_id, scale_tier, config_path, job_dir, staging_bucke
                     parameter_server_count, evaluator_count, stream_logs, dry_run, resume,
                     restart_policy, max_restarts, runner, image, namespace, context,
                     api, queue, project, region, runtime_version, python_version, service_account,
-                    **job_definition):
+                    ray_address, **job_definition):
     """The submission the flags ask for, run to its end (or its dry run's print)."""
     options = kubeflow_options.KubeflowOptions(
         image=image, namespace=namespace, context=context, project=project, region=region,
-        service_account=service_account, api=api and api.lower(), queue=queue)
+        service_account=service_account, api=api and api.lower(), queue=queue,
+        ray_address=ray_address)
     options.check_for(runner)
     flags = specs.Flags(
         job_id, scale_tier=scale_tier, worker_count=worker_count,

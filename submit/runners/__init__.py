@@ -1,8 +1,8 @@
 """Runners execute a job, all behind one interface (`submit.runners.engine.Runner`):
-`local` supervises one process per replica on this machine; `kubeflow` and `vertex` are
-cluster engines that hand the job to Kubernetes or Vertex AI. The registry imports a
-backend only when it is asked for, so an engine's SDK is never loaded for local jobs, and
-a missing SDK gets an install hint."""
+`local` supervises one process per replica on this machine; `kubeflow`, `vertex` and
+`ray` are cluster engines that hand the job to Kubernetes, Vertex AI or a Ray cluster.
+The registry imports a backend only when it is asked for, so an engine's SDK is never
+loaded for local jobs, and a missing SDK gets an install hint."""
 from __future__ import annotations
 
 import importlib
@@ -11,8 +11,9 @@ from submit.errors import UsageError
 
 RUNNERS = {"local": "submit.runners.local:LocalEngine",
            "kubeflow": "submit.runners.kubeflow:KubeflowEngine",
-           "vertex": "submit.runners.vertex:VertexEngine"}
-EXTRAS = {"kubeflow": "kubeflow", "vertex": "vertex"}  # setup.py extras per runner
+           "vertex": "submit.runners.vertex:VertexEngine",
+           "ray": "submit.runners.ray:RayEngine"}
+EXTRAS = {"kubeflow": "kubeflow", "vertex": "vertex", "ray": "ray"}  # setup.py extras per runner
 
 
 def get(name: str):

@@ -68,12 +68,13 @@ class EngineOptions:
     project: str | None = None
     region: str | None = None
     service_account: str | None = None
+    ray_address: str | None = None  # ray: the dashboard's address (else $RAY_ADDRESS)
 
     # which runner each option belongs to (the rest are shared)
     OWNERS: ClassVar[Mapping[str, tuple[str, ...]]] = {
         "image": ("kubeflow", "vertex"), "namespace": ("kubeflow",),
         "context": ("kubeflow",), "project": ("vertex",),
-        "service_account": ("kubeflow", "vertex")}
+        "service_account": ("kubeflow", "vertex"), "ray_address": ("ray",)}
 
     def check_for(self, runner: str) -> None:
         """Engine flags given to a runner that has no use for them are mistakes, and so

@@ -334,8 +334,14 @@ def ended_state(runner: Runner, record: records.JobRecord) -> str:
 
 # --- the tests ----------------------------------------------------------------------
 
+# Runners whose harness is still to come, and where their verbs are tested meanwhile.
+PENDING = {"ray": "a harness needs a real Ray head (tens of seconds to start); the verbs "
+                  "run against one in tests/e2e/test_ray_e2e.py"}
+
+
 def test_every_runner_is_in_the_suite():
-    assert set(FARS) == set(runners.RUNNERS)
+    assert set(FARS) | set(PENDING) == set(runners.RUNNERS)
+    assert not set(FARS) & set(PENDING)
 
 
 def test_check_takes_a_job_and_refuses_one_it_cannot_run(far):

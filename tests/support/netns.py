@@ -81,10 +81,10 @@ class Host:
 class Network:
     """The hosts and their bridge; a sequence of Host (hosts[0], len(hosts), iteration)."""
 
-    def __init__(self, count: int, reaper=None):
+    def __init__(self, count: int, reaper=None, name: str | None = None):
         if not 1 <= count <= 250:
             raise ValueError(f"test hosts: count must be 1 to 250, not {count}")
-        self.name = f"{PREFIX}{uuid.uuid4().hex[:8]}"
+        self.name = name or f"{PREFIX}{uuid.uuid4().hex[:8]}"
         self.bridge_namespace = f"{self.name}-br"
         self.hosts = [Host(self, i) for i in range(count)]
         self.reaper = reaper
@@ -156,14 +156,15 @@ class Network:
 
 
 @contextlib.contextmanager
-def test_hosts(count: int, reaper=None) -> Iterator[Network]:
+def test_hosts(count: int, reaper=None, name: str | None = None) -> Iterator[Network]:
     """`count` hosts on one bridge, torn down on exit; skips the test when network
-    namespaces cannot be made here (not root, no `ip netns`)."""
+    namespaces cannot be made here (not root, no `ip netns`). `name` is the namespaces'
+    prefix (default `mljob-<random>`)."""
     reason = skip_reason()
     if reason:
         import pytest
         pytest.skip(reason)
-    network = Network(count, reaper)
+    network = Network(count, reaper, name)
     try:
         network.create()
         yield network

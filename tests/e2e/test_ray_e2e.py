@@ -1,0 +1,138 @@
+"""`--runner ray` on a real Ray cluster started here: a head (`ray start --head`, its
+dashboard on 127.0.0.1, 3 logical CPUs), stopped by PID when the module ends.
+
+The bundled trainer runs for real in Ray actors: a ps job shaped like STANDARD_1 (a
+master, a worker and a ps, each on n1-standard-1 machines: 1 vCPU, so the three fit the
+head) and a MultiWorkerMirroredStrategy job, both to SUCCEEDED with the model exported;
+`jobs describe`, `jobs stream-logs --task-name` and `jobs cancel` on a job submitted with
+--async; and a job the cluster can never hold, refused in one line before anything is
+staged. Ray itself names the node by its machine address (it replaces 127.0.0.1 with a
+reachable one), which is what the replicas' TF_CONFIG holds.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+import yaml
+
+from submit import jobs as records
+from tests.support.ray_cluster import skip_reason, start_node
+from tests.support.submit_cli import nothing_written, one_error_line, run
+from tests.support.trainer_runs import FAST
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
+
+TRAIN = [*FAST, "--train-steps", "30", "--checkpoint-every", "0", "--eval-every", "0",
+         "--log-every", "10"]
+ONE_CPU = "n1-standard-1"
+PS_JOB = {"trainingInput": {"scaleTier": "CUSTOM", "masterType": ONE_CPU,
+                            "workerType": ONE_CPU, "parameterServerType": ONE_CPU,
+                            "workerCount": 1, "parameterServerCount": 1}}
+MWMS_JOB = {"trainingInput": {"scaleTier": "CUSTOM", "masterType": ONE_CPU,
+                              "workerType": ONE_CPU, "workerCount": 1,
+                              "useChiefInTfConfig": True}}
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    node = start_node(str(tmp_path_factory.mktemp("ray")), num_cpus=3)
+    try:
+        yield node
+    finally:
+        node.stop()
+        assert node.pids() == []
+
+
+def config(tmp_path, body) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return str(path)
+
+
+def submit(capsys, ray_head, tmp_path, job_id, body, *extra, args=TRAIN):
+    return run(capsys, job_id, "--runner", "ray", "--ray-address", ray_head.dashboard,
+               "--config", config(tmp_path, body), "--job-dir", str(tmp_path / "out"),
+               *extra, "--", *args)
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Replica processes of the job still alive on this machine (CLOUD_ML_JOB_ID)."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("CLOUD_ML_JOB_ID") == job_id and p.pid != os.getpid():
+                found.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def test_a_ps_job_runs_to_succeeded_and_exports(capsys, ray_head, tmp_path):
+    status, out, err = submit(capsys, ray_head, tmp_path, "rayps", PS_JOB)
+    assert status == 0, err[-3000:]
+    assert "Job [rayps] SUCCEEDED." in out
+    assert "\tmaster-replica-0\ttraining started: strategy=ps" in out
+    assert "\tmaster-replica-0\tstep 30/30 loss=" in out
+    assert f"exported model to {tmp_path / 'out'}/model" in out
+    assert os.path.exists(tmp_path / "out" / "model" / "saved_model.pb")
+    assert "oneDNN custom operations" not in out   # start-up noise dropped
+    record = records.load("rayps")
+    assert record.state == records.SUCCEEDED and record.runner == "ray"
+    states = {r.label: r.state for r in record.replicas}
+    # the ps and the worker were stopped when the chief ended
+    assert states == {"master-replica-0": "EXITED", "worker-replica-0": "STOPPED",
+                      "ps-replica-0": "STOPPED"}
+    assert job_processes("rayps") == []
+
+
+def test_a_multiworker_job_runs_to_succeeded_and_exports(capsys, ray_head, tmp_path):
+    status, out, err = submit(capsys, ray_head, tmp_path, "raymw", MWMS_JOB)
+    assert status == 0, err[-3000:]
+    assert "training started: strategy=multiworker" in out and "replicas=2" in out
+    assert os.path.exists(tmp_path / "out" / "model" / "saved_model.pb")
+
+
+def test_describe_stream_logs_and_cancel(capsys, ray_head, tmp_path):
+    long_run = [*FAST, "--train-steps", "1000000", "--checkpoint-every", "0",
+                "--eval-every", "0", "--log-every", "50"]
+    status, out, err = submit(capsys, ray_head, tmp_path, "raycancel", PS_JOB, "--async",
+                              args=long_run)
+    assert status == 0, err
+    deadline = time.monotonic() + 240
+    while True:  # RUNNING, and the three replica processes started in their actors
+        status, out, _ = run(capsys, "jobs", "describe", "raycancel")
+        if yaml.safe_load(out)["state"] == "RUNNING" and \
+                len(job_processes("raycancel")) >= 3:
+            break
+        assert time.monotonic() < deadline, out
+        time.sleep(2)
+    status, out, err = run(capsys, "jobs", "cancel", "raycancel")
+    assert status == 0, err
+    record = records.load("raycancel")
+    assert record.state == records.CANCELLED
+    deadline = time.monotonic() + 30
+    while job_processes("raycancel") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert job_processes("raycancel") == []     # every replica process stopped
+    status, out, _ = run(capsys, "jobs", "stream-logs", "raycancel", "--task-name",
+                         "service")
+    *lines, last = out.splitlines()
+    assert last == "Job [raycancel] CANCELLED."
+    assert lines and all("\tservice\t" in line for line in lines)
+    assert any("replica ps-replica-0 state=RUNNING" in line for line in lines)
+
+
+def test_a_job_the_cluster_cannot_hold_is_one_line(capsys, ray_head, tmp_path):
+    too_big = {"trainingInput": {"scaleTier": "CUSTOM", "masterType": ONE_CPU,
+                                 "workerType": ONE_CPU, "workerCount": 3,
+                                 "parameterServerType": ONE_CPU,
+                                 "parameterServerCount": 1}}
+    status, _, err = submit(capsys, ray_head, tmp_path, "raybig", too_big)
+    assert status != 0
+    line = one_error_line(err)
+    assert "cannot place the job's 5 replicas" in line and ray_head.dashboard in line
+    nothing_written(tmp_path / "out")
