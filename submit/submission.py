@@ -75,6 +75,8 @@ def submit(request: Submission, echo: Echo) -> int:
             return 0
         if rendered.blocked:  # before anything is staged
             raise UsageError(rendered.blocked)
+        if runner.preflight is not None:
+            runner.preflight(rendered)
         for each in pkg.all if pkg else ():
             if each.local_file and not _given_url(spec, each):
                 assert each.url is not None  # with_extras gives every archive its URL

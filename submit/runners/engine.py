@@ -28,10 +28,13 @@ record from `status`; SUPERVISOR: the process the runner's `create` starts write
 `create`'s handle names that process as `supervisor_pid`); `supervise_here` (None: an
 attached job is followed through `logs` until it ends, Ctrl-C stops following; a
 function of (rendered, record): an attached job is run to its end in this process by
-it, and Ctrl-C cancels it). What a render says beside the job object is data in
-`Rendered` too: `notes` for the user (Kubeflow's image build context), `blocked` when
-the job cannot be created as rendered though a dry run may print it (Kubeflow without
---image), and `record`, fields of the job record only the runner knows.
+it, and Ctrl-C cancels it); `preflight` (None, or a function of the rendered job that
+asks the engine whether it can take the job, raising UsageError when it cannot: called
+before anything is staged, never for a dry run; Ray's placement check). What a render
+says beside the job object is data in `Rendered` too: `notes` for the user (Kubeflow's
+image build context), `blocked` when the job cannot be created as rendered though a dry
+run may print it (Kubeflow without --image), and `record`, fields of the job record only
+the runner knows.
 
 Engine SDKs are heavy; each engine module imports its SDK at the top and the registry in
 `submit.runners` imports the module only when that runner is asked for, with an install
@@ -135,6 +138,7 @@ class Runner(abc.ABC):
     max_replicas_per_type: ClassVar[int | None] = None
     record_owner: ClassVar[str] = ENGINE
     supervise_here: ClassVar[staticmethod[[Rendered, records.JobRecord], Any] | None] = None
+    preflight: ClassVar[staticmethod[[Rendered], None] | None] = None
 
     def __init__(self, options: EngineOptions):
         options.check_for(self.name)

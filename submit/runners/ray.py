@@ -159,18 +159,18 @@ class RayEngine(ClusterEngine):
     @staticmethod
     def _fits(rendered: Rendered) -> None:
         """The cluster answers and can place the job's bundles: else one line, before
-        the job is submitted (never a job left waiting for resources that never come)."""
+        anything is staged (never a job left waiting for what never comes)."""
         address = rendered.body["address"]
-        client = _client(address)
-        nodes = _nodes(client, address)
+        nodes = _nodes(_client(address), address)
         job = rendered.body["job"]
         try:
             ray_driver.fit([r["bundle"] for r in job["replicas"]], nodes, job["spread"])
         except ValueError as exc:
             raise UsageError(f"{exc} ({address})") from None
 
+    preflight = _fits
+
     def create(self, rendered: Rendered) -> Mapping[str, Any]:
-        self._fits(rendered)
         body = rendered.body
         handle = dict(rendered.handle)
         client = _client(handle["address"])

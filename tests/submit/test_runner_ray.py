@@ -9,6 +9,7 @@ import socket
 
 import pytest
 
+from tests.support.specs import resolve as spec_of
 from submit import logs as logfmt
 from submit import spec as specs
 from submit.errors import SubmitError, UsageError
@@ -29,7 +30,7 @@ ADDRESS = "http://10.0.0.5:8265"
 
 
 def render(training_input, scale_tier=None, **options):
-    spec = specs.resolve("job01", training_input, scale_tier=scale_tier,
+    spec = spec_of("job01", training_input, scale_tier=scale_tier,
                          job_dir="gs://mljob-test/jobs/job01", args=["--model", "mlp"])
     engine = ray_runner.RayEngine(EngineOptions(ray_address=ADDRESS, **options))
     engine.check(spec)
@@ -108,7 +109,7 @@ def test_driver_lines_are_the_local_runners_format_and_parse_back():
     ("Never", 137, False), ("ExitCode", 137, True), ("ExitCode", 1, False),
     ("OnFailure", 1, True), ("Always", 0, False)])
 def test_restart_rule_is_the_local_runners(policy, status, again):
-    from submit.runners.local import should_restart
+    from submit.local.supervisor import should_restart
     assert ray_driver.should_restart(policy, status) is again
     assert should_restart(policy, status) is again
 
@@ -169,7 +170,7 @@ def test_what_ray_cannot_run_is_refused(capsys, pkg, extra, fragment):
 
 
 def test_tuning_is_refused_with_the_runners_that_tune():
-    spec = specs.resolve("job01", {"hyperparameters": {
+    spec = spec_of("job01", {"hyperparameters": {
         "goal": "MAXIMIZE", "hyperparameterMetricTag": "accuracy", "maxTrials": 2,
         "params": [{"parameterName": "lr", "type": "DOUBLE", "minValue": 0.01,
                     "maxValue": 0.1}]}}, job_dir="gs://bkt/o")
