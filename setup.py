@@ -56,7 +56,6 @@ setup(
             "uv>=0.5",  # package environments built with uv (pip where it is absent)
             "pytest-timeout>=2.3",
             "hypothesis>=6.100",
-            "jsonschema>=4.18",  # the published config.yaml schema checked against the models
             "httpx>=0.27",
             "gcp-storage-emulator>=2024.8",
             "tensorboard==2.21.*",
@@ -66,7 +65,9 @@ setup(
             "optuna>=4.0",
             "cloudml-hypertune>=0.1.0.dev6",  # a trainer that reports with Google's library
             "kubeflow-katib-api>=0.17",       # Katib's Experiment models check our render
-            "jsonschema>=4.18",  # the engines' CRD schemas check every manifest we render
+            # the engines' CRD schemas check every manifest we render, and the published
+            # config.yaml schema is checked against its models
+            "jsonschema>=4.18",
             "playwright>=1.45",  # the console's browser tests, driving Debian's chromium
             # `.ci/run`'s linters, pinned: a newer release may find new things to say
             "ruff==0.17.*",
