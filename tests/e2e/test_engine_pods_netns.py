@@ -150,6 +150,7 @@ def pod_env(container: dict, tf_config: str, home: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow  # long: CI runs it in the slow step
 def test_tfjob_pods_train_under_the_operators_tf_config(reaper, tmp_path):
     tfjob = render_tfjob()
     pods = pods_of(tfjob)

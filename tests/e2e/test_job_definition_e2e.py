@@ -6,6 +6,8 @@ SUCCEEDED, the labels in `jobs describe`; then the same command line rendered by
 the CustomJob."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 
@@ -37,6 +39,7 @@ def submit(reaper, tmp_path, name: str, *argv, timeout: float = 60) -> tuple[int
     return status, out.read_text(), err.read_text()
 
 
+@pytest.mark.slow  # long: CI runs it in the slow step
 def test_custom_from_flags_with_labels_runs_to_succeeded(reaper, tmp_path):
     job_dir = str(tmp_path / "job")
     status, out, err = submit(reaper, tmp_path, "local", "job", *CUSTOM, "--job-dir",

@@ -52,6 +52,7 @@ def local_files(root) -> set[str]:
             for n in names}
 
 
+@pytest.mark.slow  # long: CI runs it in the slow step
 def test_standard_1_on_a_local_job_dir(tmp_path):
     job_dir = str(tmp_path / "job01")
     out = submit_cli("job01", "--scale-tier", "STANDARD_1", "--job-dir", job_dir, "--",
@@ -79,6 +80,7 @@ def test_standard_1_on_a_local_job_dir(tmp_path):
     assert again.returncode == 2 and "already used in" in again.stderr
 
 
+@pytest.mark.slow  # long: CI runs it in the slow step
 def test_custom_config_with_an_evaluator_on_memory(capsys, tmp_path, memfs):
     config = tmp_path / "config.yaml"
     config.write_text("trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"

@@ -3,6 +3,8 @@ waiting for peers that are gone: the chief's stop watchdog (trainer/servers.py) 
 the launcher's death and a stop request left unanswered, and ends the process."""
 from __future__ import annotations
 
+import pytest
+
 import os
 import signal
 import subprocess
@@ -50,6 +52,7 @@ def test_the_launchers_death_is_noticed_by_a_stuck_process(reaper):
     assert f"the launcher (pid {parent.pid}) is gone" in proc.stderr.read()
 
 
+@pytest.mark.slow  # long: CI runs it in the slow step
 def test_launcher_sigkilled_mid_training_leaves_no_replica(reaper, tmp_path):
     job = Job(reaper, tmp_path, "launcher_kill", env={"MLJOB_STOP_DEADLINE": "10"})
     job.wait_step(200)

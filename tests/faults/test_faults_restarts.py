@@ -80,6 +80,7 @@ def test_policy_decides_which_statuses_restart(status, policy, restart):
     assert should_restart(policy, status) is restart
 
 
+@pytest.mark.slow  # long: CI runs it in the slow step
 def test_per_type_policy_from_config_restarts_with_back_off(capsys, tmp_path, pkg,
                                                             monkeypatch):
     monkeypatch.setenv("FAKE_PS_EXITS", "137,200")   # killed, then peer lost: both retryable
@@ -148,6 +149,7 @@ def test_a_server_stopped_while_the_chief_runs_is_restarted_as_preempted(
     assert len(open(os.path.join(tmp_path, "preempted", "ps-starts")).read()) == 2
 
 
+@pytest.mark.slow  # long: CI runs it in the slow step
 def test_a_restart_policy_alone_survives_a_sigkilled_worker(capsys, tmp_path, pkg,
                                                             monkeypatch):
     """--restart-policy OnFailure with no --max-restarts allows the default restarts: the

@@ -277,6 +277,7 @@ def test_gs_base_path_is_watched(gcs_emulator, exports, expected, reaper):
         assert which(expected, 3, answer.json()["predictions"][0]["scores"]) == 2
 
 
+@pytest.mark.slow  # long: CI runs it in the slow step
 def test_three_swaps_under_100_concurrent_clients(tmp_path, exports, expected, reaper):
     """100 real clients (80 HTTP, 20 gRPC with TF Serving's stubs) predict without
     pause while versions 2, 3 and 4 are published one after another: no request fails,

@@ -4,6 +4,8 @@ job dir, TF_CONFIG trial and metrics file; the record's trainingOutput best firs
 stopping; maxFailedTrials; cancel and resumePreviousJobId. Every PID is checked dead."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import signal
@@ -200,6 +202,7 @@ def _cli(*argv, env=None, timeout=120):
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow  # long: CI runs it in the slow step
 def test_cancel_then_resume_runs_no_finished_trial_again(tmp_path):
     env = {**os.environ, "TUNE_STEPS": "4", "TUNE_SLEEP": "0.4"}
     common = ["--package-path", pkg_of(tmp_path), "--module-name", "fakejob.task"]
@@ -352,6 +355,7 @@ def test_grid_search_stops_hopeless_parameter_values_early(tmp_path, monkeypatch
     assert_all_dead(record)
 
 
+@pytest.mark.slow  # long: CI runs it in the slow step
 def test_a_killed_launcher_loses_no_finished_trial(tmp_path):
     """SIGKILL to the supervisor of a tuning job: its trials' replicas die with it, and
     every trial that had finished is in the study that resumePreviousJobId continues."""

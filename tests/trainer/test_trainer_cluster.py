@@ -3,6 +3,8 @@
 model well above chance, and that no replica outlives it."""
 from __future__ import annotations
 
+import pytest
+
 import glob
 import os
 import signal
@@ -67,6 +69,7 @@ def test_ps_cluster_of_chief_two_workers_one_ps_from_the_seed_flags(reaper, tmp_
         assert not pid_alive(proc.pid)
 
 
+@pytest.mark.slow  # long: CI runs it in the slow step
 def test_two_ps_shard_variables_and_master_is_a_chief(reaper, tmp_path):
     spec = cluster(free_ports(4), workers=1, ps=2, chief="master")
     args = _job_args(tmp_path, "--ps-shards", "2")
@@ -90,6 +93,7 @@ def test_two_ps_shard_variables_and_master_is_a_chief(reaper, tmp_path):
         assert not pid_alive(proc.pid)
 
 
+@pytest.mark.slow  # long: CI runs it in the slow step
 def test_multiworker_sigterm_saves_then_restart_resumes(reaper, tmp_path):
     # Run 1: a long job, one step per call; SIGTERM to the chief once it is under way.
     spec = cluster(free_ports(2), workers=1, ps=0)

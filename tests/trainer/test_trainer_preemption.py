@@ -4,6 +4,8 @@ the restarted job resumes from exactly that step. Real processes on 127.0.0.1, t
 on the packaged sample."""
 from __future__ import annotations
 
+import pytest
+
 import os
 import re
 import signal
@@ -30,6 +32,7 @@ def _stopped_at(log) -> int:
     return int(match.group(1))
 
 
+@pytest.mark.slow  # long: CI runs it in the slow step
 def test_sigterm_to_a_worker_stops_every_replica_at_one_saved_step(reaper, tmp_path):
     job = str(tmp_path / "job")
     # Packed steps (chunks of 5) and no periodic checkpoint: the only checkpoint before

@@ -27,6 +27,7 @@ def _state_step(job) -> int:
     return int(re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', text, re.M).group(1))
 
 
+@pytest.mark.slow  # long: CI runs it in the slow step
 def test_killed_chief_resumes_and_sigterm_saves_then_exits_143(reaper, tmp_path):
     job = str(tmp_path / "job")
     # One step per call and frequent checkpoints: the run lasts long enough to be killed
