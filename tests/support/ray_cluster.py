@@ -52,9 +52,10 @@ class RayNode:
         found = []
         for p in psutil.process_iter(["pid"]):
             try:
-                if os.getsid(p.pid) == self.proc.pid:
+                if os.getsid(p.pid) == self.proc.pid and \
+                        p.status() != psutil.STATUS_ZOMBIE:  # a zombie is dead, unreaped
                     found.append(p.pid)
-            except (ProcessLookupError, PermissionError):
+            except (ProcessLookupError, PermissionError, psutil.Error):
                 continue
         return sorted(found, key=lambda pid: pid != self.proc.pid)
 
@@ -72,6 +73,9 @@ class RayNode:
             time.sleep(0.2)
         for pid in self.pids():
             _signal(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10  # SIGKILL is sent, not yet done
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:

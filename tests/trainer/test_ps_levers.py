@@ -51,8 +51,9 @@ def _ps_run(reaper, tmp_path, name: str, *extra: str) -> dict:
     import tensorflow as tf
 
     job = tmp_path / name
+    # float32 compute: the runs compare update paths, not bfloat16's rounding
     args = [*FAST, "--train-steps", "100", "--checkpoint-every", "100", "--eval-every", "0",
-            "--log-every", "20", "--job-dir", str(job), *extra]
+            "--log-every", "20", "--mixed-precision", "off", "--job-dir", str(job), *extra]
     _train(reaper, tmp_path, name, args, workers=1, ps=1)
     reader = tf.train.load_checkpoint(str(job / "checkpoints" / "ckpt-100"))
     return {key: reader.get_tensor(key) for key in reader.get_variable_to_shape_map()
