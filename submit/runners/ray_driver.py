@@ -239,7 +239,9 @@ class ReplicaActor:
 
 
 def should_restart(policy: str, status: int) -> bool:
-    """submit.runners.local.should_restart, the same rule."""
+    """`submit.local.supervisor.should_restart`, the same rule, copied: this driver runs
+    on the cluster with the standard library and Ray only (tests/submit/test_runner_ray.py
+    checks the two agree)."""
     if status == 0 or policy == "Never":
         return False
     if policy == "ExitCode":
