@@ -72,7 +72,8 @@ def tuning_job(home: str, trials: int, when: float) -> str:
     import optuna
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-    from submit import jobs, tuning, tuning_spec
+    from submit import jobs, tuning_spec
+    from submit.local import study as tuning
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     job_id = "tuning_1000"
     job_dir = os.path.join(home, "job_dirs", job_id)
@@ -86,7 +87,7 @@ def tuning_job(home: str, trials: int, when: float) -> str:
     folder = os.path.join(job_dir, "hptuning")
     os.makedirs(folder, exist_ok=True)
     study = optuna.create_study(
-        storage=JournalStorage(JournalFileBackend(os.path.join(folder, tuning.JOURNAL))),
+        storage=JournalStorage(JournalFileBackend(os.path.join(folder, tuning_spec.JOURNAL))),
         study_name=tuning.STUDY_NAME, direction="maximize",
         sampler=optuna.samplers.RandomSampler(seed=0))
     rng = random.Random(1)
@@ -95,7 +96,7 @@ def tuning_job(home: str, trials: int, when: float) -> str:
         params = {p.name: tuning.from_optuna(p, trial.params[p.name]) for p in spec.params}
         trial.set_user_attr("trialId", str(n + 1))
         trial.set_user_attr("hyperparameters", {k: str(v) for k, v in params.items()})
-        trial.set_user_attr("startTime", tuning._iso(when + n))
+        trial.set_user_attr("startTime", tuning.iso(when + n))
         trial.set_user_attr("allMetrics", [{"trainingStep": str(s), "objectiveValue":
                                             rng.random()} for s in (100, 200, 300)])
         study.tell(trial, rng.random())
@@ -140,11 +141,12 @@ def tuner_costs(home: str, job_id: str, repeats: int) -> dict:
     import optuna
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-    from submit import jobs, tuning, tuning_spec
+    from submit import jobs, tuning_spec
+    from submit.local import study as tuning
     record = jobs.load(job_id)
     spec = tuning_spec.parse(record.training_input["hyperparameters"],
                              job_dir=record.job_dir or "")
-    journal = os.path.join(record.job_dir or "", "hptuning", tuning.JOURNAL)
+    journal = os.path.join(record.job_dir or "", tuning_spec.HP_DIR, tuning_spec.JOURNAL)
 
     def best(fn) -> float:
         out = []

@@ -28,7 +28,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Route
 
 from mljob.errors import first_line
-from submit import jobs, lifecycle, listing, logs
+from submit import job_index, jobs, lifecycle, listing, logs
 from submit.console import assets, pages
 from submit.errors import JobNotFoundError, SubmitError, UsageError
 from submit.submission import runner_for
@@ -78,7 +78,10 @@ class Console:
     def _select(self, request: Request) -> tuple[list[jobs.JobRecord], str, str | None]:
         text = request.query_params.get("filter", "")
         try:
-            return listing.select(jobs.list_all(), filter_text=text or None), text, None
+            # The index's summary (submit.job_index), as `jobs list` reads it: no record
+            # file is opened again unless it changed.
+            return (listing.select(job_index.summaries(), filter_text=text or None), text,
+                    None)
         except UsageError as exc:
             return [], text, str(exc)
 

@@ -114,11 +114,6 @@ def trial_output(t, running) -> dict:
     return out
 
 
-def _iso(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
-
-
 def iso(timestamp: float) -> str:
     return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime(
         "%Y-%m-%dT%H:%M:%SZ")

@@ -137,6 +137,20 @@ def test_logs_as_server_sent_events(tmp_path, console):
     assert "id: 3\ndata: INFO\t2026-11-25 12:00:03 +0000\tmaster-replica-0\tline 3" in resumed
 
 
+def test_the_list_shows_and_filters_current_labels(tmp_path, console):
+    """Labels changed by `jobs update` after the job was written are the ones the list
+    shows and filters on, as `jobs list` does (both read the index's summary)."""
+    _, client = console
+    stored_job(tmp_path, labels={"team": "vision"})
+    updated = subprocess.run([sys.executable, "-m", "submit", "jobs", "update", "fake01",
+                              "--update-labels", "team=speech"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    assert updated.returncode == 0, updated.stderr
+    rows = client.get("/rows", params={"filter": "labels.team=speech"}).text
+    assert 'data-job="fake01"' in rows and "team=speech" in rows and "vision" not in rows
+    assert "fake01" not in client.get("/rows", params={"filter": "labels.team=vision"}).text
+
+
 def _console(*argv):
     return subprocess.run([sys.executable, "-m", "submit", "console", *argv], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
