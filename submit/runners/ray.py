@@ -24,7 +24,8 @@ stops it:
   record's states; the Ray job's log is the job's log (the driver prints every line in
   the local runner's format), and the replicas' states are the driver's service lines.
 
-Tuning (`trainingInput.hyperparameters`) is refused for now with the runner to use.
+A tuning job (`trainingInput.hyperparameters`) is `submit.runners.ray_tuning`'s: the
+study runs here, each trial a Ray job rendered by this module (`for_job` picks it).
 """
 from __future__ import annotations
 
@@ -110,10 +111,12 @@ class RayEngine(ClusterEngine):
             raise UsageError("--runner ray cannot use a memory:// job dir: replicas run on "
                              "the cluster's nodes; use gs://BUCKET/PATH or a folder every "
                              "node shares")
-        if spec.tuning is not None:
-            raise UsageError("trainingInput.hyperparameters: --runner ray does not tune "
-                             "yet; tune with the local runner, or --runner kubeflow "
-                             "(Katib) or vertex")
+
+    def for_job(self, training_input: Mapping[str, Any]) -> ClusterEngine:
+        if "hyperparameters" not in training_input:
+            return self
+        from submit.runners.ray_tuning import RayTuningEngine  # Optuna's side
+        return RayTuningEngine(self.options)
 
     def render(self, spec: specs.JobSpec, package: Package | None) -> Rendered:
         assert package is not None  # check() refused custom containers
