@@ -177,12 +177,6 @@ class Runner(abc.ABC):
         """Stop the job and every replica; return the state to record (CANCELLING or
         CANCELLED)."""
 
-    def for_job(self, training_input: Mapping[str, Any]) -> "Runner":
-        """The runner of one job, from its trainingInput (the spec's when submitting,
-        the record's afterwards): this one, or one that runs that kind of job its own
-        way (Ray's tuning jobs: a study supervised here, each trial a Ray job)."""
-        return self
-
     def update_labels(self, record: records.JobRecord, old: Mapping[str, str],
                       new: Mapping[str, str]) -> str | None:
         """Not part of a job's life: `jobs update` changes the job's labels on the

@@ -25,7 +25,8 @@ stops it:
   the local runner's format), and the replicas' states are the driver's service lines.
 
 A tuning job (`trainingInput.hyperparameters`) is `submit.runners.ray_tuning`'s: the
-study runs here, each trial a Ray job rendered by this module (`for_job` picks it).
+study runs here, each trial a Ray job rendered by this module (the registry,
+`submit.runners.TUNING`, picks it for a tuning job).
 """
 from __future__ import annotations
 
@@ -111,12 +112,6 @@ class RayEngine(ClusterEngine):
             raise UsageError("--runner ray cannot use a memory:// job dir: replicas run on "
                              "the cluster's nodes; use gs://BUCKET/PATH or a folder every "
                              "node shares")
-
-    def for_job(self, training_input: Mapping[str, Any]) -> ClusterEngine:
-        if "hyperparameters" not in training_input:
-            return self
-        from submit.runners.ray_tuning import RayTuningEngine  # Optuna's side
-        return RayTuningEngine(self.options)
 
     def render(self, spec: specs.JobSpec, package: Package | None) -> Rendered:
         assert package is not None  # check() refused custom containers

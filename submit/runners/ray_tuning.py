@@ -82,7 +82,7 @@ def run(body: Mapping[str, Any], record: jobs.JobRecord, *, stream: bool) -> str
 
 
 class RayTuningEngine(rayrunner.RayEngine):
-    """A tuning job on Ray (`RayEngine.for_job` picks it for one)."""
+    """A tuning job on Ray (the registry picks it: `submit.runners.TUNING`)."""
 
     record_owner = SUPERVISOR
     supervise_here = staticmethod(supervise_here)
@@ -90,7 +90,7 @@ class RayTuningEngine(rayrunner.RayEngine):
     def check(self, spec: JobSpec) -> None:
         super().check(spec)
         hp = spec.tuning
-        assert hp is not None  # for_job picks this runner for tuning jobs
+        assert hp is not None  # the registry picks this runner for tuning jobs
         from submit.local import resume, study
         study.check_installed()
         if hp.resume_from:
