@@ -10,7 +10,8 @@ $CLOUD_ML_HP_METRIC_FILE, on its node) and fails or hangs as its flags say.
   time and never three, `jobs describe` and `jobs stream-logs --task-name 1/...`;
 - maxFailedTrials 1 with every trial failing: FAILED after the first failure;
 - --async with trials that hang: `jobs cancel` stops both running trials' Ray jobs
-  and every replica process.
+  and every replica process;
+- more trials at once than the cluster holds: one line before anything is staged.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import yaml
 
 from submit import jobs as records
 from tests.support.ray_cluster import head, job_processes, skip_reason
-from tests.support.submit_cli import run, write_package
+from tests.support.submit_cli import nothing_written, one_error_line, run, write_package
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")]
@@ -63,10 +64,10 @@ def ray_head(tmp_path_factory):
         yield node
 
 
-def tuning(tmp_path, **hp) -> str:
+def tuning(tmp_path, machine=ONE_CPU, **hp) -> str:
     path = tmp_path / "hptuning.yaml"
     path.write_text(yaml.safe_dump({"trainingInput": {
-        "scaleTier": "CUSTOM", "masterType": ONE_CPU, "hyperparameters": {
+        "scaleTier": "CUSTOM", "masterType": machine, "hyperparameters": {
             "goal": "MAXIMIZE", "hyperparameterMetricTag": "score",
             "params": [{"parameterName": "x", "type": "DISCRETE",
                         "discreteValues": [1, 2, 3]}], **hp}}}))
@@ -159,3 +160,14 @@ def test_cancel_stops_every_running_trials_ray_job(capsys, ray_head, tmp_path):
     while record.supervisor_alive() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not record.supervisor_alive()
+
+
+def test_more_trials_at_once_than_the_cluster_holds_is_one_line(capsys, ray_head,
+                                                                tmp_path):
+    config = tuning(tmp_path, machine="n1-standard-2", maxTrials=3, maxParallelTrials=3)
+    status, _, err = submit(capsys, ray_head, tmp_path, "raywide", config)
+    assert status != 0
+    line = one_error_line(err)
+    assert "maxParallelTrials 3 is more trials than the Ray cluster" in line
+    assert "lower it to 1" in line and ray_head.dashboard in line
+    nothing_written(tmp_path / "out")
