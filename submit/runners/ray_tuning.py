@@ -375,10 +375,10 @@ class RayTrial:
         self.tuner.terminal.line(full, text, formatted)
 
     def _replicas(self, replicas: tuple[ReplicaStatus, ...]) -> None:
-        if not replicas:
-            return
-        self.record.replicas = [jobs.ReplicaRecord(
-            f"{self.trial_id}/{r.label}", state=r.state, exit_code=r.exit_code,
-            restarts=r.restarts) for r in replicas]
-        self.tuner._trial_changed(self.record)
+        now = [jobs.ReplicaRecord(f"{self.trial_id}/{r.label}", state=r.state,
+                                  exit_code=r.exit_code, restarts=r.restarts)
+               for r in replicas]
+        if now and now != self.record.replicas:  # the record is written on a change only
+            self.record.replicas = now
+            self.tuner._trial_changed(self.record)
 

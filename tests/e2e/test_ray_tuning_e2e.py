@@ -11,11 +11,15 @@ $CLOUD_ML_HP_METRIC_FILE, on its node) and fails or hangs as its flags say.
 - maxFailedTrials 1 with every trial failing: FAILED after the first failure;
 - --async with trials that hang: `jobs cancel` stops both running trials' Ray jobs
   and every replica process;
+- the --async study's process killed (SIGKILL): `jobs cancel` stops the trial's Ray job
+  the record names;
 - more trials at once than the cluster holds: one line before anything is staged.
 """
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
 import pytest
@@ -160,6 +164,36 @@ def test_cancel_stops_every_running_trials_ray_job(capsys, ray_head, tmp_path):
     while record.supervisor_alive() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not record.supervisor_alive()
+
+
+def test_cancel_stops_the_trials_of_a_study_whose_process_died(capsys, ray_head,
+                                                               tmp_path):
+    from ray.job_submission import JobStatus, JobSubmissionClient
+    config = tuning(tmp_path, maxTrials=2, maxParallelTrials=1)
+    status, _, err = submit(capsys, ray_head, tmp_path, "rayorphan", config, "--async",
+                            args=["--hang"])
+    assert status == 0, err
+    deadline = time.monotonic() + 240
+    while True:
+        record = records.load("rayorphan")
+        running = record.engine.get("trials") or {}
+        if running and job_processes("rayorphan"):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    os.kill(record.supervisor_pid, signal.SIGKILL)  # the study's process dies
+    os.waitpid(record.supervisor_pid, 0)  # this process started it: reaped here
+    [submission_id] = running.values()
+    client = JobSubmissionClient(ray_head.dashboard)
+    assert client.get_job_status(submission_id) == JobStatus.RUNNING  # the trial goes on
+    status, _, err = run(capsys, "jobs", "cancel", "rayorphan")
+    assert status == 0, err
+    assert records.load("rayorphan").state == records.CANCELLED
+    assert client.get_job_status(submission_id) == JobStatus.STOPPED
+    deadline = time.monotonic() + 30
+    while job_processes("rayorphan") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert job_processes("rayorphan") == []
 
 
 def test_more_trials_at_once_than_the_cluster_holds_is_one_line(capsys, ray_head,

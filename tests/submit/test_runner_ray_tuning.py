@@ -133,3 +133,11 @@ def test_a_trials_ray_log_is_split_into_its_logs_and_metrics(tmp_path):
     assert "half a line" in (tmp_path / "logs" / "3" / "service.log").read_text()
     assert hypertune.read_reports(metric_file, "loss")[0].step == 10
     assert changed == []  # replicas come from the status, not the log's copy
+    from submit.runners.engine import ReplicaStatus
+    running = (ReplicaStatus("master-replica-0", "RUNNING"),)
+    trial._replicas(running)
+    trial._replicas(running)  # the same again: the record is not written again
+    trial._replicas((ReplicaStatus("master-replica-0", "EXITED", 0),))
+    assert len(changed) == 2  # RUNNING once, then EXITED
+    assert [(r.label, r.state) for r in changed[-1].replicas] == \
+        [("3/master-replica-0", "EXITED")]
