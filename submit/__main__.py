@@ -47,6 +47,19 @@ def supervise_command(plan_file):
     return lifecycle.report(record, echo)
 
 
+@cli.command("_supervise-ray-tuning", hidden=True)
+@click.argument("body_file", type=click.Path(exists=True, dir_okay=False))
+def supervise_ray_tuning_command(body_file):
+    """Run a tuning job's study on a Ray cluster to its end (started detached by
+    --async)."""
+    from submit.runners import ray_tuning  # Ray's and Optuna's, only here
+    with open(body_file) as f:
+        body = json.load(f)
+    record = records.load(body["plan"]["job_id"])
+    ray_tuning.run(body, record, stream=False)
+    return lifecycle.report(record, echo)
+
+
 def main(argv=None, standalone_mode: bool = True):
     """Console entry point; returns the exit status when standalone_mode is False."""
     if not logging.getLogger().handlers:

@@ -115,8 +115,10 @@ class JobRecord:
                              open_file=lock_path(self.job_id))
 
     def running(self) -> bool:
-        """Not ended, and (for a local job) its supervisor still there to end it."""
-        return not self.done and (self.runner != "local" or self.supervisor_alive())
+        """Not ended, and (for a job supervised here: a local job, a study of Ray
+        trials) its supervisor still there to end it."""
+        supervised = self.runner == "local" or self.supervisor_pid is not None
+        return not self.done and (not supervised or self.supervisor_alive())
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

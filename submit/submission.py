@@ -43,6 +43,8 @@ def submit(request: Submission, echo: Echo) -> int:
     runner = runners.get(request.runner)(request.options)
     config = specs.read_config(request.config_path) if request.config_path else None
     spec = specs.resolve(request.flags, config)
+    if spec.tuning is not None and request.runner in runners.TUNING:
+        runner = runners.get(request.runner, tuning=True)(request.options)
     runner.check(spec)
     startup.mark("spec")
     if not request.stream and spec.job_dir and spec.job_dir.startswith("memory://"):
@@ -170,4 +172,5 @@ def check_job_id_free(spec: specs.JobSpec, resume: bool, runner: str = "local") 
 
 def runner_for(record: records.JobRecord) -> Runner:
     """The runner a recorded job runs on, for `jobs describe / stream-logs / cancel`."""
-    return runners.get(record.runner)(EngineOptions())
+    tuning = "hyperparameters" in (record.training_input or {})
+    return runners.get(record.runner, tuning=tuning)(EngineOptions())

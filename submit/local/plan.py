@@ -120,20 +120,8 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
     python = python or sys.executable
     env_key = env_dir = None
     staged: list[dict[str, str]] = []  # cloud mode's archives, as the environment needs them
-    run_dir = os.path.join(home, "runs", spec.job_id)
     job_dir = spec.job_dir
-    replica_job_dir, mirrors = job_dir, []
-    if job_dir is None:
-        log_dir = os.path.join(run_dir, "logs")
-    elif job_dir.startswith("memory://"):
-        replica_job_dir = os.path.join(run_dir, "job-dir")
-        log_dir = os.path.join(replica_job_dir, "logs")
-        mirrors.append((replica_job_dir, job_dir))
-    elif storage.is_local(job_dir):
-        log_dir = os.path.join(storage.local_path(job_dir), "logs")
-    else:
-        log_dir = os.path.join(run_dir, "logs")
-        mirrors.append((log_dir, storage.join(job_dir, "logs")))
+    run_dir, log_dir, replica_job_dir, mirrors = folders(spec, home)
     if source_dir is not None:
         python_path, cwd, mode = source_dir, source_dir, "local"
     else:
@@ -200,6 +188,27 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
         max_wait_time=spec.max_wait_time,
         packages=tuple(staged),
         env_root=env_dir, env_key=env_key, tuning=spec.tuning)
+
+
+def folders(spec: specs.JobSpec, home: str) -> tuple[str, str, str | None,
+                                                      list[tuple[str, str]]]:
+    """The job's run folder, log folder, the job dir its replicas write, and the local
+    folders mirrored to URLs (see the module docstring)."""
+    run_dir = os.path.join(home, "runs", spec.job_id)
+    job_dir = spec.job_dir
+    replica_job_dir, mirrors = job_dir, []
+    if job_dir is None:
+        log_dir = os.path.join(run_dir, "logs")
+    elif job_dir.startswith("memory://"):
+        replica_job_dir = os.path.join(run_dir, "job-dir")
+        log_dir = os.path.join(replica_job_dir, "logs")
+        mirrors.append((replica_job_dir, job_dir))
+    elif storage.is_local(job_dir):
+        log_dir = os.path.join(storage.local_path(job_dir), "logs")
+    else:
+        log_dir = os.path.join(run_dir, "logs")
+        mirrors.append((log_dir, storage.join(job_dir, "logs")))
+    return run_dir, log_dir, replica_job_dir, mirrors
 
 
 def intra_op_threads(spec: specs.JobSpec, cores: int, environ) -> dict[str, str]:

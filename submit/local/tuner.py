@@ -48,7 +48,7 @@ import shutil
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from mljob import contracts, hypertune, storage
 from mljob.procs import free_ports
@@ -120,15 +120,41 @@ def _json(value) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+class TrialRun(Protocol):
+    """One trial's job as a runner runs it: `run()` to its end in the trial's thread
+    (the final state and its error), `cancel()` from any thread; `job_dir` is where its
+    replicas write (its TensorBoard summaries), or None."""
+
+    job_dir: str | None
+
+    def run(self) -> tuple[str, str | None]: ...
+
+    def cancel(self) -> None: ...
+
+
+class LocalTrial:
+    """A trial on this machine: its plan run by a `Supervisor` of its own."""
+
+    def __init__(self, plan: JobPlan, supervisor: Supervisor):
+        self.plan, self.supervisor = plan, supervisor
+        self.job_dir = plan.replica_job_dir
+
+    def run(self) -> tuple[str, str | None]:
+        state = self.supervisor.run()
+        return state, self.supervisor.record.error_message
+
+    def cancel(self) -> None:
+        self.supervisor.cancel()
+
+
 @dataclasses.dataclass
 class Trial:
-    """A trial while it runs: Optuna's trial, our id, its supervisor and thread."""
+    """A trial while it runs: Optuna's trial, our id, its job and thread."""
 
     optuna_trial: Any
     trial_id: str
     params: dict
-    plan: JobPlan
-    supervisor: Supervisor
+    job: TrialRun
     metric_file: str
     thread: threading.Thread | None = None
     state: str | None = None          # the supervisor's final state
@@ -249,25 +275,29 @@ class Tuner(JobLife):
                                    "output.metrics")
         if os.path.exists(metric_file):
             os.remove(metric_file)  # an earlier run of the same job id
-        plan = trial_plan(self.plan, trial_id, params, self.spec, metric_file)
-        trial_record = jobs.JobRecord(job_id=self.plan.job_id)
-        options = {} if self.grace is None else {"grace": self.grace}
-        supervisor = Supervisor(plan, trial_record, terminal=self.terminal,
-                                publish=lambda rec: self._trial_changed(rec), **options)
-        trial = Trial(optuna_trial, trial_id, params, plan, supervisor, metric_file)
+        trial = Trial(optuna_trial, trial_id, params,
+                      self._launch(trial_id, params, metric_file), metric_file)
         trial.thread = threading.Thread(target=self._run_trial, args=(trial,), daemon=True,
                                         name=f"trial-{trial_id}")
         self.running.append(trial)
         flags = " ".join(p.flag(params[p.name]) for p in self.spec.params)
         self._event(f"trial {trial_id} started: {flags}")
         trial.thread.start()
-        self.board.started(trial_id, plan.replica_job_dir, params, trial.start_time)
+        self.board.started(trial_id, trial.job.job_dir, params, trial.start_time)
         self._publish_output()
+
+    def _launch(self, trial_id: str, params: Mapping[str, Any],
+                metric_file: str) -> TrialRun:
+        """The trial's job, not started: on this machine, a supervisor of its own."""
+        plan = trial_plan(self.plan, trial_id, params, self.spec, metric_file)
+        trial_record = jobs.JobRecord(job_id=self.plan.job_id)
+        options = {} if self.grace is None else {"grace": self.grace}
+        return LocalTrial(plan, Supervisor(plan, trial_record, terminal=self.terminal,
+                                           publish=self._trial_changed, **options))
 
     def _run_trial(self, trial: Trial) -> None:
         try:
-            trial.state = trial.supervisor.run()
-            trial.error = trial.supervisor.record.error_message
+            trial.state, trial.error = trial.job.run()
         except BaseException as exc:  # the trial fails, the tuner goes on
             trial.state, trial.error = jobs.FAILED, str(exc) or type(exc).__name__
         finally:
@@ -289,18 +319,17 @@ class Tuner(JobLife):
             self._event(f"trial {trial.trial_id} stopped early at step "
                         f"{new[-1].step}: {self.spec.metric_tag}={new[-1].value:g} "
                         "is worse than the median of earlier trials")
-            trial.supervisor.cancel()
+            trial.job.cancel()
 
     def _end(self, trial: Trial) -> None:
         import optuna
         states = optuna.trial.TrialState
         self.running.remove(trial)
         reports = hypertune.read_reports(trial.metric_file, self.spec.metric_tag)
-        if not reports and trial.plan.replica_job_dir and \
-                storage.is_local(trial.plan.replica_job_dir):
+        if not reports and trial.job.job_dir and storage.is_local(trial.job.job_dir):
             # no cloudml-hypertune reports: TensorBoard summaries of the metric's tag
             reports = hypertune.read_summaries(
-                storage.local_path(trial.plan.replica_job_dir), self.spec.metric_tag)
+                storage.local_path(trial.job.job_dir), self.spec.metric_tag)
             if reports:
                 trial.optuna_trial.set_user_attr("allMetrics", [
                     {"trainingStep": str(r.step), "objectiveValue": r.value}
@@ -327,7 +356,7 @@ class Tuner(JobLife):
             self.failures += 1
             outcome = f"FAILED: {why}"
         self._event(f"trial {trial.trial_id} {outcome}")
-        self.board.ended(trial.trial_id, trial.plan.replica_job_dir, reports,
+        self.board.ended(trial.trial_id, trial.job.job_dir, reports,
                          succeeded=bool(reports) and not outcome.startswith(("FAILED",
                                                                              "CANCELLED")))
         self._publish_output()
@@ -362,7 +391,7 @@ class Tuner(JobLife):
 
     def _stop_everything(self) -> None:
         for trial in list(self.running):
-            trial.supervisor.cancel()
+            trial.job.cancel()
         for trial in list(self.running):
             if trial.thread is not None:
                 trial.thread.join()

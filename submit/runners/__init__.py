@@ -13,12 +13,16 @@ RUNNERS = {"local": "submit.runners.local:LocalEngine",
            "kubeflow": "submit.runners.kubeflow:KubeflowEngine",
            "vertex": "submit.runners.vertex:VertexEngine",
            "ray": "submit.runners.ray:RayEngine"}
+# Runners that run a tuning job (trainingInput.hyperparameters) as a runner of its own:
+# Ray's is a study supervised here whose trials are Ray jobs (submit.runners.ray_tuning).
+TUNING = {"ray": "submit.runners.ray_tuning:RayTuningEngine"}
 EXTRAS = {"kubeflow": "kubeflow", "vertex": "vertex", "ray": "ray"}  # setup.py extras per runner
 
 
-def get(name: str):
+def get(name: str, *, tuning: bool = False):
+    """The runner class `name`; with `tuning`, the one that runs its tuning jobs."""
     try:
-        target = RUNNERS[name]
+        target = TUNING[name] if tuning and name in TUNING else RUNNERS[name]
     except KeyError:
         raise UsageError(f"unknown runner {name!r}; use one of {', '.join(RUNNERS)}") \
             from None

@@ -24,7 +24,9 @@ stops it:
   record's states; the Ray job's log is the job's log (the driver prints every line in
   the local runner's format), and the replicas' states are the driver's service lines.
 
-Tuning (`trainingInput.hyperparameters`) is refused for now with the runner to use.
+A tuning job (`trainingInput.hyperparameters`) is `submit.runners.ray_tuning`'s: the
+study runs here, each trial a Ray job rendered by this module (the registry,
+`submit.runners.TUNING`, picks it for a tuning job).
 """
 from __future__ import annotations
 
@@ -110,10 +112,6 @@ class RayEngine(ClusterEngine):
             raise UsageError("--runner ray cannot use a memory:// job dir: replicas run on "
                              "the cluster's nodes; use gs://BUCKET/PATH or a folder every "
                              "node shares")
-        if spec.tuning is not None:
-            raise UsageError("trainingInput.hyperparameters: --runner ray does not tune "
-                             "yet; tune with the local runner, or --runner kubeflow "
-                             "(Katib) or vertex")
 
     def render(self, spec: specs.JobSpec, package: Package | None) -> Rendered:
         assert package is not None  # check() refused custom containers

@@ -24,7 +24,12 @@ What it does:
    (Ray re-places a lost node's bundles); the new actor takes the replica's old port,
    and if its address is still not the old one (another node), every replica restarts
    with the new TF_CONFIG;
-5. SIGTERM (`ray job stop`) stops every replica process before the driver exits.
+5. SIGTERM (`ray job stop`) stops every replica process before the driver exits;
+6. in a tuning trial (`hp_metric_file` in job.json), each replica writes its
+   cloudml-hypertune reports to that file under its own folder on its node
+   (CLOUD_ML_HP_METRIC_FILE), and every new report line is printed as a service line
+   (`hypertune LABEL {json}`): the tuner reads a trial's metric from the Ray job's log,
+   wherever the replica ran.
 Replica processes die with their actor (PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
@@ -45,6 +50,8 @@ from typing import Any
 SERVICE = "service"
 EVENT = "replica "          # `replica LABEL state=... restarts=N exit=S node=IP`
 RESULT = "job "             # `job SUCCEEDED` / `job FAILED: why`
+METRIC = "hypertune "       # `hypertune LABEL {"global_step": ..., "<tag>": ...}`
+HP_METRIC_FILE_ENV = "CLOUD_ML_HP_METRIC_FILE"  # mljob.contracts' (this file imports none)
 STOP_GRACE_S = 5.0
 POLL_S = 0.5
 PLACEMENT_WAIT_S = 120.0    # a placement group that fits the cluster but waits for room
@@ -74,6 +81,15 @@ def parse_result(line: str) -> tuple[str, str | None] | None:
         return None
     state, _, why = parts[3][len(RESULT):].partition(": ")
     return state.strip(), why or None
+
+
+def parse_metric(line: str) -> tuple[str, str] | None:
+    """(replica label, the report's JSON line) of a driver's relayed report, else None."""
+    parts = line.split("\t", 3)
+    if len(parts) != 4 or parts[2] != SERVICE or not parts[3].startswith(METRIC):
+        return None
+    label, _, report = parts[3][len(METRIC):].partition(" ")
+    return (label, report) if report else None
 
 
 def fit(bundles: list[dict], nodes: list[dict], spread: bool) -> tuple[list[dict], str]:
@@ -154,6 +170,7 @@ class ReplicaActor:
         self.proc: subprocess.Popen | None = None
         self.lines: collections.deque = collections.deque()
         self.readers: list[threading.Thread] = []
+        self.metric_file: str | None = None
 
     def where(self, port: int | None) -> tuple[str, str, int]:
         """(node id, node address, a free port there: `port` when it is free)."""
@@ -170,11 +187,14 @@ class ReplicaActor:
                 break
         return ray.get_runtime_context().get_node_id(), address, chosen
 
-    def start(self, module: str, args: list[str], env: dict, folder: str) -> int:
+    def start(self, module: str, args: list[str], env: dict, folder: str,
+              metric_file: str | None = None) -> int:
         cwd = os.path.join(os.getcwd(), folder)  # the job's working_dir on this node
         os.makedirs(cwd, exist_ok=True)
         full = {k: v for k, v in os.environ.items()}
         full.update(env)
+        if metric_file:  # a tuning trial's reports: a file of this replica's, here
+            self.metric_file = full[HP_METRIC_FILE_ENV] = os.path.join(cwd, metric_file)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, *args], cwd=cwd, env=full,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -219,6 +239,16 @@ class ReplicaActor:
         while self.lines:
             out.append(self.lines.popleft())
         return out, status
+
+    def metrics(self) -> list[str]:
+        """The report lines in this replica's metrics file ([] before the first)."""
+        if not self.metric_file:
+            return []
+        try:
+            with open(self.metric_file, encoding="utf-8", errors="replace") as f:
+                return [line.strip() for line in f if line.strip()]
+        except OSError:
+            return []
 
     def stop(self, grace: float = STOP_GRACE_S) -> int | None:
         if self.proc is None:
@@ -278,6 +308,7 @@ class Driver:
         self.restarts = [0] * len(self.replicas)
         self.pids: list[int | None] = [None] * len(self.replicas)
         self.ended: set[int] = set()   # exited for good or stopped: never signalled again
+        self.relayed: list[set[str]] = [set() for _ in self.replicas]  # report lines
 
     def event(self, text: str) -> None:
         print(log_line(SERVICE, text), flush=True)
@@ -313,8 +344,10 @@ class Driver:
             if r["task_type"] != "evaluator":
                 cluster.setdefault(r["task_type"], []).append(f"{ip}:{port}")
         r = self.replicas[i]
-        return json.dumps({"cluster": cluster, "task": {"type": r["task_type"],
-                                                         "index": r["index"]},
+        task = {"type": r["task_type"], "index": r["index"]}
+        if self.job.get("trial"):  # a tuning trial's id, as Cloud ML's TF_CONFIG had it
+            task["trial"] = self.job["trial"]
+        return json.dumps({"cluster": cluster, "task": task,
                            "job": self.job["training_input"], "environment": "cloud"},
                           sort_keys=True)
 
@@ -325,7 +358,8 @@ class Driver:
             env.setdefault("TF_NUM_INTRAOP_THREADS",
                            str(max(1, int(self.bundles[i].get("CPU", 1)))))
         self.pids[i] = self.ray.get(self.actors[i].start.remote(
-            self.job["module"], self.job["args"], env, os.path.join("replicas", r["label"])))
+            self.job["module"], self.job["args"], env, os.path.join("replicas", r["label"]),
+            self.job.get("hp_metric_file")))
         self.note(i, "RUNNING")
 
     def stop(self, which, final: bool = True) -> None:
@@ -367,6 +401,8 @@ class Driver:
                                f"{self.addresses[i][0]} gone)")
                 for line in lines:
                     print(line, flush=True)
+                if self.job.get("hp_metric_file") and status != LOST_STATUS:
+                    self.relay(i)  # after the poll: an ended replica's file is whole
                 if status is None:
                     continue
                 r = self.replicas[i]
@@ -388,6 +424,17 @@ class Driver:
                                       f"status of {status}.")
             time.sleep(POLL_S)
         return "CANCELLED", None
+
+    def relay(self, i: int) -> None:
+        """Replica i's new tuning reports, as service lines."""
+        try:
+            lines = self.ray.get(self.actors[i].metrics.remote(), timeout=60)
+        except Exception:  # a lost actor's reports are lost with its node
+            return
+        for line in lines:
+            if line not in self.relayed[i]:
+                self.relayed[i].add(line)
+                self.event(f"{METRIC}{self.replicas[i]['label']} {line}")
 
     def restart(self, i: int, status: int) -> None:
         r = self.replicas[i]

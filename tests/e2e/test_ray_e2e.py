@@ -14,12 +14,11 @@ from __future__ import annotations
 import os
 import time
 
-import psutil
 import pytest
 import yaml
 
 from submit import jobs as records
-from tests.support.ray_cluster import skip_reason, start_node
+from tests.support.ray_cluster import head, job_processes, skip_reason
 from tests.support.submit_cli import nothing_written, one_error_line, run
 from tests.support.trainer_runs import FAST
 
@@ -39,12 +38,8 @@ MWMS_JOB = {"trainingInput": {"scaleTier": "CUSTOM", "masterType": ONE_CPU,
 
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
-    node = start_node(str(tmp_path_factory.mktemp("ray")), num_cpus=3)
-    try:
+    with head(str(tmp_path_factory.mktemp("ray")), num_cpus=3) as node:
         yield node
-    finally:
-        node.stop()
-        assert node.pids() == []
 
 
 def config(tmp_path, body) -> str:
@@ -57,18 +52,6 @@ def submit(capsys, ray_head, tmp_path, job_id, body, *extra, args=TRAIN):
     return run(capsys, job_id, "--runner", "ray", "--ray-address", ray_head.dashboard,
                "--config", config(tmp_path, body), "--job-dir", str(tmp_path / "out"),
                *extra, "--", *args)
-
-
-def job_processes(job_id: str) -> list[int]:
-    """Replica processes of the job still alive on this machine (CLOUD_ML_JOB_ID)."""
-    found = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.environ().get("CLOUD_ML_JOB_ID") == job_id and p.pid != os.getpid():
-                found.append(p.pid)
-        except (psutil.Error, OSError):
-            continue
-    return found
 
 
 def test_a_ps_job_runs_to_succeeded_and_exports(capsys, ray_head, tmp_path):

@@ -6,7 +6,10 @@ The local runner runs for real: a detached supervisor process and one replica pr
 of a tiny user package, whose trainer args say how it ends. The cluster engines run
 their real clients (kubernetes, google-cloud-aiplatform) over HTTP against a recording
 endpoint on 127.0.0.1 (`tests.support.api_edge`), scripted per job to answer as the
-engine's API documents for the same three endings.
+engine's API documents for the same three endings. Ray runs for real: a Ray head
+started once for the module (`ray start --head`, 2 logical CPUs, stopped by PID), the
+same tiny package built and staged once, each job a Ray job; those cases are slow (the
+head's start and each Ray job's start cost seconds).
 
 A runner joins the suite by one line in `FARS` (a harness: its runner, a job spec, a
 job it refuses, and the far side of its verbs); `test_every_runner_is_in_the_suite`
@@ -28,6 +31,7 @@ from submit import jobs as records, lifecycle, runners, spec as specs
 from submit.errors import JobCancelled, JobFailed, JobNotFoundError, UsageError
 from submit.package import Package
 from submit.runners.engine import EngineOptions, Runner
+from tests.support import ray_cluster
 from tests.support.api_edge import ApiEdge
 from tests.support.submit_cli import write_package
 
@@ -53,6 +57,8 @@ class Far:
 
     package: Package | None = PACKAGE
     job_dirs_on_gcs = False  # its job records go to gs:// (the GCS emulator)
+    fixtures: tuple[str, ...] = ()  # pytest fixtures its constructor takes, by name
+    marks: tuple = ()  # pytest marks of its cases
 
     def runner(self) -> Runner:
         raise NotImplementedError
@@ -287,16 +293,75 @@ class VertexFar(EdgeFar):
                 "project_id": "mljob-test"}}}]}
 
 
+class RayFar(Far):
+    """A real Ray head (module-scoped) and the tiny package, built and staged once."""
+
+    fixtures = ("ray_conformance",)
+    marks = (pytest.mark.slow,
+             pytest.mark.skipif(ray_cluster.skip_reason() is not None,
+                                reason=ray_cluster.skip_reason() or ""))
+
+    def __init__(self, tmp_path, monkeypatch, ray_conformance):
+        from ray.job_submission import JobSubmissionClient
+        self.head, self.package = ray_conformance
+        self.tmp = tmp_path
+        self.client = JobSubmissionClient(self.head.dashboard)
+        self.before = {j.submission_id for j in self.client.list_jobs()}
+
+    def runner(self) -> Runner:
+        return runners.get("ray")(EngineOptions(ray_address=self.head.dashboard))
+
+    def spec(self, job_id: str, ending: str) -> specs.JobSpec:
+        return spec_of(job_id, {"scaleTier": "CUSTOM", "masterType": "n1-standard-1"},
+                       job_dir=str(self.tmp / job_id), module_name="fakejob.task",
+                       args=[ending])
+
+    def refused(self) -> specs.JobSpec:
+        return spec_of("mem", {}, job_dir="memory://conformance/mem",
+                       module_name="fakejob.task")
+
+    def requests(self) -> list:
+        """The Ray jobs submitted since the harness was made."""
+        return [j.submission_id for j in self.client.list_jobs()
+                if j.submission_id not in self.before]
+
+    def cancelled(self, job_id: str) -> bool:
+        from ray.job_submission import JobStatus
+        submission_id = records.load(job_id).engine["submission_id"]
+        return self.client.get_job_status(submission_id) == JobStatus.STOPPED
+
+    def left_running(self, job_id: str) -> list[int]:
+        deadline = time.monotonic() + 30  # the driver stops the replicas as it ends
+        while ray_cluster.job_processes(job_id) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return ray_cluster.job_processes(job_id)
+
+
+@pytest.fixture(scope="module")
+def ray_conformance(tmp_path_factory):
+    """A Ray head for the module, and the tiny package built and staged beside it."""
+    from submit import package as packages
+    folder = tmp_path_factory.mktemp("ray-conformance")
+    built = packages.build(write_package(folder / "pkg", TASK), str(folder / "dist"))
+    staged = packages.stage(built, str(folder / "staging" / built.sha256 /
+                                       built.file_name))
+    with ray_cluster.head(str(folder / "ray"), num_cpus=2) as node:
+        yield node, staged
+
+
 # One line per runner: its harness.
 FARS: dict[str, type[Far]] = {"local": LocalFar, "kubeflow": KubeflowFar,
-                              "vertex": VertexFar}
+                              "vertex": VertexFar, "ray": RayFar}
 
 
-@pytest.fixture(params=sorted(FARS))
+@pytest.fixture(params=[pytest.param(name, marks=FARS[name].marks)
+                        for name in sorted(FARS)])
 def far(request, tmp_path, monkeypatch) -> Iterator[Far]:
-    if FARS[request.param].job_dirs_on_gcs:
+    kind = FARS[request.param]
+    if kind.job_dirs_on_gcs:
         request.getfixturevalue("gcs_emulator")
-    harness = FARS[request.param](tmp_path, monkeypatch)
+    harness = kind(tmp_path, monkeypatch,  # type: ignore[call-arg]
+                   **{name: request.getfixturevalue(name) for name in kind.fixtures})
     try:
         yield harness
     finally:
@@ -335,8 +400,7 @@ def ended_state(runner: Runner, record: records.JobRecord) -> str:
 # --- the tests ----------------------------------------------------------------------
 
 # Runners whose harness is still to come, and where their verbs are tested meanwhile.
-PENDING = {"ray": "a harness needs a real Ray head (tens of seconds to start); the verbs "
-                  "run against one in tests/e2e/test_ray_e2e.py"}
+PENDING: dict[str, str] = {}
 
 
 def test_every_runner_is_in_the_suite():

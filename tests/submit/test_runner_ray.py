@@ -11,8 +11,7 @@ import pytest
 
 from tests.support.specs import resolve as spec_of
 from submit import logs as logfmt
-from submit import spec as specs
-from submit.errors import SubmitError, UsageError
+from submit.errors import SubmitError
 from submit.package import Package
 from submit.runners.engine import EngineOptions
 from tests.support.submit_cli import nothing_written, one_error_line, run
@@ -169,13 +168,21 @@ def test_what_ray_cannot_run_is_refused(capsys, pkg, extra, fragment):
     assert status != 0 and fragment in one_error_line(err)
 
 
-def test_tuning_is_refused_with_the_runners_that_tune():
-    spec = spec_of("job01", {"hyperparameters": {
+def test_a_tuning_job_is_the_tuning_runners():
+    """A job with hyperparameters is run by the study of Ray trials (ray_tuning)."""
+    hp = {"hyperparameters": {
         "goal": "MAXIMIZE", "hyperparameterMetricTag": "accuracy", "maxTrials": 2,
         "params": [{"parameterName": "lr", "type": "DOUBLE", "minValue": 0.01,
-                    "maxValue": 0.1}]}}, job_dir="gs://bkt/o")
-    with pytest.raises(UsageError, match="local runner"):
-        ray_runner.RayEngine(EngineOptions(ray_address=ADDRESS)).check(spec)
+                    "maxValue": 0.1}]}}
+    from submit import jobs, runners, submission
+    assert runners.get("ray") is ray_runner.RayEngine
+    tuning = runners.get("ray", tuning=True)
+    assert tuning.__name__ == "RayTuningEngine" and tuning.name == "ray"
+    assert runners.get("local", tuning=True) is runners.get("local")
+    record = jobs.JobRecord("job01", runner="ray", training_input=hp)
+    assert type(submission.runner_for(record)) is tuning  # describe, cancel, logs
+    record.training_input = {}
+    assert type(submission.runner_for(record)) is ray_runner.RayEngine
 
 
 def test_ray_address_belongs_to_the_ray_runner(capsys, pkg, tmp_path):

@@ -10,6 +10,7 @@ parallel runs never meet, and the node's temp dir is the test's.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -188,6 +189,30 @@ def _answers(url: str, wrap=None) -> bool:
     done = subprocess.run(wrap([sys.executable, "-c", probe, url]), capture_output=True,
                           timeout=30)
     return done.returncode == 0
+
+
+@contextlib.contextmanager
+def head(temp_dir: str, *, num_cpus: int = 3):
+    """A head node for a module's (or session's) tests, stopped by PID at the end and
+    checked gone; tests reach it at `.dashboard`."""
+    node = start_node(temp_dir, num_cpus=num_cpus)
+    try:
+        yield node
+    finally:
+        node.stop()
+        assert node.pids() == []
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Replica processes of a job still alive on this machine (CLOUD_ML_JOB_ID)."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("CLOUD_ML_JOB_ID") == job_id and p.pid != os.getpid():
+                found.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
 
 
 def alive_nodes(dashboard: str) -> list[dict]:
