@@ -56,7 +56,8 @@ nodes = {n.node_id: n.node_ip for n in list_nodes(address=address, detail=True)
 groups = [g for g in list_placement_groups(address=address, detail=True)
           if g.state == "CREATED" and g.name.startswith("mljob-")]
 print(json.dumps({"nodes": nodes, "bundles": [
-    [b["node_id"] for b in sorted(g.bundles, key=lambda b: b["bundle_index"])]
+    [b.get("node_id") for b in sorted(g.bundles,
+                                      key=lambda b: b["bundle_id"]["bundle_index"])]
     for g in groups]}))
 """
 

@@ -147,7 +147,11 @@ def _start_node(temp_dir: str, *, ip: str = "127.0.0.1", head_address: str | Non
         args += [f"--address={head_address}"]
         address = head_address
     log_path = os.path.join(temp_dir, f"ray-start-{ip}-{ports[0]}.log")
-    child_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+    # Ray 2.60 turns token authentication on for a cluster when a token exists on the
+    # machine (~/.ray/auth_token, left by any local `ray.init()`): the test clusters are
+    # reached only from this machine and their own namespaces, so they say which mode.
+    child_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+                 **(env or {})}
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(wrap(args) if wrap else args, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
