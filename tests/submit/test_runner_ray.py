@@ -11,7 +11,6 @@ import pytest
 
 from tests.support.specs import resolve as spec_of
 from submit import logs as logfmt
-from submit import spec as specs
 from submit.errors import SubmitError, UsageError
 from submit.package import Package
 from submit.runners.engine import EngineOptions
