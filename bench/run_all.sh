@@ -39,6 +39,12 @@ python -m bench.ps_speed "${quick[@]}" --model cnn --repeats 4 --name ps_speed_c
   --only "mljob single node,mljob ps step by step,mljob ps defaults,mljob single node mixed bfloat16,mljob ps defaults mixed bfloat16,mljob ps defaults mixed bfloat16 one intra-op thread,tf1 ps adam,tf1 ps sgd"
 # Needs root, ip netns, tc and gcc; exit 2 with the reason when they are missing.
 python -m bench.ps_links "${quick[@]}" || echo "bench.ps_links did not run (see above)"
+# --runner ray against the local runner; needs Ray (pip install -e '.[ray]').
+if python -c "import ray" 2>/dev/null; then
+  python -m bench.ray_runner "${quick[@]}"
+else
+  echo "bench.ray_runner did not run: Ray is not installed"
+fi
 if [[ ${#quick[@]} -eq 0 ]]; then
   # The long runs: CNN on the full Fashion-MNIST to >= 90% (tens of minutes each).
   python -m bench.accuracy_curves --setup single --timeout 1800

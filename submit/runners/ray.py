@@ -284,12 +284,17 @@ def _client(address: str) -> JobSubmissionClient:
     """The job API's client, after a short check that the address answers as a Ray
     dashboard (the SDK's own requests have no timeout: an address that drops packets,
     or a server that never answers, would hang them)."""
+    request = urllib.request.Request(f"{address}/api/version", headers=_auth_headers())
     try:
-        with urllib.request.urlopen(f"{address}/api/version",
-                                    timeout=CONNECT_TIMEOUT_S) as reply:
+        with urllib.request.urlopen(request, timeout=CONNECT_TIMEOUT_S) as reply:
             version = json.load(reply).get("ray_version")
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
+        if isinstance(exc, urllib.error.HTTPError) and exc.code in (401, 403):
+            raise SubmitError(f"the Ray cluster at {address} asks for its authentication "
+                              f"token ({exc.code} {exc.reason}); set RAY_AUTH_MODE=token "
+                              "and give the cluster's token (RAY_AUTH_TOKEN, or "
+                              "~/.ray/auth_token) as for `ray job submit`") from None
         if isinstance(exc, urllib.error.HTTPError) or isinstance(reason, socket.timeout) \
                 or "timed out" in str(reason):
             raise SubmitError(f"{address} does not answer as a Ray dashboard's job API "
@@ -310,6 +315,20 @@ def _client(address: str) -> JobSubmissionClient:
         raise SubmitError(f"{address} does not answer as a Ray dashboard's job API "
                           f"({_one_line(exc)}); check --ray-address (or "
                           f"{ADDRESS_ENV})") from None
+
+
+def _auth_headers() -> dict[str, str]:
+    """Ray's token header when token authentication is on here (RAY_AUTH_MODE=token),
+    as the SDK's client adds it to its own requests."""
+    try:
+        from ray._private.authentication.http_token_authentication import \
+            get_auth_headers_if_auth_enabled
+    except ImportError:   # a Ray without token authentication
+        return {}
+    try:
+        return dict(get_auth_headers_if_auth_enabled({}))
+    except Exception:     # no token: the dashboard's 401 says so
+        return {}
 
 
 def _nodes(client: JobSubmissionClient, address: str) -> list[dict]:

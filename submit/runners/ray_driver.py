@@ -320,22 +320,35 @@ class Driver:
                    f"node={self.addresses[i][0] or '-'} node_id={self.nodes[i] or '-'}")
 
     def place(self, i: int) -> None:
-        """(Re-)create replica i's actor in its bundle; keep its old port if it can."""
+        """(Re-)create replica i's actor in its bundle; keep its old port if it can.
+
+        Until Ray marks a lost node dead (its health checks, some seconds), the bundle
+        still names that node and an actor created there dies before it runs: it is
+        created again, until the bundle is re-placed or the wait runs out."""
         bundle = self.bundles[i]
-        actor: Any = self.actor_class.options(
-            num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
-            memory=bundle.get("memory") or None, max_restarts=0, max_concurrency=4,
-            scheduling_strategy=self.strategy_of(
-                placement_group=self.pg, placement_group_bundle_index=i)
-        ).remote(self.replicas[i]["label"], self.job.get("patterns"))
         wait = self.job.get("max_wait_time") or PLACEMENT_WAIT_S
-        try:
-            node_id, ip, port = self.ray.get(
-                actor.where.remote(self.addresses[i][1] or None), timeout=wait)
-        except self.ray.exceptions.GetTimeoutError:
+        deadline = time.monotonic() + wait
+        while True:
+            actor: Any = self.actor_class.options(
+                num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
+                memory=bundle.get("memory") or None, max_restarts=0, max_concurrency=4,
+                scheduling_strategy=self.strategy_of(
+                    placement_group=self.pg, placement_group_bundle_index=i)
+            ).remote(self.replicas[i]["label"], self.job.get("patterns"))
+            try:
+                node_id, ip, port = self.ray.get(
+                    actor.where.remote(self.addresses[i][1] or None),
+                    timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except self.ray.exceptions.GetTimeoutError:
+                pass
+            except self.ray.exceptions.RayActorError:  # created on a node that died
+                if time.monotonic() < deadline:
+                    time.sleep(POLL_S)
+                    continue
             raise ValueError(f"{self.replicas[i]['label']} found no room in the cluster "
                              f"within {wait:g}s (its bundle was not placed again); add a "
-                             "node or retry the job") from None
+                             "node or retry the job")
         self.actors[i], self.nodes[i], self.addresses[i] = actor, node_id, (ip, port)
 
     def tf_config(self, i: int) -> str:

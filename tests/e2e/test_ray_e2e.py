@@ -12,7 +12,10 @@ reachable one), which is what the replicas' TF_CONFIG holds.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+import uuid
 
 import pytest
 import yaml
@@ -119,3 +122,42 @@ def test_a_job_the_cluster_cannot_hold_is_one_line(capsys, ray_head, tmp_path):
     line = one_error_line(err)
     assert "cannot place the job's 5 replicas" in line and ray_head.dashboard in line
     nothing_written(tmp_path / "out")
+
+
+# Through `submit.runners.ray._client` in a process of its own: Ray reads RAY_AUTH_MODE
+# and the token once, when a process first asks.
+PROBE = """
+import sys
+from submit.errors import SubmitError
+from submit.runners import ray
+try:
+    ray._client(sys.argv[1]).get_version()
+except SubmitError as exc:
+    print(exc)
+    sys.exit(3)
+print("answered")
+"""
+
+
+def test_a_cluster_with_token_authentication(tmp_path):
+    """A head with Ray's token authentication on: without the token the runner says in
+    one line what to set; with RAY_AUTH_MODE=token and the token, its probe and the
+    SDK's client both pass."""
+    token = uuid.uuid4().hex + uuid.uuid4().hex
+    node = start_node(str(tmp_path / "ray"), num_cpus=1,
+                      env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+    try:
+        assert node.dashboard is not None
+        bare = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        refused = subprocess.run([sys.executable, "-c", PROBE, node.dashboard], env={
+            **bare, "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 3, refused.stdout + refused.stderr[-2000:]
+        assert "asks for its authentication token (401" in refused.stdout
+        given = subprocess.run([sys.executable, "-c", PROBE, node.dashboard], env={
+            **bare, "HOME": str(tmp_path), "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": token}, capture_output=True, text=True, timeout=120)
+        assert given.returncode == 0, given.stdout + given.stderr[-2000:]
+        assert given.stdout.strip().endswith("answered")
+    finally:
+        node.stop()
+    assert node.pids() == []

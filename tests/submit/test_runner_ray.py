@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.specs import resolve as spec_of
 from submit import logs as logfmt
-from submit.errors import SubmitError
+from submit.errors import SubmitError, UsageError
 from submit.package import Package
 from submit.runners.engine import EngineOptions
 from tests.support.submit_cli import nothing_written, one_error_line, run
@@ -155,6 +155,38 @@ def test_an_address_that_is_not_a_dashboard_is_one_line(monkeypatch):
         server.listen()
         with pytest.raises(SubmitError, match="does not answer as a Ray dashboard"):
             ray_runner._client(f"http://127.0.0.1:{server.getsockname()[1]}")
+
+
+def test_a_cluster_that_asks_for_its_token_is_one_line_naming_it():
+    """A Ray dashboard with token authentication on answers 401 without the token
+    (Ray's own answer text); the runner says what to set, not that it is no dashboard."""
+    import http.server
+    import threading
+
+    class Dashboard(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"Unauthorized: Missing authentication token"
+            self.send_response(401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Dashboard)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(SubmitError) as caught:
+            ray_runner._client(f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    message = str(caught.value)
+    assert "asks for its authentication token (401" in message
+    assert "RAY_AUTH_MODE=token" in message and "\n" not in message
 
 
 @pytest.mark.parametrize("extra,fragment", [

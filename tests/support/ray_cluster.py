@@ -4,8 +4,9 @@ each node stopped by PID.
 A node is `ray start --block` in a session of its own: every process it starts (GCS,
 raylet, dashboard and its modules, agents, workers, actors) is in that session.
 `ray stop` would look for Ray processes by name, machine-wide (other tests' clusters
-too); `RayNode.stop` signals exactly the processes of its session, by PID: SIGTERM, a
-grace period, SIGKILL, and it reaps `ray start`. Every port is given (free ones), so
+too); `RayNode.stop` signals exactly the processes of its session, and their
+descendants that left it (the replicas' trainers), by PID: SIGTERM, a grace period,
+SIGKILL, and it reaps `ray start`. Every port is given (free ones), so
 parallel runs never meet, and the node's temp dir is the test's.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
+import urllib.error
 import urllib.request
 
 import psutil
@@ -47,33 +49,54 @@ class RayNode:
         self.proc, self.address, self.dashboard, self.log_path = proc, address, dashboard, \
             log_path
         self.link = link  # the short name of the temp dir (a symlink), removed at stop
+        self._seen: dict[int, psutil.Process] = {}  # the node's processes found so far
 
     def pids(self) -> list[int]:
-        """Every live process of the node's session, `ray start` first."""
-        found = []
+        """Every live process of the node, `ray start` first: those of its session and
+        their descendants in sessions of their own (a replica's trainer, which its actor
+        starts with start_new_session), remembered once seen, so that they are still
+        found once their parents are gone."""
         for p in psutil.process_iter(["pid"]):
             try:
-                if os.getsid(p.pid) == self.proc.pid and \
-                        p.status() != psutil.STATUS_ZOMBIE:  # a zombie is dead, unreaped
-                    found.append(p.pid)
+                if os.getsid(p.pid) == self.proc.pid:
+                    self._seen.setdefault(p.pid, p)
+                    for child in p.children(recursive=True):
+                        self._seen.setdefault(child.pid, child)
             except (ProcessLookupError, PermissionError, psutil.Error):
                 continue
+        found = []
+        for pid, p in list(self._seen.items()):
+            try:  # is_running() also checks the start time: a reused PID is not ours
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(pid)   # (a zombie is dead, unreaped)
+                    continue
+            except psutil.Error:
+                pass
+            del self._seen[pid]
         return sorted(found, key=lambda pid: pid != self.proc.pid)
 
-    def kill(self) -> None:
-        """The node dies at once, as a machine that loses power: SIGKILL to each PID."""
+    def _send(self, sig: int) -> None:
         for pid in self.pids():
-            _signal(pid, signal.SIGKILL)
+            try:
+                self._seen[pid].send_signal(sig)
+            except (KeyError, psutil.Error):
+                pass
+
+    def kill(self) -> None:
+        """The node dies at once, as a machine that loses power: SIGKILL to each PID
+        (Ray's processes and the replicas' processes they started)."""
+        self._send(signal.SIGKILL)
         self.proc.wait(10)
+        deadline = time.monotonic() + 10  # SIGKILL is sent, not yet done
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def stop(self, grace: float = 10.0) -> None:
-        for pid in self.pids():
-            _signal(pid, signal.SIGTERM)
+        self._send(signal.SIGTERM)
         deadline = time.monotonic() + grace
         while self.pids() and time.monotonic() < deadline:
             time.sleep(0.2)
-        for pid in self.pids():
-            _signal(pid, signal.SIGKILL)
+        self._send(signal.SIGKILL)
         deadline = time.monotonic() + 10  # SIGKILL is sent, not yet done
         while self.pids() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -87,13 +110,6 @@ class RayNode:
     def log(self) -> str:
         with open(self.log_path, errors="replace") as f:
             return f.read()[-4000:]
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def start_node(temp_dir: str, *, attempts: int = 3, **kwargs) -> RayNode:
@@ -148,7 +164,11 @@ def _start_node(temp_dir: str, *, ip: str = "127.0.0.1", head_address: str | Non
         args += [f"--address={head_address}"]
         address = head_address
     log_path = os.path.join(temp_dir, f"ray-start-{ip}-{ports[0]}.log")
-    child_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+    # Ray 2.60 turns token authentication on for a cluster when a token exists on the
+    # machine (~/.ray/auth_token, left by any local `ray.init()`): the test clusters are
+    # reached only from this machine and their own namespaces, so they say which mode.
+    child_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+                 **(env or {})}
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(wrap(args) if wrap else args, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -179,13 +199,19 @@ def _wait_ready(node: RayNode, dashboard: str | None, wrap=None) -> None:
 
 
 def _answers(url: str, wrap=None) -> bool:
+    """The URL answers (an HTTP error is an answer too: a dashboard that asks for its
+    token is up)."""
     if wrap is None:
         try:
             urllib.request.urlopen(url, timeout=2).read()
             return True
+        except urllib.error.HTTPError:
+            return True
         except OSError:
             return False
-    probe = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)"
+    probe = ("import sys, urllib.request, urllib.error\ntry:\n"
+             "    urllib.request.urlopen(sys.argv[1], timeout=2)\n"
+             "except urllib.error.HTTPError:\n    pass")
     done = subprocess.run(wrap([sys.executable, "-c", probe, url]), capture_output=True,
                           timeout=30)
     return done.returncode == 0
