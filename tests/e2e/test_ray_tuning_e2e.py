@@ -119,6 +119,8 @@ def test_a_grid_study_runs_its_trials_as_ray_jobs(capsys, ray_head, tmp_path):
                 for start, _ in runs.values()]
     assert max(overlaps) == 2, runs  # maxParallelTrials: two at once, never three
     assert record.engine.get("trials") == {}  # no trial's Ray job left running
+    assert sorted((r.label, r.state) for r in record.replicas) == [
+        (f"{t}/master-replica-0", "EXITED") for t in "123"]  # each trial's, from its log
     assert job_processes("raytune") == []
     status, out, _ = run(capsys, "jobs", "describe", "raytune", "--summarize")
     assert status == 0 and "(2 trials completed; best first)" in out, out
