@@ -179,6 +179,10 @@ class ReplicaActor:
         chosen = 0
         for candidate in ([port] if port else []) + [0]:
             with socket.socket() as s:
+                # as TensorFlow's gRPC server binds: a machine that came back still has
+                # its lost replica's connections in TIME_WAIT on the old port, which
+                # that server can take (a listening socket there still refuses)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     s.bind((address, candidate))
                 except OSError:

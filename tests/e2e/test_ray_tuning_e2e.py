@@ -9,6 +9,8 @@ $CLOUD_ML_HP_METRIC_FILE, on its node) and fails or hangs as its flags say.
   trial its own job dir and TF_CONFIG `task.trial`, the trials overlapping two at a
   time and never three, `jobs describe` and `jobs stream-logs --task-name 1/...`;
 - maxFailedTrials 1 with every trial failing: FAILED after the first failure;
+- early stopping: a third trial worse than the first two at step 1 is stopped (its Ray
+  job STOPPED) and marked isTrialStoppedEarly;
 - --async with trials that hang: `jobs cancel` stops both running trials' Ray jobs
   and every replica process;
 - the --async study's process killed (SIGKILL): `jobs cancel` stops the trial's Ray job
@@ -38,6 +40,7 @@ parser.add_argument("--x", type=int, default=0)
 parser.add_argument("--job-dir")
 parser.add_argument("--fail", action="store_true")
 parser.add_argument("--hang", action="store_true")
+parser.add_argument("--by-trial", action="store_true")  # later trials worse; 3 waits
 args, _ = parser.parse_known_args()
 task = json.loads(os.environ["TF_CONFIG"])["task"]
 started = time.time()
@@ -46,9 +49,14 @@ path, tag = os.environ["CLOUD_ML_HP_METRIC_FILE"], os.environ["CLOUD_ML_HP_METRI
 os.makedirs(os.path.dirname(path), exist_ok=True)
 for step in (1, 2):
     time.sleep(1.5)
+    value = -(args.x - 2) ** 2 - 2 + step
+    if args.by_trial:
+        value = -10 * int(task["trial"]) + step
     with open(path, "a") as f:
-        f.write(json.dumps({"global_step": str(step), tag: str(-(args.x - 2) ** 2 - 2 + step),
+        f.write(json.dumps({"global_step": str(step), tag: str(value),
                             "timestamp": time.time(), "trial": task.get("trial")}) + "\\n")
+    if args.by_trial and int(task["trial"]) >= 3:
+        time.sleep(120)  # until the tuner stops it early
 if args.hang:
     time.sleep(600)
 os.makedirs(args.job_dir, exist_ok=True)
@@ -111,6 +119,8 @@ def test_a_grid_study_runs_its_trials_as_ray_jobs(capsys, ray_head, tmp_path):
                 for start, _ in runs.values()]
     assert max(overlaps) == 2, runs  # maxParallelTrials: two at once, never three
     assert record.engine.get("trials") == {}  # no trial's Ray job left running
+    assert sorted((r.label, r.state) for r in record.replicas) == [
+        (f"{t}/master-replica-0", "EXITED") for t in "123"]  # each trial's, from its log
     assert job_processes("raytune") == []
     status, out, _ = run(capsys, "jobs", "describe", "raytune", "--summarize")
     assert status == 0 and "(2 trials completed; best first)" in out, out
@@ -131,6 +141,26 @@ def test_max_failed_trials_ends_the_study(capsys, ray_head, tmp_path):
     assert "1 trial(s) failed, the job's maxFailedTrials" in record.error_message
     assert len(record.training_output["trials"]) == 1  # none started after it
     assert job_processes("rayfails") == []
+
+
+def test_early_stopping_stops_a_hopeless_trials_ray_job(capsys, ray_head, tmp_path):
+    from ray.job_submission import JobStatus, JobSubmissionClient
+    config = tuning(tmp_path, algorithm="RANDOM_SEARCH", maxTrials=3,
+                    maxParallelTrials=1, enableTrialEarlyStopping=True)
+    status, out, err = submit(capsys, ray_head, tmp_path, "rayprune", config,
+                              args=["--by-trial"])
+    assert status == 0, err[-3000:] + out[-3000:]
+    record = records.load("rayprune")
+    assert record.state == records.SUCCEEDED
+    trials = {t["trialId"]: t for t in record.training_output["trials"]}
+    assert [trials[i]["isTrialStoppedEarly"] for i in "123"] == [False, False, True]
+    assert trials["3"]["finalMetric"] == {"trainingStep": "1", "objectiveValue": -29.0}
+    assert "stopped early at step 1" in out
+    client = JobSubmissionClient(ray_head.dashboard)
+    [third] = [j for j in client.list_jobs() if j.metadata.get("mljob_job_id") ==
+               "rayprune" and j.metadata.get("mljob_trial_id") == "3"]
+    assert third.status == JobStatus.STOPPED  # stopped, not waited out (120 s)
+    assert job_processes("rayprune") == []
 
 
 def test_cancel_stops_every_running_trials_ray_job(capsys, ray_head, tmp_path):

@@ -157,6 +157,37 @@ def test_an_address_that_is_not_a_dashboard_is_one_line(monkeypatch):
             ray_runner._client(f"http://127.0.0.1:{server.getsockname()[1]}")
 
 
+def test_a_replica_back_on_its_machine_takes_its_old_port(monkeypatch):
+    """The lost replica's connections linger in TIME_WAIT on its old port where its
+    machine came back: the new actor still offers that port (the trainer's gRPC server
+    binds it), while a port something listens on is never offered."""
+    import ray
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "127.0.0.1")
+    monkeypatch.setattr(ray, "get_runtime_context",
+                        lambda: type("Context", (), {"get_node_id": lambda self: "n1"})())
+    listener = socket.socket()   # the lost trainer's server: gRPC sets SO_REUSEADDR
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    accepted.close()          # this side closes first: its end waits in TIME_WAIT
+    client.close()
+    listener.close()
+    with socket.socket() as plain:   # the lingering connection holds the port
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))
+    actor = ray_driver.ReplicaActor("worker-replica-0")
+    assert actor.where(port) == ("n1", "127.0.0.1", port)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        node, ip, offered = actor.where(taken)
+        assert offered not in (taken, 0)
+
+
 def test_a_cluster_that_asks_for_its_token_is_one_line_naming_it():
     """A Ray dashboard with token authentication on answers 401 without the token
     (Ray's own answer text); the runner says what to set, not that it is no dashboard."""
