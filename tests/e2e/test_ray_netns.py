@@ -13,8 +13,8 @@ bundle there (its table says so), the driver re-creates the replica's actor in i
 the same address and port, and the job ends SUCCEEDED by the restart policy, the
 replica's restart counted.
 
-Slow (about 4 minutes here); skipped, with the reason, where namespaces cannot be made
-(root and `ip`) or Ray is not installed.
+Slow (4 to 5 minutes on 2 shared cores); skipped, with the reason, where namespaces
+cannot be made (root and `ip`) or Ray is not installed.
 """
 from __future__ import annotations
 
