@@ -172,6 +172,8 @@ def test_replicas_on_three_machines_and_a_lost_machine_replaced(tmp_path, reaper
             assert f"replica {lost_label} state=RESTARTING restarts=0 exit=137" in text
             assert f"replica {lost_label} state=RUNNING restarts=1 exit=- node={victim}" \
                 in text
+            # back on its address and port: only the lost replica restarted
+            assert f"{lost_label} moved from" not in text
             assert "\tmaster-replica-0\tstep 4000/4000" in text
             assert os.path.exists(tmp_path / "out" / "model" / "saved_model.pb")
         finally:
