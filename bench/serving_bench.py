@@ -20,12 +20,17 @@ machine's 2 cores with the server: compare the rows with each other, not with a
 bigger machine.
 
 One client alone in its own process (`--rounds` interleaved rounds, medians): the
-floor, REST with httpx and with http.client, gRPC, and the empty route (GET /healthz:
-the HTTP round trip alone); the goal is REST's p50 within 2x of the floor's. Then each
-server step of that request timed alone in this process (JSON parse, decode, the model
-call, encode): with the empty route they account for the REST request's time.
+floor, REST with httpx, with http.client and with a small C client
+(bench/latency_client.c, built with gcc: no client-side Python in the figure), gRPC, and
+the empty route (GET /healthz: the HTTP round trip alone) with each REST client; the
+goal is REST's p50 within 2x of the floor's. Then each server step of that request
+timed alone in this process (JSON parse, decode, the model call, encode): with the
+empty route they account for the REST request's time.
 
-Writes bench/results/serving.json and bench/results/serving.png.
+    python -m bench.serving_bench --one-client-only   # that part alone, 2-3 minutes
+
+Writes bench/results/serving.json and bench/results/serving.png (--one-client-only:
+bench/results/serving_one_client.json).
 """
 from __future__ import annotations
 
@@ -118,6 +123,9 @@ def main(argv=None) -> None:
     parser.add_argument("--reload-seconds", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=3,
                         help="interleaved rounds of the one-client-alone measurement")
+    parser.add_argument("--one-client-only", action="store_true",
+                        help="only the one-client-alone measurement and the server's "
+                             "stages (a minute or two); writes serving_one_client.json")
     args = parser.parse_args(argv)
     clients_list = [int(c) for c in args.clients.split(",")]
 
@@ -140,6 +148,10 @@ def main(argv=None) -> None:
     request.inputs["image"].CopyFrom(tf.make_tensor_proto(image))
     request.inputs["key"].CopyFrom(tf.make_tensor_proto(np.array([1], np.int64)))
 
+    if args.one_client_only:
+        one_client_only(export_dir, args, argv, load_before)
+        shutil.rmtree(scratch, ignore_errors=True)
+        return
     signature = tf.saved_model.load(export_dir).signatures["serving_default"]
     image_t, key_t = tf.constant(image), tf.constant([1], tf.int64)
     results = {"floor": run_clients(lambda: lambda: signature(image=image_t, key=key_t),
@@ -206,6 +218,24 @@ def main(argv=None) -> None:
     shutil.rmtree(scratch, ignore_errors=True)
 
 
+def one_client_only(export_dir: str, args, argv, load_before: list) -> None:
+    proc, url, grpc_port = start_server(export_dir, [])
+    try:
+        lone = lone_client(url, grpc_port, export_dir, rounds=args.rounds)
+    finally:
+        common.stop_process(proc)
+    print(f"one client in its own process: {lone}", flush=True)
+    results = {"one client in its own process": lone,
+               "server stages at one client, p50 us": stages(export_dir)}
+    print(f"stages: {results['server stages at one client, p50 us']}", flush=True)
+    common.write_json("serving_one_client", {
+        "model": "mlp", "instances_per_request": 1,
+        "server": "--rest_api_num_threads=16",
+        "command": "python -m bench.serving_bench " + " ".join(argv or sys.argv[1:]),
+        "note": "2 cores shared by the client, the server and other work",
+        "results": results}, load_before)
+
+
 LONE_CLIENT = r"""
 import json, sys, time
 import numpy as np
@@ -252,8 +282,28 @@ for _ in range(n):
     times.append(time.perf_counter() - t0)
 print(json.dumps(times))
 """
-LONE_KINDS = ("floor", "rest", "rest lean client", "grpc", "rest empty route",
-              "lean empty route")
+LONE_KINDS = ("floor", "rest", "rest lean client", "rest C client", "grpc",
+              "rest empty route", "lean empty route", "C empty route")
+CLIENT_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "latency_client.c")
+
+
+def build_client(folder: str) -> str:
+    """bench/latency_client.c compiled into folder (gcc -O2)."""
+    if shutil.which("gcc") is None:
+        raise SystemExit("error: the one-client measurement builds a C client with gcc; "
+                         "install it (apt-get install gcc)")
+    binary = os.path.join(folder, "latency_client")
+    subprocess.run(["gcc", "-O2", "-o", binary, CLIENT_SOURCE], check=True)
+    return binary
+
+
+def _lone_command(kind: str, target: str, n: int, client: str, body_file: str) -> list:
+    if kind in ("rest C client", "C empty route"):
+        host, port = target.split("//")[1].rsplit(":", 1)
+        method, path, data = ("POST", "/v1/models/default:predict", body_file) \
+            if kind == "rest C client" else ("GET", "/healthz", "-")
+        return [client, host, port, method, path, data, "30", str(n)]
+    return [sys.executable, "-c", LONE_CLIENT, kind, target, str(n)]
 
 
 def lone_client(url: str, grpc_port: int, export_dir: str, n: int = 400,
@@ -262,15 +312,22 @@ def lone_client(url: str, grpc_port: int, export_dir: str, n: int = 400,
     process with TensorFlow), sequential requests on one keep-alive connection, and the
     floor measured the same way (the signature called in a fresh process); `rounds`
     rounds, the kinds interleaved in each, and the median of each figure over them.
-    REST twice: with httpx (as the threads above) and with the standard library's
-    http.client (a lighter client: what is left is the server's). The empty route
-    (GET /healthz) is the HTTP round trip alone, without JSON or the model."""
+    REST three times: with httpx (as the threads above), with the standard library's
+    http.client (a lighter client) and with bench/latency_client.c (one C client: what
+    is left is the server's and the kernel's). The empty route (GET /healthz) is the
+    HTTP round trip alone, without JSON or the model."""
     per: dict = {kind: [] for kind in LONE_KINDS}
     targets = {"floor": export_dir, "grpc": f"127.0.0.1:{grpc_port}"}
+    folder = tempfile.mkdtemp(prefix="serving-client-")
+    client = build_client(folder)
+    body_file = os.path.join(folder, "body.json")
+    image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)
+    with open(body_file, "wb") as f:  # the body LONE_CLIENT sends
+        f.write(json.dumps({"instances": [{"image": image[0].tolist(), "key": 1}]}).encode())
     for _ in range(rounds):
         for kind in LONE_KINDS:
-            done = subprocess.run([sys.executable, "-c", LONE_CLIENT, kind,
-                                   targets.get(kind, url), str(n)],
+            done = subprocess.run(_lone_command(kind, targets.get(kind, url), n, client,
+                                                body_file),
                                   capture_output=True, text=True, timeout=600,
                                   env={**os.environ, **common.REPLICA_ENV})
             if done.returncode != 0:
@@ -284,7 +341,8 @@ def lone_client(url: str, grpc_port: int, export_dir: str, n: int = 400,
                      "throughput_per_s": round(float(np.median(
                          [c["throughput_per_s"] for c in cells])), 1),
                      "p50_ms_each_round": [c["p50_ms"] for c in cells]}
-    for kind in ("rest", "rest lean client", "grpc"):
+    shutil.rmtree(folder, ignore_errors=True)
+    for kind in ("rest", "rest lean client", "rest C client", "grpc"):
         ratios = [c["p50_ms"] / f["p50_ms"] for c, f in zip(per[kind], per["floor"],
                                                              strict=True)]
         out[f"{kind} p50 over the floor's"] = round(float(np.median(ratios)), 2)

@@ -130,3 +130,49 @@ def test_timeouts_still_answer_504():
             quick.pool.shutdown(wait=True)
     finally:
         service.pool.shutdown(wait=True)
+
+
+class _Recorder:
+    """A transport that records each write (one write: one send on the socket)."""
+
+    def __init__(self):
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "written after close"
+        self.writes.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n"
+
+
+def test_an_answers_head_and_body_go_out_in_one_write():
+    recorder = _Recorder()
+    one = rest_http.OneWrite(recorder)
+    one.write(HEAD)
+    assert recorder.writes == []  # held for the body
+    one.write(b"{}")
+    assert recorder.writes == [HEAD + b"{}"]
+    # an empty body still sends the head; a later write goes straight out
+    one.write(HEAD.replace(b": 2", b": 0"))
+    one.write(b"")
+    one.write(b"more")
+    assert recorder.writes[1:] == [HEAD.replace(b": 2", b": 0"), b"more"]
+    assert not one.is_closing()  # the rest is the transport's
+
+
+def test_100_continue_is_never_held_and_close_sends_a_held_head():
+    recorder = _Recorder()
+    one = rest_http.OneWrite(recorder)
+    one.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    assert recorder.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    one.write(HEAD)  # the app failed after its head: uvicorn closes the connection
+    one.close()
+    assert recorder.writes[1:] == [HEAD] and recorder.closed
