@@ -176,3 +176,31 @@ def test_100_continue_is_never_held_and_close_sends_a_held_head():
     one.write(HEAD)  # the app failed after its head: uvicorn closes the connection
     one.close()
     assert recorder.writes[1:] == [HEAD] and recorder.closed
+
+
+def test_the_flat_calls_tensors_answer_as_the_keyword_call(tmp_path):
+    """SavedModel.predict wraps arrays of the input's dtype directly as tensors and sends
+    everything else (other dtypes, lists) through tf.constant: every form gives the
+    signature's own answer."""
+    import numpy as np
+    import tensorflow as tf
+
+    from predict import model as models
+    from tests.support.predict_models import images, saved_model_export
+    export = saved_model_export(str(tmp_path / "model"))
+    model = models.load(export)
+    assert model._flat["serving_default"] is not None  # the flat call is in use
+    imgs = images(3, seed=21)
+    keys = np.array([5, 6, 7], np.int64)
+    fn = tf.saved_model.load(export).signatures["serving_default"]
+    want = {k: v.numpy() for k, v in fn(image=tf.constant(imgs),
+                                        key=tf.constant(keys)).items()}
+    for batch in ({"image": imgs, "key": keys},
+                  {"image": imgs.astype(np.float64), "key": keys.astype(np.int32)},
+                  {"image": imgs.tolist(), "key": keys.tolist()},
+                  {"image": np.asfortranarray(imgs[:, ::-1])[:, ::-1], "key": keys}):
+        got = model.predict(batch)
+        assert set(got) == set(want)
+        for name, value in want.items():
+            assert got[name].dtype == value.dtype
+            np.testing.assert_allclose(got[name], value, rtol=1e-6)
