@@ -20,12 +20,17 @@ machine's 2 cores with the server: compare the rows with each other, not with a
 bigger machine.
 
 One client alone in its own process (`--rounds` interleaved rounds, medians): the
-floor, REST with httpx and with http.client, gRPC, and the empty route (GET /healthz:
-the HTTP round trip alone); the goal is REST's p50 within 2x of the floor's. Then each
-server step of that request timed alone in this process (JSON parse, decode, the model
-call, encode): with the empty route they account for the REST request's time.
+floor, REST with httpx, with http.client and with a small C client
+(bench/latency_client.c, built with gcc: no client-side Python in the figure), gRPC, and
+the empty route (GET /healthz: the HTTP round trip alone) with each REST client; the
+goal is REST's p50 within 2x of the floor's. Then each server step of that request
+timed alone in this process (JSON parse, decode, the model call, encode): with the
+empty route they account for the REST request's time.
 
-Writes bench/results/serving.json and bench/results/serving.png.
+    python -m bench.serving_bench --one-client-only   # that part alone, 2-3 minutes
+
+Writes bench/results/serving.json and bench/results/serving.png (--one-client-only:
+bench/results/serving_one_client.json).
 """
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ import time
 import numpy as np
 
 from bench import common
+from bench.serving_one_client import lone_client, summary
 
 CLIENTS = (1, 16, 64)
 BATCHING = ["--enable_batching", "--max_batch_size=64", "--batch_timeout_micros=2000"]
@@ -104,13 +110,6 @@ def run_clients(make_call, clients: int, seconds: float) -> dict:
     return summary(flat, wall, errors)
 
 
-def summary(latencies: list, wall: float, errors=()) -> dict:
-    ms = lambda q: round(1000 * float(np.percentile(latencies, q)), 3)  # noqa: E731
-    return {"requests": len(latencies), "errors": len(errors),
-            "throughput_per_s": round(len(latencies) / wall, 1),
-            "p50_ms": ms(50) if latencies else None, "p99_ms": ms(99) if latencies else None}
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -118,6 +117,9 @@ def main(argv=None) -> None:
     parser.add_argument("--reload-seconds", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=3,
                         help="interleaved rounds of the one-client-alone measurement")
+    parser.add_argument("--one-client-only", action="store_true",
+                        help="only the one-client-alone measurement and the server's "
+                             "stages (a minute or two); writes serving_one_client.json")
     args = parser.parse_args(argv)
     clients_list = [int(c) for c in args.clients.split(",")]
 
@@ -140,6 +142,10 @@ def main(argv=None) -> None:
     request.inputs["image"].CopyFrom(tf.make_tensor_proto(image))
     request.inputs["key"].CopyFrom(tf.make_tensor_proto(np.array([1], np.int64)))
 
+    if args.one_client_only:
+        one_client_only(export_dir, args, argv, load_before)
+        shutil.rmtree(scratch, ignore_errors=True)
+        return
     signature = tf.saved_model.load(export_dir).signatures["serving_default"]
     image_t, key_t = tf.constant(image), tf.constant([1], tf.int64)
     results = {"floor": run_clients(lambda: lambda: signature(image=image_t, key=key_t),
@@ -206,90 +212,22 @@ def main(argv=None) -> None:
     shutil.rmtree(scratch, ignore_errors=True)
 
 
-LONE_CLIENT = r"""
-import json, sys, time
-import numpy as np
-api, target, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)
-body = json.dumps({"instances": [{"image": image[0].tolist(), "key": 1}]}).encode()
-headers = {"content-type": "application/json"}
-if api in ("rest", "rest empty route"):
-    import httpx
-    client = httpx.Client(base_url=target, timeout=60)
-    call = (lambda: client.post("/v1/models/default:predict", content=body, headers=headers)) \
-        if api == "rest" else (lambda: client.get("/healthz"))
-elif api in ("rest lean client", "lean empty route"):
-    import http.client
-    host, port = target.split("//")[1].rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    method, path, data = ("POST", "/v1/models/default:predict", body) \
-        if api == "rest lean client" else ("GET", "/healthz", None)
-    def call():
-        conn.request(method, path, data, headers)
-        answer = conn.getresponse()
-        answer.read()
-        assert answer.status == 200, answer.status
-elif api == "grpc":
-    import grpc, tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "default"
-    request.inputs["image"].CopyFrom(tf.make_tensor_proto(image))
-    request.inputs["key"].CopyFrom(tf.make_tensor_proto(np.array([1], np.int64)))
-    stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(target))
-    call = lambda: stub.Predict(request, timeout=60)
-else:  # the floor: the signature in this process, on ready tensors
-    import tensorflow as tf
-    fn = tf.saved_model.load(target).signatures["serving_default"]
-    image_t, key_t = tf.constant(image), tf.constant([1], tf.int64)
-    call = lambda: fn(image=image_t, key=key_t)
-for _ in range(30):
-    call()
-times = []
-for _ in range(n):
-    t0 = time.perf_counter()
-    call()
-    times.append(time.perf_counter() - t0)
-print(json.dumps(times))
-"""
-LONE_KINDS = ("floor", "rest", "rest lean client", "grpc", "rest empty route",
-              "lean empty route")
-
-
-def lone_client(url: str, grpc_port: int, export_dir: str, n: int = 400,
-                rounds: int = 3) -> dict:
-    """p50/p99 of one client alone in its own process (the threads above share this
-    process with TensorFlow), sequential requests on one keep-alive connection, and the
-    floor measured the same way (the signature called in a fresh process); `rounds`
-    rounds, the kinds interleaved in each, and the median of each figure over them.
-    REST twice: with httpx (as the threads above) and with the standard library's
-    http.client (a lighter client: what is left is the server's). The empty route
-    (GET /healthz) is the HTTP round trip alone, without JSON or the model."""
-    per: dict = {kind: [] for kind in LONE_KINDS}
-    targets = {"floor": export_dir, "grpc": f"127.0.0.1:{grpc_port}"}
-    for _ in range(rounds):
-        for kind in LONE_KINDS:
-            done = subprocess.run([sys.executable, "-c", LONE_CLIENT, kind,
-                                   targets.get(kind, url), str(n)],
-                                  capture_output=True, text=True, timeout=600,
-                                  env={**os.environ, **common.REPLICA_ENV})
-            if done.returncode != 0:
-                raise SystemExit(f"the lone {kind} client failed: {done.stderr[-2000:]}")
-            times = json.loads(done.stdout.strip().splitlines()[-1])
-            per[kind].append(summary(times, sum(times)))
-    out: dict = {}
-    for kind, cells in per.items():
-        out[kind] = {"p50_ms": round(float(np.median([c["p50_ms"] for c in cells])), 3),
-                     "p99_ms": round(float(np.median([c["p99_ms"] for c in cells])), 3),
-                     "throughput_per_s": round(float(np.median(
-                         [c["throughput_per_s"] for c in cells])), 1),
-                     "p50_ms_each_round": [c["p50_ms"] for c in cells]}
-    for kind in ("rest", "rest lean client", "grpc"):
-        ratios = [c["p50_ms"] / f["p50_ms"] for c, f in zip(per[kind], per["floor"],
-                                                             strict=True)]
-        out[f"{kind} p50 over the floor's"] = round(float(np.median(ratios)), 2)
-    out["rounds"] = rounds
-    return out
+def one_client_only(export_dir: str, args, argv, load_before: list) -> None:
+    proc, url, grpc_port = start_server(export_dir, [])
+    try:
+        lone = lone_client(url, grpc_port, export_dir, rounds=args.rounds)
+    finally:
+        common.stop_process(proc)
+    print(f"one client in its own process: {lone}", flush=True)
+    results = {"one client in its own process": lone,
+               "server stages at one client, p50 us": stages(export_dir)}
+    print(f"stages: {results['server stages at one client, p50 us']}", flush=True)
+    common.write_json("serving_one_client", {
+        "model": "mlp", "instances_per_request": 1,
+        "server": "--rest_api_num_threads=16",
+        "command": "python -m bench.serving_bench " + " ".join(argv or sys.argv[1:]),
+        "note": "2 cores shared by the client, the server and other work",
+        "results": results}, load_before)
 
 
 def stages(export_dir: str, n: int = 2000) -> dict:

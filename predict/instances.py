@@ -37,6 +37,12 @@ _SEPARATORS = re.compile(r"[,\s]+")
 _DIGIT_RUNS = bytes(48 if 48 <= i <= 57 else 120 if chr(i) in ".eE+" else 32
                     for i in range(256))
 _LONG_INTEGER = b" " + b"0" * 19
+# The first look, on every body: the same translation with [ and { made ( (counted for
+# the nesting below), and any run of 19 digits (a float's fraction too: 0.63696169853210
+# 45 has 16). Only a body with such a run gets the exact look above; most have none,
+# and the two passes and one count take half the time of the exact look and two counts.
+_SCAN = bytes(40 if chr(i) in "[{" else c for i, c in enumerate(_DIGIT_RUNS))
+_DIGITS_19 = b"0" * 19
 # orjson reads nesting as deep as it comes, json refuses past Python's recursion limit
 # (1,000 frames): a body with fewer openings than this is not nested that deep.
 _FEW_OPENINGS = 500
@@ -102,8 +108,12 @@ def parse_json_bytes(raw: bytes):
     whatever it refuses, and every body with a 19-digit integer or 500 brackets, is
     read by json, so the values accepted and the errors are json's.
     UnicodeDecodeError for bytes that are not UTF-8."""
-    if orjson is not None and raw.count(b"[") + raw.count(b"{") < _FEW_OPENINGS and \
-            (b" " + raw).translate(_DIGIT_RUNS).find(_LONG_INTEGER) < 0:
+    if orjson is None:
+        return parse_json(raw.decode("utf-8"))
+    scan = raw.translate(_SCAN)
+    if scan.count(b"(") < _FEW_OPENINGS and (
+            scan.find(_DIGITS_19) < 0 or
+            (b" " + raw).translate(_DIGIT_RUNS).find(_LONG_INTEGER) < 0):
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:

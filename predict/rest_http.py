@@ -137,6 +137,45 @@ class JSONErrorsH11(H11Protocol):
         self.transport.close()
 
 
+class OneWrite:
+    """A transport for one request's answer that holds the answer's head (status line
+    and headers) until its body is written, then writes both at once.
+
+    uvicorn writes the head and the body of an answer separately: two sends, two TCP
+    segments, and a client woken twice (some 30 us of a 0.5 ms request at one client).
+    Whatever comes after the head (the body, even empty; a close) sends the held head
+    first, so nothing is reordered or lost; `100 Continue` is never held."""
+
+    __slots__ = ("_transport", "_held")
+
+    def __init__(self, transport):
+        self._transport = transport
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held + data)
+        elif data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 100 ") and \
+                data.endswith(b"\r\n\r\n"):
+            self._held = data
+        else:
+            self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def _flush(self) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._transport.write(held)
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+
 if httptools is not None:
     class _Parser:
         """httptools' parser, remembering whether it refused the request's method
@@ -161,12 +200,21 @@ if httptools is not None:
 
     class JSONErrorsHttpTools(HttpToolsProtocol):
         """uvicorn's httptools protocol with the same JSON answers as JSONErrorsH11,
-        and 405 (not 400) for a method llhttp does not know."""
+        and 405 (not 400) for a method llhttp does not know; each answer's head and
+        body go out in one write (OneWrite)."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self._methods = _Parser(self.parser)
             self.parser = cast(Any, self._methods)
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            cycle = self.cycle
+            # a HEAD answer has no body write to carry its head: it goes out alone
+            if cycle is not None and self.transport is not None and \
+                    cycle.scope.get("method") != "HEAD":
+                cycle.transport = cast(Any, OneWrite(self.transport))
 
         def send_400_response(self, msg: str) -> None:
             method = self._methods.refused_method
@@ -204,5 +252,5 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-__all__ = ["app", "dumps", "Request", "ClientDisconnect", "JSONErrorsH11", "PROTOCOL",
-           "LOOP", "METHODS", "bind"]
+__all__ = ["app", "dumps", "Request", "ClientDisconnect", "JSONErrorsH11", "OneWrite",
+           "PROTOCOL", "LOOP", "METHODS", "bind"]

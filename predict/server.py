@@ -437,11 +437,13 @@ def serve(repository: Repository, *, host: str, rest_port: int | None, grpc_port
             return
         # An idle keep-alive connection is closed after KEEP_ALIVE s: a version load
         # holds the GIL for seconds, and with uvicorn's 5 s default a client's next
-        # request could meet a connection closed while the loop was starved.
+        # request could meet a connection closed while the loop was starved. No proxy
+        # headers middleware: nothing reads the client's address, and it is one more
+        # coroutine a request.
         config = uvicorn.Config(build_app(service), log_level="warning", access_log=False,
                                 lifespan="off", timeout_graceful_shutdown=10,
                                 timeout_keep_alive=KEEP_ALIVE, http=rest_http.PROTOCOL,
-                                loop=rest_http.LOOP)
+                                loop=rest_http.LOOP, proxy_headers=False)
         # uvicorn re-raises the signal it stopped for once it has shut down; with these
         # handlers in place that re-raise is a no-op and the process ends with status 0.
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -194,6 +194,56 @@ def test_100_concurrent_clients_all_answered(server, direct):
     assert results == [(i, want[i]) for i in range(100)]
 
 
+def _answer(sock, buffered: bytearray, head_only: bool = False):
+    """(status, headers, body) of the next answer on a raw keep-alive connection."""
+    while b"\r\n\r\n" not in buffered:
+        data = sock.recv(65536)
+        assert data, "the server closed the connection"
+        buffered += data
+    head, _, rest = bytes(buffered).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    size = 0 if head_only else int(headers.get("content-length", 0))
+    while len(rest) < size:
+        data = sock.recv(65536)
+        assert data, "the server closed the connection"
+        rest += data
+    buffered[:] = rest[size:]
+    return int(lines[0].split()[1]), headers, rest[:size]
+
+
+def test_head_100_continue_and_pipelined_requests_on_one_connection(server, direct):
+    """The answers on one keep-alive connection, byte for byte where uvicorn writes an
+    answer's head and body itself: a HEAD (no body), an Expect: 100-continue upload,
+    three requests sent at once (answered in order), then the connection still works."""
+    host, port = str(server.base_url).split("//")[1].rsplit(":", 1)
+    img = images(1, seed=15)[0]
+    body = json.dumps({"instances": [{"image": img.tolist(), "key": 9}]}).encode()
+    want = direct(img[None], [9])["classes"].tolist()
+    post = (f"POST {MODEL}:predict HTTP/1.1\r\nhost: x\r\ncontent-type: "
+            f"application/json\r\ncontent-length: {len(body)}\r\n").encode()
+    buffered = bytearray()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"HEAD {MODEL} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+        status, headers, got = _answer(sock, buffered, head_only=True)
+        # the routes answer GET (HEAD is 405); its head says how long the body would be
+        assert status == 405 and int(headers["content-length"]) > 0 and got == b""
+        sock.sendall(post + b"expect: 100-continue\r\n\r\n")
+        assert _answer(sock, buffered, head_only=True)[0] == 100
+        sock.sendall(body)
+        status, _, got = _answer(sock, buffered)
+        assert status == 200 and json.loads(got)["predictions"][0]["classes"] == want[0]
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n" + post + b"\r\n" + body +
+                     f"GET {MODEL}/metadata HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+        answers = [_answer(sock, buffered) for _ in range(3)]
+        assert [a[0] for a in answers] == [200, 200, 200]
+        assert json.loads(answers[0][2])["status"] == "SERVING"
+        assert json.loads(answers[1][2])["predictions"][0]["key"] == 9
+        assert "signature_def" in json.loads(answers[2][2])["metadata"]
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert _answer(sock, buffered)[0] == 200 and buffered == b""
+
+
 def test_legacy_export_served_the_same_way(exports, reaper):
     proc, url = start_server(reaper.popen, exports["legacy"], "--model-name", "seeds")
     imgs = images(3, seed=14)

@@ -130,3 +130,84 @@ def test_timeouts_still_answer_504():
             quick.pool.shutdown(wait=True)
     finally:
         service.pool.shutdown(wait=True)
+
+
+class _Recorder:
+    """A transport that records each write (one write: one send on the socket)."""
+
+    def __init__(self):
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "written after close"
+        self.writes.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n"
+
+
+def test_an_answers_head_and_body_go_out_in_one_write():
+    recorder = _Recorder()
+    one = rest_http.OneWrite(recorder)
+    one.write(HEAD)
+    assert recorder.writes == []  # held for the body
+    one.write(b"{}")
+    assert recorder.writes == [HEAD + b"{}"]
+    # an empty body still sends the head; a later write goes straight out
+    one.write(HEAD.replace(b": 2", b": 0"))
+    one.write(b"")
+    one.write(b"more")
+    assert recorder.writes[1:] == [HEAD.replace(b": 2", b": 0"), b"more"]
+    assert not one.is_closing()  # the rest is the transport's
+
+
+def test_100_continue_is_never_held_and_close_sends_a_held_head():
+    recorder = _Recorder()
+    one = rest_http.OneWrite(recorder)
+    one.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    assert recorder.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    one.write(HEAD)  # the app failed after its head: uvicorn closes the connection
+    one.close()
+    assert recorder.writes[1:] == [HEAD] and recorder.closed
+
+
+def test_the_flat_calls_tensors_answer_as_the_keyword_call(tmp_path, monkeypatch):
+    """SavedModel.predict wraps arrays of the input's dtype directly as tensors and sends
+    everything else (other dtypes, lists) through tf.constant: every form gives the
+    signature's own answer."""
+    import numpy as np
+    import tensorflow as tf
+
+    from predict import model as models
+    from tests.support.predict_models import images, saved_model_export
+    export = saved_model_export(str(tmp_path / "model"))
+    model = models.load(export)
+    assert model._flat["serving_default"] is not None  # the flat call is in use
+    imgs = images(3, seed=21)
+    keys = np.array([5, 6, 7], np.int64)
+    fn = tf.saved_model.load(export).signatures["serving_default"]
+    want = {k: v.numpy() for k, v in fn(image=tf.constant(imgs),
+                                        key=tf.constant(keys)).items()}
+    constant, through_constant = tf.constant, []
+    monkeypatch.setattr(tf, "constant", lambda value, **kw: (
+        through_constant.append(type(value).__name__), constant(value, **kw))[1])
+    for batch, slow in (({"image": imgs, "key": keys}, []),
+                        ({"image": imgs.astype(np.float64), "key": keys.astype(np.int32)},
+                         ["ndarray", "ndarray"]),
+                        ({"image": imgs.tolist(), "key": keys.tolist()}, ["list", "list"]),
+                        ({"image": np.asfortranarray(imgs[:, ::-1])[:, ::-1], "key": keys},
+                         [])):
+        through_constant.clear()
+        got = model.predict(batch)
+        assert through_constant == slow  # arrays of the input's dtype: wrapped directly
+        assert set(got) == set(want)
+        for name, value in want.items():
+            assert got[name].dtype == value.dtype
+            np.testing.assert_allclose(got[name], value, rtol=1e-6)
