@@ -202,3 +202,11 @@ def test_a_cache_that_cannot_be_written_never_fails_the_build(tmp_path, builds,
     assert _build(src, tmp_path, 1).file_name == "proj-1.0.tar.gz"
     assert _build(src, tmp_path, 2).file_name == "proj-1.0.tar.gz"
     assert len(builds) == 2 and (tmp_path / "a-file").read_text() == ""
+
+
+def test_a_dry_run_keeps_no_sdist(tmp_path, capsys, builds):
+    from tests.support.submit_cli import dry_run, write_package
+    pkg = write_package(tmp_path / "pkg")
+    dry_run(capsys, "job1", "--job-dir", str(tmp_path / "j"), "--package-path", pkg,
+            "--module-name", "fakejob.task")
+    assert len(builds) == 1 and not os.path.exists(sdist_cache.root())
