@@ -96,10 +96,12 @@ def _chief_cpu(pid: int) -> float | None:
 
 
 def _own_cpu(pid: int) -> float | None:
+    """CPU seconds of the launcher and of the children it waited for (the sdist build)."""
     try:
         import psutil
         times = psutil.Process(pid).cpu_times()
-        return round(times.user + times.system, 2)
+        return round(times.user + times.system + times.children_user
+                     + times.children_system, 2)
     except Exception:
         return None
 
