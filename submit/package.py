@@ -161,7 +161,8 @@ def _cached_sdist(folder: str, name: str | None, recipe: dict, out_dir: str,
     """The sdist of `folder` (copied as the package `name` beside a generated setup.py
     when `recipe` says so, else as it is): the one kept from an earlier build of the
     same files, else built in a temporary copy and kept (keyed by that copy)."""
-    kept = sdist_cache.lookup(sdist_cache.key(folder, recipe, _ignore(exclude)), out_dir)
+    looked_up = sdist_cache.key(folder, recipe, _ignore(exclude))
+    kept = sdist_cache.lookup(looked_up, out_dir)
     if kept is not None:
         return kept
     work = tempfile.mkdtemp(prefix="mljob-build-")
