@@ -4,11 +4,13 @@ phase by phase, with the start-up shortcuts on and off side by side in one run.
     python bench/startup.py [--train-steps 20] [--repeats 1] [--setups single,ps]
 
 Each job runs with MLJOB_STARTUP_MARKS=1, so the launcher and every replica print
-`startup PHASE TIME` lines (`mljob.startup`), and alternately with MLJOB_QUICK_START=1
-(the defaults: servers import TensorFlow without Keras and serve before the trainer
-loads its model and data, training replicas leave IPython out) and 0 (as before). The
-package environment is built once first (`cold`, reported), then reused by every
-measured job. Setups: `single` (BASIC) and `ps` (CUSTOM: chief + 2 workers + 1 ps).
+`startup PHASE TIME` lines (`mljob.startup`), and alternately with the start-up
+shortcuts on (the defaults: an unchanged package's sdist is reused, `submit.sdist_cache`;
+servers import TensorFlow without Keras and serve before the trainer loads its model and
+data; training replicas leave IPython and matplotlib out) and off (MLJOB_QUICK_START=0
+and MLJOB_SDIST_CACHE=0: as before them). The package environment is built once first
+(`cold`, reported), then reused by every measured job. Setups: `single` (BASIC), `ps`
+(CUSTOM: chief + 2 workers + 1 ps) and `tuning` (BASIC, 3 trials one at a time).
 Phases, in seconds, each from the end of the one before:
 
 - cli: interpreter start and the CLI's imports, to the submit command running
@@ -22,7 +24,10 @@ Phases, in seconds, each from the end of the one before:
 - first_step: restore, input pipeline, the first step's trace and compilation, the step
 
 plus each server's seconds from its process start to its import of TensorFlow and to
-its server listening, and the CPU seconds of the whole job (the supervisor's children).
+its server listening, the CPU seconds of the whole job (the supervisor's children), and,
+the figures to compare on a shared machine where wall times move with the load, the CPU
+seconds the launcher spent to its `staged` mark and the chief (each trial's chief) spent
+from its process start to its first step.
 Writes bench/results/startup.json.
 """
 from __future__ import annotations
@@ -71,17 +76,50 @@ def snapshot(dest: str) -> str:
     return dest
 
 
+def _chief_cpu(pid: int) -> float | None:
+    """CPU seconds of the running chief (or master) replica under the launcher `pid`."""
+    try:
+        import psutil
+        for child in psutil.Process(pid).children(recursive=True):
+            try:
+                if "trainer.task" not in " ".join(child.cmdline()):
+                    continue
+                task = json.loads(child.environ().get("TF_CONFIG") or "{}").get("task", {})
+                if task.get("type", "master") in ("master", "chief"):
+                    times = child.cpu_times()
+                    return round(times.user + times.system, 2)
+            except (psutil.Error, ValueError):
+                continue
+    except Exception:  # a measurement aid
+        return None
+    return None
+
+
+def _own_cpu(pid: int) -> float | None:
+    """CPU seconds of the launcher and of the children it waited for (the sdist build)."""
+    try:
+        import psutil
+        times = psutil.Process(pid).cpu_times()
+        return round(times.user + times.system + times.children_user
+                     + times.children_system, 2)
+    except Exception:
+        return None
+
+
 def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps: int,
             source: str) -> dict:
     env = {**os.environ, "MLJOB_HOME": home, "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONPATH": source, "MLJOB_STARTUP_MARKS": "1", "PYTHONUNBUFFERED": "1",
            "MLJOB_QUICK_START": "1" if quick else "0"}
+    if not quick:
+        env["MLJOB_SDIST_CACHE"] = "0"  # every submit builds its sdist, as before the cache
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.time()
     marks: dict[str, float] = {}
     servers: dict[str, dict[str, float]] = {}
     trials: dict[str, dict[str, float]] = {}  # a tuning job's trials: their chiefs' marks
     env_state, env_seconds = None, 0.0
+    cpu: dict[str, float | None] = {}
     proc = subprocess.Popen(
         [sys.executable, "-m", "submit", job_id, *SETUPS[setup], "--job-dir", job_dir,
          "--package-path", source, "--", "--model", "mlp", "--train-steps", str(steps)],
@@ -100,13 +138,16 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
                 mine["last_line"] = now
                 if words[:1] == ["startup"] and len(words) == 3:
                     mine.setdefault(words[1], float(words[2]))
-                elif text.startswith("step "):
-                    mine.setdefault("first_step", now)
+                elif text.startswith("step ") and "first_step" not in mine:
+                    mine["first_step"] = now
+                    mine["cpu"] = _chief_cpu(proc.pid)  # type: ignore[assignment]
                 continue
             if words[:1] == ["startup"] and len(words) == 3:
                 if label == "cli":  # its own process start is the run's start
                     if words[1] != "process":
                         marks.setdefault(words[1], float(words[2]))
+                    if words[1] == "staged":
+                        cpu["launcher_to_staged"] = _own_cpu(proc.pid)
                 elif label.startswith("master-replica-0"):
                     marks.setdefault(words[1], float(words[2]))
                 else:
@@ -116,8 +157,10 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
                 # "... reused in 0.1 s": its own duration (service lines come in batches)
                 env_seconds = float(words[-2])
                 env_state = "reused" if " reused " in text else "created"
-            elif label == "master-replica-0" and text.startswith("step "):
-                marks.setdefault("first_step", now)
+            elif label == "master-replica-0" and text.startswith("step ") and \
+                    "first_step" not in marks:
+                marks["first_step"] = now
+                cpu["chief_to_first_step"] = _chief_cpu(proc.pid)
         proc.wait(timeout=900)
     finally:
         if proc.poll() is None:  # interrupted: cancel the job (SIGINT may be ignored)
@@ -144,11 +187,12 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
                     if {"process", "tensorflow", "server"} <= set(m)}
     if trials:  # the first trial's chief stands for the job's
         marks.update({k: v for k, v in trials[min(trials, key=int)].items()
-                      if k != "last_line"})
+                      if k not in ("last_line", "cpu")})
+        cpu["chief_to_first_step"] = trials[min(trials, key=int)].get("cpu")
     return {"setup": setup, "quick_start": quick, "environment": env_state,
             "trials": trial_phases(trials),
             "to_first_step_s": round(marks.get("first_step", start) - start, 3),
-            "phases_s": phases, "servers_s": server_times,
+            "phases_s": phases, "servers_s": server_times, "cpu_s": cpu,
             "marks": {k: round(v - start, 3) for k, v in marks.items()},
             "job_cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime
                                - before.ru_stime, 2),
@@ -174,10 +218,16 @@ def trial_phases(trials: dict[str, dict[str, float]]) -> list[dict]:
                 last = m[name]
         out.append({"trial": trial, "to_first_step_s": round(m["first_step"] - m["process"],
                                                              3),
+                    "chief_cpu_s": m.get("cpu"),
                     "gap_before_s": None if previous_end is None else
                     round(m["process"] - previous_end, 3), "phases_s": phases})
         previous_end = m["last_line"]
     return out
+
+
+def _mean(values) -> float | None:
+    got = [v for v in values if v is not None]
+    return round(sum(got) / len(got), 2) if got else None
 
 
 def main() -> None:
@@ -188,6 +238,7 @@ def main() -> None:
     parser.add_argument("--setups", default="single,ps")
     args = parser.parse_args()
     results = []
+    load_start = round(os.getloadavg()[0], 2)
     work = tempfile.mkdtemp(prefix="mljob-bench-")
     source = snapshot(os.path.join(work, "src"))
     with open(os.path.join(source, "tuning.yaml"), "w") as f:
@@ -221,13 +272,26 @@ def main() -> None:
                     and r["quick_start"] == quick]
             if runs:
                 summary[f"{setup} quick_start={int(quick)}"] = {
-                    "to_first_step_s": round(sum(r["to_first_step_s"] for r in runs)
-                                             / len(runs), 2),
-                    "job_cpu_s": round(sum(r["job_cpu_s"] for r in runs) / len(runs), 2)}
+                    "to_first_step_s": _mean(r["to_first_step_s"] for r in runs),
+                    "package_s": _mean(r["phases_s"].get("package", 0) for r in runs),
+                    "launcher_cpu_to_staged_s": _mean(
+                        r["cpu_s"].get("launcher_to_staged") for r in runs),
+                    "chief_cpu_to_first_step_s": _mean(
+                        r["cpu_s"].get("chief_to_first_step") for r in runs),
+                    "trial_to_first_step_s": _mean(
+                        t["to_first_step_s"] for r in runs for t in r["trials"]),
+                    "trial_chief_cpu_s": _mean(
+                        t["chief_cpu_s"] for r in runs for t in r["trials"]),
+                    "job_cpu_s": _mean(r["job_cpu_s"] for r in runs),
+                    "load": [min(r["load_before"] for r in runs),
+                             max(r["load_after"] for r in runs)]}
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     with open(OUT, "w") as f:
         json.dump({"what": "seconds from `python -m submit` to the chief's first step, by "
                            "phase, start-up shortcuts off and on (MLJOB_QUICK_START)",
+                   "quick_start": "1: the shortcuts on (the defaults); 0: "
+                                  "MLJOB_QUICK_START=0 and MLJOB_SDIST_CACHE=0",
+                   "load_average": [load_start, round(os.getloadavg()[0], 2)],
                    "train_steps": args.train_steps, "cpus": os.cpu_count(),
                    "python": platform.python_version(), "summary": summary,
                    "results": results}, f, indent=2)

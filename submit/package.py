@@ -26,6 +26,7 @@ import sys
 import tempfile
 
 from mljob import storage
+from submit import sdist_cache
 from submit.archives import (ARCHIVE_SUFFIXES, MAX_EXTRACTED_BYTES, MAX_MEMBERS,  # noqa: F401
                              MAX_PACKAGE_BYTES, Package, _naming, _read_package,
                              check_archive_name, check_members, content_hash, describe,
@@ -126,42 +127,61 @@ def check_package_path(path: str | None) -> str:
     return resolve_source(path).root
 
 
-def build(source: Source | str, out_dir: str, *, exclude: tuple[str, ...] = ()) -> Package:
+def build(source: Source | str, out_dir: str, *, exclude: tuple[str, ...] = (),
+          keep: bool = True) -> Package:
     """Build the sdist of a package source into out_dir; `exclude` lists absolute paths
-    (a local job dir inside the package folder) left out of the copy."""
+    (a local job dir inside the package folder) left out of the copy. An sdist built
+    earlier from the same files is reused (`submit.sdist_cache`); `keep=False` (a dry
+    run) keeps nothing new."""
     if isinstance(source, str):
         source = resolve_source(source)
-    work = tempfile.mkdtemp(prefix="mljob-build-")
-    try:
-        src = os.path.join(work, "src")
-        if source.name is not None:  # a package folder: its setup.py is generated
-            _copy(os.path.join(source.root, source.name), os.path.join(src, source.name),
-                  exclude)
-            _write_setup(src, source.name, "0.0.0")
-        else:
-            _copy(source.root, src, exclude)
-        where = os.path.join(source.root, source.name or "")
-        return _sdist(src, os.path.join(work, "dist"), out_dir, where.rstrip(os.sep))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    where = os.path.join(source.root, source.name or "").rstrip(os.sep)
+    if source.name is not None:  # a package folder: its setup.py is generated
+        return _cached_sdist(where, source.name, _generated(source.name, "0.0.0"), out_dir,
+                             exclude, keep, where)
+    return _cached_sdist(where, None, {"as_is": True}, out_dir, exclude, keep, where)
 
 
-def build_mljob_core(out_dir: str) -> Package:
+def build_mljob_core(out_dir: str, *, keep: bool = True) -> Package:
     """An sdist of mljob's core alone (no `trainer`, which would collide with a user's
     own), for a user's package that imports mljob: its replicas install it beside."""
     import mljob
+    return _cached_sdist(os.path.dirname(os.path.abspath(mljob.__file__)), "mljob",
+                         _generated("mljob", mljob.__version__, MLJOB_CORE_REQUIRES),
+                         out_dir, (), keep, "mljob's core")
+
+
+def _generated(name: str, version: str, requires: tuple[str, ...] = ()) -> dict:
+    return {"setup": GENERATED_SETUP, "name": name, "version": version,
+            "requires": list(requires)}
+
+
+def _cached_sdist(folder: str, name: str | None, recipe: dict, out_dir: str,
+                  exclude: tuple[str, ...], keep: bool, what: str) -> Package:
+    """The sdist of `folder` (copied as the package `name` beside a generated setup.py
+    when `recipe` says so, else as it is): the one kept from an earlier build of the
+    same files, else built in a temporary copy and kept (keyed by that copy)."""
+    looked_up = sdist_cache.key(folder, recipe, _ignore(exclude))
+    kept = sdist_cache.lookup(looked_up, out_dir)
+    if kept is not None:
+        return kept
     work = tempfile.mkdtemp(prefix="mljob-build-")
     try:
         src = os.path.join(work, "src")
-        _copy(os.path.dirname(os.path.abspath(mljob.__file__)), os.path.join(src, "mljob"),
-              ())
-        _write_setup(src, "mljob", mljob.__version__, MLJOB_CORE_REQUIRES)
-        return _sdist(src, os.path.join(work, "dist"), out_dir, "mljob's core")
+        tree = os.path.join(src, name) if name is not None else src
+        _copy(folder, tree, exclude)
+        copied_key = sdist_cache.key(tree, recipe) if keep else None
+        if name is not None:
+            _write_setup(src, name, recipe["version"], tuple(recipe["requires"]))
+        built = _sdist(src, os.path.join(work, "dist"), out_dir, what)
+        sdist_cache.store(copied_key, built)
+        return built
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _copy(folder: str, dest: str, exclude: tuple[str, ...]) -> None:
+def _ignore(exclude: tuple[str, ...]):
+    """What the build leaves out of its copy: COPY_IGNORE's names and `exclude`."""
     ignore_names = shutil.ignore_patterns(*COPY_IGNORE)
     excluded = {os.path.realpath(p) for p in exclude}
 
@@ -170,7 +190,11 @@ def _copy(folder: str, dest: str, exclude: tuple[str, ...]) -> None:
         return skipped | {n for n in names
                           if os.path.realpath(os.path.join(where, n)) in excluded}
 
-    shutil.copytree(folder, dest, ignore=ignore, symlinks=True)
+    return ignore
+
+
+def _copy(folder: str, dest: str, exclude: tuple[str, ...]) -> None:
+    shutil.copytree(folder, dest, ignore=_ignore(exclude), symlinks=True)
 
 
 def _write_setup(src: str, name: str, version: str, requires: tuple[str, ...] = ()) -> None:

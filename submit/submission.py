@@ -65,7 +65,8 @@ def submit(request: Submission, echo: Echo) -> int:
     with tempfile.TemporaryDirectory(prefix="mljob-sdist-") as tmp:
         pkg = None if containers_only else with_extras(
             spec, (_fetch(spec.package_uri, tmp, request.dry_run) if spec.package_uri
-                   else build_package(spec, source, tmp) if source else None),
+                   else build_package(spec, source, tmp, request.dry_run) if source
+                   else None),
             tmp, request.dry_run)
         startup.mark("package")
         rendered = runner.render(spec, pkg)
@@ -98,12 +99,13 @@ def start(runner: Runner, rendered: Rendered, record: records.JobRecord, echo: E
     return lifecycle.attach(runner, rendered, record, echo)
 
 
-def build_package(spec: specs.JobSpec, source: package.Source,
-                  tmp: str) -> package.Package:
-    """The sdist of `source`, hashed, with the URL it will be staged to."""
+def build_package(spec: specs.JobSpec, source: package.Source, tmp: str,
+                  dry_run: bool = False) -> package.Package:
+    """The sdist of `source` (one built earlier from the same files when there is one:
+    a dry run keeps nothing new), hashed, with the URL it will be staged to."""
     job_dir = spec.job_dir
     exclude = (storage.local_path(job_dir),) if job_dir and storage.is_local(job_dir) else ()
-    return _staged(spec, package.build(source, tmp, exclude=exclude))
+    return _staged(spec, package.build(source, tmp, exclude=exclude, keep=not dry_run))
 
 
 def _fetch(url: str, folder: str, dry_run: bool) -> package.Package:
@@ -133,7 +135,8 @@ def with_extras(spec: specs.JobSpec, main: package.Package | None,
     if not any(p.dist_name == "mljob" for p in found) and any(
             p.local_file and package.imports_mljob(p) for p in found):
         core_dir = os.path.join(tmp, "mljob-core")
-        archives.append(_staged(spec, package.build_mljob_core(core_dir)))
+        archives.append(_staged(spec, package.build_mljob_core(core_dir,
+                                                                  keep=not dry_run)))
     return dataclasses.replace(main, extras=tuple(archives))
 
 

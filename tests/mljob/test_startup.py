@@ -83,3 +83,26 @@ def test_a_ps_replica_serves_without_keras_model_or_data(reaper, tmp_path, quick
         done = subprocess.run([sys.executable, "-c", code], capture_output=True,
                               text=True, cwd=ROOT, timeout=240, env=env)
         assert done.stdout.split() == ["False", "True"], done.stderr[-500:]
+
+
+_LEAN = """
+import sys
+from mljob import startup
+with startup.lean_imports():
+    from trainer import fit
+left = [m for m in ("IPython", "matplotlib") if m in sys.modules]
+import matplotlib.pyplot  # the user's own code still has it
+print("LEFT", left, "keras" in sys.modules, "matplotlib.pyplot" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("quick", ["1", pytest.param("0", marks=pytest.mark.slow)])
+def test_a_training_replica_imports_keras_without_ipython_and_matplotlib(tmp_path, quick):
+    done = subprocess.run([sys.executable, "-c", _LEAN], capture_output=True, text=True,
+                          cwd=ROOT, timeout=240,
+                          env={**os.environ, "PYTHONPATH": ROOT, "MLJOB_QUICK_START": quick,
+                               "TF_CPP_MIN_LOG_LEVEL": "2", "MPLBACKEND": "Agg"})
+    line = next((x for x in done.stdout.splitlines() if x.startswith("LEFT")), None)
+    assert line is not None, done.stderr[-800:]
+    assert line == ("LEFT [] True True" if quick == "1"
+                    else "LEFT ['IPython', 'matplotlib'] True True")
