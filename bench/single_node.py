@@ -166,13 +166,15 @@ def summarize(runs: list[dict]) -> dict:
         rows = [r for r in runs if r.get("config") == label and "examples_per_s" in r]
         if not rows:
             continue
-        ratios = []
+        ratios, cpu_ratios = [], []
         for r in rows:
             tf1 = [x for x in runs if x.get("config") == "tf1 single"
                    and x["repeat"] == r["repeat"]
                    and "examples_per_s" in x]
             if tf1:
                 ratios.append(r["examples_per_s"] / tf1[0]["examples_per_s"])
+                if r.get("examples_per_cpu_s") and tf1[0].get("examples_per_cpu_s"):
+                    cpu_ratios.append(r["examples_per_cpu_s"] / tf1[0]["examples_per_cpu_s"])
         out[label] = {
             "examples_per_s": common.median([r["examples_per_s"] for r in rows]),
             "all": [r["examples_per_s"] for r in rows],
@@ -180,6 +182,11 @@ def summarize(runs: list[dict]) -> dict:
             "fraction_of_ceiling_cpu": common.median(
                 [r.get("fraction_of_ceiling_cpu") or 0 for r in rows]),
             "vs_tf1_single": round(common.median(ratios), 2) if ratios else None,
+            # per CPU-second: what to read on a shared machine, where each process's
+            # share of the cores (and so its wall-time rate) moves with the load
+            "vs_tf1_single_cpu": round(common.median(cpu_ratios), 2) if cpu_ratios else None,
+            "all_vs_tf1_single_cpu": [round(x, 2) for x in cpu_ratios],
+            "all_fraction_of_ceiling_cpu": [r.get("fraction_of_ceiling_cpu") for r in rows],
             "loads": [r["load_average"][0] for r in rows]}
     return out
 

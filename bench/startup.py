@@ -21,7 +21,9 @@ Phases, in seconds, each from the end of the one before:
 - tensorflow: the chief's import of TensorFlow, Keras and the trainer's modules
 - data: the dataset loaded; peers: waiting for the ps and workers to listen
 - strategy: the strategy built and connected; model: the model and optimizer built
-- first_step: restore, input pipeline, the first step's trace and compilation, the step
+- input: restore and the input pipelines (under ps, each worker's dataset made)
+- traced: the first chunk of steps traced (under ps, scheduled)
+- first_step: the first chunk's run (compilation, a worker's set-up) to its step line
 
 plus each server's seconds from its process start to its import of TensorFlow and to
 its server listening, the CPU seconds of the whole job (the supervisor's children), and,
@@ -64,7 +66,8 @@ SETUPS = {"single": ["--scale-tier", "BASIC"], "tuning": ["--config", "tuning.ya
           "ps": ["--scale-tier", "CUSTOM", "--master-machine-type", "standard",
                  "--worker-count", "2", "--parameter-server-count", "1"]}
 CHIEF_PHASES = ("cli", "spec", "package", "plan", "staged", "environment", "process",
-                "main", "tensorflow", "data", "peers", "strategy", "model", "first_step")
+                "main", "tensorflow", "data", "peers", "strategy", "model", "input", "traced",
+                "first_step")
 NAMES = {"staged": "stage", "main": "python"}
 
 

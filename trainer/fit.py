@@ -24,10 +24,12 @@ def cross_entropy(labels, logits):
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
 
 
-def run(args, config: training.RunConfig, info, stop=None, *, dropout: float) -> int:
+def run(args, config: training.RunConfig, info, stop=None, *, dropout: float,
+        learning_rate: float = 1e-3) -> int:
     """Play this replica's role with the flags' model and data; the exit status.
-    `dropout` is the flags' rate as `trainer.task.dropout_of` resolves it (the flags'
-    module imports this one, never the reverse)."""
+    `dropout` and `learning_rate` are the flags' as `trainer.task.dropout_of` and
+    `learning_rate_of` resolve them (the flags' module imports this one, never the
+    reverse)."""
     load = functools.lru_cache(maxsize=1)(
         lambda: data_lib.load(args.data_dir, args.train_files, args.eval_files))
     if info is not None and info.task_type in (PS, EVALUATOR):
@@ -64,7 +66,7 @@ def run(args, config: training.RunConfig, info, stop=None, *, dropout: float) ->
         functools.partial(model_lib.build, args.model, dropout=dropout, seed=args.seed,
                           precision=choice.policy, hidden_units=args.hidden_units),
         train_dataset_fn, eval_dataset_fn=eval_dataset_fn, loss=cross_entropy,
-        optimizer=lambda: keras.optimizers.Adam(args.learning_rate),
+        optimizer=lambda: keras.optimizers.Adam(learning_rate),
         metrics=["accuracy"], serving=export_lib.serving(args.model, args.hidden_units),
         describe=describe,
         config=config, info=info, stop=stop)

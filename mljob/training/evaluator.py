@@ -43,7 +43,7 @@ def evaluate(model, dataset, objective: Objective) -> tuple[float, dict[str, flo
     objective.build(model, dataset.element_spec)
     step = _eval_steps.get(model)
     if step is None:
-        @tf.function
+        @tf.function(autograph=False)  # as Keras's evaluate traces its step
         def eval_step(state, data):
             features, labels, weights = unpack(data)
             outputs = model(features, training=False)

@@ -119,7 +119,10 @@ class Replica:
         self.checkpoint = tf.train.Checkpoint(
             model={w.path: w.value for w in self.model.weights},
             optimizer=list(self.optimizer.variables), step=self.step)
-        self._chunk = tf.function(self._train_chunk)
+        # autograph=False, as Keras's fit traces its steps: the loops are TensorFlow's
+        # own (tf.while_loop), and converting this code and everything it calls took
+        # two thirds of the first chunk's tracing (seconds before the first step).
+        self._chunk = tf.function(self._train_chunk, autograph=False)
         self._iterator = None
         # One process, one replica: Adam's update fused by XLA (mljob.training.updates)
         # where it is exactly Keras's; synchronous replicas keep Keras's update, which
@@ -149,7 +152,7 @@ class Replica:
                              "steps, which are off here (ps_local_steps=False, or not "
                              "Adam); leave ps_merge unset")
         if self.local_steps:
-            self._chunk = tf.function(self._local_chunk)
+            self._chunk = tf.function(self._local_chunk, autograph=False)
 
     def ps_updates(self) -> str:
         """How the workers update the ps, for the chief's started lines."""
@@ -239,8 +242,11 @@ class Replica:
 
     def _train_chunk(self, iterator, num_steps, stop_flag):
         # Steps before the last return nothing: fetching values costs a round trip.
-        for _ in tf.range(num_steps - 1):
+        def step(i):
             self.strategy.run(self._train_step, args=next(iterator))
+            return i + 1
+
+        tf.while_loop(lambda i: i < num_steps - 1, step, [tf.constant(0)])
         loss, state = self.strategy.run(self._train_step, args=next(iterator))
         sum_, mean = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
         stops = stop_flag
@@ -409,6 +415,7 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
         # A resumed run reshuffles with a new seed rather than replaying the same order.
         replica.start_input(program.train_dataset_fn,
                             seed=((config.seed or 0) + start) % (2**31 - 1))
+        startup.mark("input")
         loop = _Loop(replica, program, config, store, writers, progress, chief)
         try:
             step = loop.run(start, stop)
@@ -474,12 +481,18 @@ class _Loop:
 
     def run(self, start: int, stop: StopSignal) -> int:
         cfg = self.config
-        step, mark_step, mark_time = start, start, time.monotonic()
+        step = start
         started = time.monotonic()
+        self._mark = (start, started)  # the step and time of the last log line
         loss = float("nan")
         metrics: dict[str, float] = {}
         agree = self.replica.agree_on_stop
         pending: list = []  # the chunks since the last log line, whose metrics it shows
+        # Under ps the first step's line waits until the next chunk is scheduled: that
+        # one goes to another worker, whose first run (setting the function up, XLA)
+        # then overlaps the first worker's instead of following it.
+        overlap = self.replica.coordinator is not None and self.replica.num_workers > 1
+        held = False
         while step < cfg.train_steps:
             # Alone, a replica stops before a chunk; under multiworker all stop together
             # after the chunk whose all-reduce first carries a stop flag (below).
@@ -488,20 +501,21 @@ class _Loop:
             num = 1 if step == start else min(cfg.steps_per_execution,
                                               self._next_boundary(step) - step)
             handle = self.replica.run_chunk(num, stop=agree and stop.requested())
+            if step == start:
+                startup.mark("traced")
             pending.append(handle)
             step += num
             self.progress.bar(step)
+            if held:  # the first step's line, now that the next chunk is on its way
+                held = False
+                loss, metrics = self._line(start + 1, pending[:1])
+                pending = pending[1:]
+            if step == start + 1 and overlap and self._next_boundary(start) > step:
+                held = True  # no log line, checkpoint or evaluation is due at this step
+                continue
             if step == start + 1 or step % cfg.log_every == 0 or step == cfg.train_steps:
-                loss, metrics = self.replica.result(pending)
+                loss, metrics = self._line(step, pending)
                 pending = []
-                now = time.monotonic()
-                steps_per_sec = (step - mark_step) / max(now - mark_time, 1e-9)
-                mark_step, mark_time = step, now
-                examples = steps_per_sec * cfg.batch_size
-                lr = self.replica.learning_rate() if self.chief else float("nan")
-                self.progress.step(step, loss, metrics, examples, lr)
-                self.writers.train(step, loss=loss, **metrics, learning_rate=lr,
-                                   steps_per_sec=steps_per_sec, examples_per_sec=examples)
             if step == cfg.train_steps or (agree and self.replica.stopping(handle)):
                 break
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
@@ -516,6 +530,19 @@ class _Loop:
                 f"training finished: step={step} loss={loss:.4f}{shown} "
                 f"seconds={time.monotonic() - started:.1f}")
         return step
+
+    def _line(self, step: int, handles: list) -> tuple[float, dict[str, float]]:
+        """The log line (and train summaries) of `step`, from the chunks of `handles`."""
+        loss, metrics = self.replica.result(handles)
+        now = time.monotonic()
+        steps_per_sec = (step - self._mark[0]) / max(now - self._mark[1], 1e-9)
+        self._mark = (step, now)
+        examples = steps_per_sec * self.config.batch_size
+        lr = self.replica.learning_rate() if self.chief else float("nan")
+        self.progress.step(step, loss, metrics, examples, lr)
+        self.writers.train(step, loss=loss, **metrics, learning_rate=lr,
+                           steps_per_sec=steps_per_sec, examples_per_sec=examples)
+        return loss, metrics
 
     def _next_boundary(self, step: int) -> int:
         cfg = self.config

@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def adam_step(weights, ms, vs, grads, alpha, b1, b2, eps):
     """Keras's Adam update of lists of tensors: (weights, first moments, second
     moments) after one step with step size alpha."""

@@ -52,6 +52,10 @@ def test_ps_cluster_of_chief_two_workers_one_ps_from_the_seed_flags(reaper, tmp_
         read(tmp_path / "chief.log")
     _check_trained(tmp_path, tmp_path / "chief.log", "ps")
     assert lines(tmp_path / "chief.log", "eval step=300")
+    # The first step's line, then every --log-every steps: under ps the first step's
+    # line waits until the next chunk is scheduled (on the other worker), never lost.
+    steps = [line.split()[1] for line in lines(tmp_path / "chief.log", "step ")]
+    assert steps == ["1/300", "100/300", "200/300", "300/300"], steps
     assert os.path.exists(tmp_path / "job" / "checkpoints" / "ckpt-300.index")
 
     # Servers serve until stopped (exit 143): SIGTERM ends one, the launcher's death the

@@ -58,7 +58,7 @@ def test_trains_and_reports_the_contract_lines(trained):
     for line in steps:
         fields = dict(f.split("=") for f in line.split()[2:])
         assert set(fields) == {"loss", "accuracy", "examples/s", "lr"}
-        assert float(fields["lr"]) == pytest.approx(1e-3)
+        assert float(fields["lr"]) == pytest.approx(3e-3)  # the MLP's default
     evals = [line for line in lines if line.startswith("eval step=")]
     assert [e.split()[1] for e in evals] == ["step=60", "step=120"]
     assert float(evals[-1].rsplit("accuracy=", 1)[1]) > 0.6
