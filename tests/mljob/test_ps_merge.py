@@ -31,8 +31,13 @@ import tensorflow as tf
 ports, job_dir, merge, steps, lr = json.loads(sys.argv[1])
 spec = {"chief": [f"127.0.0.1:{ports[0]}"], "ps": [f"127.0.0.1:{ports[1]}"],
         "worker": [f"127.0.0.1:{p}" for p in ports[2:]]}
+# The three servers share this process's one TensorFlow compute pool, sized by the first
+# server's config (the cores by default: 2 here). Both workers' first chunks run at once
+# (the chief schedules the second before the first step's line) and each holds pool
+# threads while it waits on the ps: separate replicas have a pool each; give these room.
+pool = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=8)
 servers = [tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=i,
-                                protocol="grpc", start=True)
+                                protocol="grpc", start=True, config=pool)
            for job, i in (("ps", 0), ("worker", 0), ("worker", 1))]
 info = cluster.parse_tf_config(json.dumps({"cluster": spec,
                                            "task": {"type": "chief", "index": 0}}))
