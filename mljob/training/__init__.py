@@ -108,8 +108,8 @@ def run(program: Program, config: RunConfig, *, info: cluster_lib.ClusterInfo | 
                                   num_gpus=len(tf.config.list_physical_devices("GPU")))
     # Until the strategy starts (the loop takes the signals over then), SIGTERM ends a
     # replica at once: there is nothing to save yet.
-    from mljob.training import loop
-    return loop.run(info, program, config, kind, stop)
+    from mljob.training import steps
+    return steps.run(info, program, config, kind, stop)
 
 
 def serve_if_server(info: cluster_lib.ClusterInfo | None = None,

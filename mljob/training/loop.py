@@ -16,6 +16,9 @@ The user's data comes from `train_dataset_fn(context)`, one input pipeline per w
 under ps (built on the worker, `context.input_pipeline_id` its index as a tensor) and per
 replica otherwise (`distribute_datasets_from_function`). `context.seed` changes with the
 step a run resumes from, so a resumed run reshuffles rather than replaying the same order.
+This module is the `Replica` (the model, its optimizer and the chunk functions); the run
+around it (the cluster, checkpoints, the step boundaries, the export) is
+`mljob.training.steps`.
 
 Only the chief writes (checkpoints, summaries, the export); the other multiworker replicas
 take part in every save (TensorFlow's pattern) but write to temp dirs they delete.
@@ -30,25 +33,15 @@ job dir, and exits by itself.)
 """
 from __future__ import annotations
 
-import time
-
 import keras
 import numpy as np
 import tensorflow as tf
 from keras.src import tree
 
-from mljob import hypertune, startup, storage
-from mljob.cluster import ClusterInfo
-from mljob.errors import EXIT_OK
-from mljob.training.checkpoints import CheckpointStore
 from mljob.training.config import Program, RunConfig
-from mljob.training.errors import PeerUnavailableError, Preempted, UsageError
-from mljob.training.evaluator import evaluate
+from mljob.training.errors import UsageError
 from mljob.training.losses import compiled_optimizer, one_replica, unpack
-from mljob.training.signals import StopSignal
-from mljob.training.strategies import make_strategy, peer_named_in, wait_for_leader, \
-    wait_for_peers, weight_parts, weights_numpy
-from mljob.training.summaries import Progress, SummaryWriters
+from mljob.training.strategies import weight_parts
 from mljob.training.updates import adam_step, apply_adam, fusable
 
 
@@ -364,81 +357,6 @@ class Replica:
             self.coordinator.join()
 
 
-def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
-        stop: StopSignal) -> int:
-    """Train to config.train_steps (resuming from the latest checkpoint), then export.
-    Returns the exit status; raises TrainingError subclasses for the rest."""
-    chief = info.is_chief
-    progress = Progress(config.train_steps, enabled=chief)
-    if kind == "ps" and not wait_for_peers(info, stop):
-        raise Preempted(f"stopped while waiting for the cluster ({stop.reason()})")
-    if kind == "multiworker":
-        stop.install()  # seen while waiting; TensorFlow's handler takes over below
-        if not wait_for_leader(info, stop):
-            raise Preempted(f"stopped while waiting for the chief ({stop.reason()})")
-    startup.mark("peers")
-    strategy, coordinator = make_strategy(kind, info, config.ps_shards)
-    startup.mark("strategy")
-    # TensorFlow's coordination service (multiworker) sets its own SIGTERM handler in
-    # C++ when the strategy starts, which swallows the signal: take it back. Every
-    # replica that trains takes part in the save (multiworker peers through the
-    # all-reduced stop flag); the watchdog ends one whose peers never answer.
-    stop.install()
-    replicas = info.num_workers if kind == "ps" else strategy.num_replicas_in_sync
-    if kind in ("multiworker", "mirrored") and config.batch_size % replicas:
-        raise UsageError(f"--batch-size {config.batch_size} cannot be split evenly over "
-                         f"{replicas} replicas; use a multiple of {replicas}")
-    described = program.description()
-    replica = Replica(strategy, coordinator, program, config, num_workers=info.num_workers,
-                      agree_on_stop=kind == "multiworker")
-    startup.mark("model")
-    store = CheckpointStore(config.checkpoint_url, keep=config.keep_checkpoints,
-                            writer=chief)
-    writers = SummaryWriters(config.summary_url, enabled=chief)
-    try:
-        start = store.restore(replica.checkpoint) or 0
-        # describe's first pair (the model) before replicas=, the rest before job_dir=,
-        # where the bundled trainer has always printed them.
-        head, _, rest = described.partition(" ")
-        progress.line(
-            f"training started: strategy={kind} step={start} train_steps="
-            f"{config.train_steps} " + (f"{head} " if head else "")
-            + f"replicas={replicas} batch_size={config.batch_size} steps_per_execution="
-            f"{config.steps_per_execution} " + (f"{rest} " if rest else "")
-            + f"job_dir={config.job_dir}")
-        if kind == "ps":
-            progress.line(f"ps updates: {replica.ps_updates()}")
-            progress.line("variables: " + " ".join(
-                f"{path}={n}" for path, n in replica.shards().items()) + " (shards)")
-        if start >= config.train_steps:
-            return _already_done(replica, program, config, start, progress)
-        # A resumed run reshuffles with a new seed rather than replaying the same order.
-        replica.start_input(program.train_dataset_fn,
-                            seed=((config.seed or 0) + start) % (2**31 - 1))
-        startup.mark("input")
-        loop = _Loop(replica, program, config, store, writers, progress, chief)
-        try:
-            step = loop.run(start, stop)
-        except (tf.errors.UnavailableError, tf.errors.AbortedError,
-                tf.errors.DeadlineExceededError) as exc:
-            if kind not in ("ps", "multiworker"):
-                raise
-            raise PeerUnavailableError(
-                f"{peer_named_in(str(exc), info)} stopped answering; restart the job to "
-                "resume from the latest checkpoint") from None
-        if step < config.train_steps:
-            why = stop.reason() if stop.requested() else "another replica was stopped"
-            raise Preempted(f"stopped at step {step} ({why}); checkpoint saved, "
-                            "run again to resume")
-        if chief and program.serving is not None:
-            url = replica_export(replica, program, config)
-            progress.line(f"exported model to {url}")
-        return EXIT_OK
-    finally:
-        writers.close()
-        store.close()
-
-
 def _tf_variable(var):
     """The tf.Variable behind a Keras variable (a shard already is one)."""
     return var.value if isinstance(var, keras.Variable) else var
@@ -451,127 +369,4 @@ def _all_replicas_sum(value):
                                                           tf.identity(value))
 
 
-def replica_export(replica: Replica, program: Program, config: RunConfig) -> str:
-    from mljob.training import export as export_lib
-    serving = program.serving
-    assert serving is not None  # the callers export only a program with a Serving
-    return export_lib.export(serving.model_fn or program.model_fn,
-                             weights_numpy(replica.model), config.export_url, serving)
-
-
-def _already_done(replica: Replica, program: Program, config: RunConfig, step: int,
-                  progress: Progress) -> int:
-    progress.line(f"training finished: step={step} already_done=true")
-    if progress.enabled and program.serving is not None:
-        if storage.exists(storage.join(config.export_url, "saved_model.pb")):
-            progress.line(f"model already exported at {config.export_url}")
-        else:
-            progress.line(f"exported model to {replica_export(replica, program, config)}")
-    return EXIT_OK
-
-
-class _Loop:
-    """The step loop with its side effects at step boundaries (log, checkpoint, eval)."""
-
-    def __init__(self, replica: Replica, program: Program, config: RunConfig,
-                 store: CheckpointStore, writers: SummaryWriters, progress: Progress,
-                 chief: bool):
-        self.replica, self.program, self.config, self.store = replica, program, config, store
-        self.writers, self.progress, self.chief = writers, progress, chief
-
-    def run(self, start: int, stop: StopSignal) -> int:
-        cfg = self.config
-        step = start
-        started = time.monotonic()
-        self._mark = (start, started)  # the step and time of the last log line
-        loss = float("nan")
-        metrics: dict[str, float] = {}
-        agree = self.replica.agree_on_stop
-        pending: list = []  # the chunks since the last log line, whose metrics it shows
-        # Under ps the first step's line waits until the next chunk is scheduled: that
-        # one goes to another worker, whose first run (setting the function up, XLA)
-        # then overlaps the first worker's instead of following it.
-        overlap = self.replica.coordinator is not None and self.replica.num_workers > 1
-        held = False
-        while step < cfg.train_steps:
-            # Alone, a replica stops before a chunk; under multiworker all stop together
-            # after the chunk whose all-reduce first carries a stop flag (below).
-            if not agree and stop.requested():
-                break
-            num = 1 if step == start else min(cfg.steps_per_execution,
-                                              self._next_boundary(step) - step)
-            handle = self.replica.run_chunk(num, stop=agree and stop.requested())
-            if step == start:
-                startup.mark("traced")
-            pending.append(handle)
-            step += num
-            self.progress.bar(step)
-            if held:  # the first step's line, now that the next chunk is on its way
-                held = False
-                loss, metrics = self._line(start + 1, pending[:1])
-                pending = pending[1:]
-            if step == start + 1 and overlap and self._next_boundary(start) > step:
-                held = True  # no log line, checkpoint or evaluation is due at this step
-                continue
-            if step == start + 1 or step % cfg.log_every == 0 or step == cfg.train_steps:
-                loss, metrics = self._line(step, pending)
-                pending = []
-            if step == cfg.train_steps or (agree and self.replica.stopping(handle)):
-                break
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                self.save(step)
-            if cfg.eval_every and step % cfg.eval_every == 0:
-                self.evaluate(step)
-        self.save(step)
-        if step >= cfg.train_steps:
-            self.evaluate(step)
-            shown = "".join(f" {name}={value:.4f}" for name, value in metrics.items())
-            self.progress.line(
-                f"training finished: step={step} loss={loss:.4f}{shown} "
-                f"seconds={time.monotonic() - started:.1f}")
-        return step
-
-    def _line(self, step: int, handles: list) -> tuple[float, dict[str, float]]:
-        """The log line (and train summaries) of `step`, from the chunks of `handles`."""
-        loss, metrics = self.replica.result(handles)
-        now = time.monotonic()
-        steps_per_sec = (step - self._mark[0]) / max(now - self._mark[1], 1e-9)
-        self._mark = (step, now)
-        examples = steps_per_sec * self.config.batch_size
-        lr = self.replica.learning_rate() if self.chief else float("nan")
-        self.progress.step(step, loss, metrics, examples, lr)
-        self.writers.train(step, loss=loss, **metrics, learning_rate=lr,
-                           steps_per_sec=steps_per_sec, examples_per_sec=examples)
-        return loss, metrics
-
-    def _next_boundary(self, step: int) -> int:
-        cfg = self.config
-        nearest = cfg.train_steps
-        for every in (cfg.log_every, cfg.checkpoint_every, cfg.eval_every):
-            if every:
-                nearest = min(nearest, (step // every + 1) * every)
-        return nearest
-
-    def save(self, step: int) -> None:
-        self.replica.sync()
-        self.replica.step.assign(step)
-        self.store.save(self.replica.checkpoint, step)
-        if self.chief:
-            names = [w.path for w in self.replica.model.weights]
-            self.writers.histograms(step, dict(zip(names, weights_numpy(self.replica.model),
-                                                       strict=True)))
-            self.writers.sync()
-
-    def evaluate(self, step: int) -> None:
-        if not self.chief or self.program.eval_dataset_fn is None:
-            return
-        self.replica.sync()
-        loss, metrics = evaluate(self.replica.model, self.program.eval_dataset_fn(),
-                                 self.replica.objective)
-        self.progress.eval(step, loss, metrics)
-        self.writers.eval(step, loss=loss, **metrics)
-        self.writers.sync()
-        hypertune.report_evaluation(step, loss=loss, metrics=metrics)  # tuning trials
-
-
-__all__ = ["InputContext", "Replica", "run", "make_optimizer"]
+__all__ = ["InputContext", "Replica", "make_optimizer"]
