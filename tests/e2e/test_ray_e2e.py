@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from submit import jobs as records
-from tests.support.ray_cluster import head, job_processes, skip_reason
+from tests.support.ray_cluster import head, job_processes, skip_reason, start_node
 from tests.support.submit_cli import nothing_written, one_error_line, run
 from tests.support.trainer_runs import FAST
 
