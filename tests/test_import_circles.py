@@ -12,10 +12,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("mljob", "trainer", "submit", "predict")
 
 
-def modules() -> dict[str, str]:
-    """Every module of the packages: dotted name to file."""
+def modules(folders: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+    """Every module under the folders (the packages): dotted name to file."""
     found = {}
-    for package in PACKAGES:
+    for package in folders:
         for folder, _, files in os.walk(os.path.join(ROOT, package)):
             for name in files:
                 if name.endswith(".py"):

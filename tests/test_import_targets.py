@@ -64,17 +64,7 @@ def _defined(path: str) -> frozenset[str]:
 
 
 def ours() -> dict[str, str]:
-    found = modules()
-    for folder in ("bench", "tools", "tests"):
-        for where, _, files in os.walk(os.path.join(ROOT, folder)):
-            for name in files:
-                if name.endswith(".py"):
-                    path = os.path.join(where, name)
-                    parts = os.path.relpath(path, ROOT)[:-3].split(os.sep)
-                    if parts[-1] == "__init__":
-                        parts = parts[:-1]
-                    found[".".join(parts)] = path
-    return found
+    return modules(FOLDERS)
 
 
 def missing(found: dict[str, str]) -> list[str]:
