@@ -135,6 +135,33 @@ class CompiledCalls:
         log.info("%s: small calls are left to TensorFlow's executor: %s", self._label, why)
 
 
+# Ops that change state or draw random numbers: a signature holding one is never
+# compiled, since the check runs a request twice (once each way).
+_STATEFUL = ("Assign", "ResourceApply", "ResourceScatter", "ResourceSparseApply",
+             "Random", "StatelessRandom", "Multinomial", "TruncatedNormal",
+             "Stateful", "RngSkip", "RngReadAndSkip", "Print", "WriteFile",
+             "Enqueue", "Dequeue", "InitializeTable", "LookupTableInsert",
+             "LookupTableRemove", "Save", "Restore", "PyFunc", "EagerPyFunc")
+
+
+def state_changes(fn) -> str | None:
+    """The first op of a signature function (its graph and the functions it calls)
+    that changes state, draws random numbers or calls back into Python, or None."""
+    try:
+        graph = fn.graph.as_graph_def()
+    except AttributeError:  # another TensorFlow's ConcreteFunction
+        return "its graph cannot be read"
+    nodes = list(graph.node)
+    for function in graph.library.function:
+        nodes.extend(function.node_def)
+    for node in nodes:
+        if node.op in ("StatefulPartitionedCall", "StatelessRandomGetKeyCounter"):
+            continue
+        if node.op.startswith(_STATEFUL):
+            return node.op
+    return None
+
+
 def _difference(want: dict, got: dict) -> str | None:
     """None when got answers as want (floats within RTOL/ATOL), else what differs."""
     if set(want) != set(got):
@@ -156,4 +183,4 @@ def _first_line(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:200]
 
 
-__all__ = ["CompiledCalls", "drain", "SMALL_CALL_S", "MAX_ROWS", "MAX_SHAPES"]
+__all__ = ["CompiledCalls", "drain", "state_changes", "SMALL_CALL_S", "MAX_ROWS", "MAX_SHAPES"]

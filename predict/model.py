@@ -127,13 +127,15 @@ class SavedModel(Model):
     def compile_small_calls(self) -> None:
         """Let small calls of every signature with numeric inputs be compiled with
         XLA (predict.compiled; the server's --compile_small_calls)."""
-        from predict.compiled import CompiledCalls
+        from predict.compiled import CompiledCalls, state_changes
         for name, flat in self._flat.items():
             sig = self.signatures[name]
             if flat is None or any(np.dtype(info.dtype).kind not in "fiub"
                                    for info in sig.inputs.values()):
                 continue
             fn = self._functions[name]
+            if state_changes(fn) is not None:  # compiling would run a request twice
+                continue
             self._compiled[name] = CompiledCalls(
                 fn, [n for n, _ in flat[0]], list(fn.structured_outputs),
                 f"{self.source} signature {name}")
@@ -291,7 +293,7 @@ def _runtime_call(fn):
     def call(tensors: list) -> dict:
         return dict(zip(names, call_function(name, tensors + captured, count),
                         strict=True))
-    call.runtime = True  # type: ignore[attr-defined]
+    call.runtime = True
     return call
 
 

@@ -178,3 +178,35 @@ def test_answers_stay_right_while_a_compile_runs_beside_them(user_export):
     for got, want in zip(gots, wants * 3, strict=True):
         _close(got, want)
     assert model._compiled["serving_default"].call(((2, 6),)) is not None
+
+
+def test_a_signature_that_changes_state_or_draws_random_numbers_is_never_compiled(
+        tmp_path):
+    """The check runs the asking request a second time: a signature that counts its
+    calls, or samples, is left to the executor from the start."""
+    class Counting(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = tf.Variable(0, dtype=tf.int64)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+        def serve(self, x):
+            self.calls.assign_add(1)
+            return {"y": x * 2.0, "calls": tf.identity(self.calls) + 0 * tf.shape(
+                x, out_type=tf.int64)[0]}
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+        def sample(self, x):
+            return {"y": x + tf.random.uniform(tf.shape(x))}
+
+    module = Counting()
+    tf.saved_model.save(module, str(tmp_path), signatures={
+        "serving_default": module.serve, "sample": module.sample})
+    model = serving._load(str(tmp_path), tags=None, compile_small_calls=True)
+    assert model._compiled == {}
+    batch = {"x": np.ones((1, 2), np.float32)}
+    counts = [int(model.predict(batch)["calls"]) for _ in range(4)]
+    compiled.drain()
+    assert counts == [1, 2, 3, 4] and int(model.predict(batch)["calls"]) == 5
+    assert compiled.state_changes(model._functions["serving_default"]) == \
+        "AssignAddVariableOp"
