@@ -23,7 +23,10 @@ One client alone in its own process (`--rounds` interleaved rounds, medians): th
 floor, REST with httpx, with http.client and with a small C client
 (bench/latency_client.c, built with gcc: no client-side Python in the figure), gRPC, and
 the empty route (GET /healthz: the HTTP round trip alone) with each REST client; the
-goal is REST's p50 within 2x of the floor's. Then each server step of that request
+goal is REST's p50 within 2x of the floor's. Beside them the server's own call in
+process (`SavedModel.predict` on arrays, compiled with XLA for the shape as the server
+does by default, --compile_small_calls): what REST adds to that is HTTP, JSON and the
+event loop. Then each server step of that request
 timed alone in this process (JSON parse, decode, the model call, encode): with the
 empty route they account for the REST request's time.
 
@@ -236,8 +239,9 @@ def stages(export_dir: str, n: int = 2000) -> dict:
     trip (the empty route above) does not hold."""
     import tensorflow as tf
 
-    from predict import decode, instances, model as models, rest_http
+    from predict import compiled, decode, instances, model as models, rest_http, serving
     model = models.load(export_dir)
+    served = serving._load(export_dir, tags=None, compile_small_calls=True)
     sig = model.signature(None)
     image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)
     body = json.dumps({"instances": [{"image": image[0].tolist(), "key": 1}]}).encode()
@@ -245,6 +249,9 @@ def stages(export_dir: str, n: int = 2000) -> dict:
     decoded = [decode.decode_instance(parsed["instances"][0], sig)]
     batch = decode.stack(decoded, sig)
     outputs = model.predict(batch, sig.name)
+    for _ in range(3):
+        served.predict(batch, sig.name)
+    compiled.drain()
     fn = tf.saved_model.load(export_dir).signatures["serving_default"]
     image_t, key_t = tf.constant(image), tf.constant([1], tf.int64)
     steps = {
@@ -253,7 +260,10 @@ def stages(export_dir: str, n: int = 2000) -> dict:
         "JSON parse (json, before)": lambda: json.loads(body.decode()),
         "decode and stack": lambda: decode.stack(
             [decode.decode_instance(parsed["instances"][0], sig)], sig),
-        "model call (tensors in, arrays out)": lambda: model.predict(batch, sig.name),
+        "model call (arrays in and out, TensorFlow's executor)":
+            lambda: model.predict(batch, sig.name),
+        "model call (the server's: compiled for this shape)":
+            lambda: served.predict(batch, sig.name),
         "encode and JSON write": lambda: rest_http.dumps(
             {"predictions": decode.encode_rows(outputs, [False],
                                                decode.passthrough_key(sig))}),

@@ -114,6 +114,11 @@ OURS = [
          "a parameters file", ours=True, low=1),
     Flag("batch_timeout_micros", int, None, "ours: likewise batch_timeout_micros",
          ours=True),
+    Flag("compile_small_calls", bool, True, "ours: compile a signature with XLA for an "
+         "input shape seen twice whose call took under 2 ms (small models and batches, "
+         "where TensorFlow's per-op overhead is most of the call); in the background, "
+         "used once it answered as TensorFlow did (floats within 1e-4); false: "
+         "TensorFlow's executor only", ours=True),
 ]
 
 # TF Serving flags this server does not implement: refused, with why.

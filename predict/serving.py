@@ -82,9 +82,9 @@ def _run(options) -> None:
     events = _events(registry, health)
     tags = [t.strip() for t in options.saved_model_tags.split(",") if t.strip()]
     loader = None
-    if tags != ["serve"]:
-        from predict import model as models
-        loader = functools.partial(models.load, tags=tags)
+    if tags != ["serve"] or options.compile_small_calls:
+        loader = functools.partial(_load, tags=None if tags == ["serve"] else tags,
+                                   compile_small_calls=options.compile_small_calls)
     repo = repository.Repository(
         configs, poll_seconds=options.file_system_poll_wait_seconds, events=events,
         load_options=load_options, loader=loader,
@@ -111,6 +111,14 @@ def _run(options) -> None:
                  timeout_s=options.rest_api_timeout_in_ms / 1000,
                  metrics_path=metrics_path, vertex=vertex)
     poller.stop()
+
+
+def _load(url: str, *, tags, compile_small_calls: bool):
+    from predict import model as models
+    model = models.load(url, tags=tags)
+    if compile_small_calls and isinstance(model, models.SavedModel):
+        model.compile_small_calls()
+    return model
 
 
 def _configs(options) -> list:

@@ -35,6 +35,25 @@ def supervise_here(rendered: Rendered, record: jobs.JobRecord) -> str:
     return entry.run(JobPlan.from_dict(rendered.body), record, stream=True)
 
 
+def recorded_logs(job_id: str, task_name: str | None, follow: bool, use) -> Iterator[str]:
+    """The log lines of a job whose supervisor runs here (its record names the log
+    folder), following them until the job ends or its supervisor is gone; a task name
+    that names none of the record's replicas is a UsageError ending "use
+    {use(labels)}"."""
+    record = jobs.load(job_id)
+    labels = [r.label for r in record.replicas]
+    if task_name is not None and not logs.names_a_task(task_name, labels):
+        raise UsageError(f"--task-name {task_name!r:.60} names no replica of job "
+                         f"{job_id}; use {use(labels)}")
+
+    def done() -> bool:
+        current = jobs.load(job_id)
+        return not follow or current.done or not current.supervisor_alive()
+
+    assert record.log_dir is not None  # these runners record the job's log_dir
+    return logs.follow(record.log_dir, task_name=task_name, done=done)
+
+
 class LocalEngine(Runner):
     """The local runner. `ports` and `source_dir` serve `local train`: fixed ports, and
     the working tree run in place instead of a staged package."""
@@ -98,21 +117,9 @@ class LocalEngine(Runner):
 
     def logs(self, handle: Mapping[str, Any], *, task_name: str | None = None,
              follow: bool = True) -> Iterator[str]:
-        job_id = handle["job_id"]
-        record = jobs.load(job_id)
-        labels = [r.label for r in record.replicas]
-        if task_name is not None and not logs.names_a_task(task_name, labels):
-            raise UsageError(f"--task-name {task_name!r:.60} names no replica of job "
-                             f"{job_id}; use one of "
-                             f"{', '.join(labels) or contracts.LABEL_HINT}, or "
-                             f"{logs.SERVICE} for the supervisor's events")
-
-        def done() -> bool:
-            current = jobs.load(job_id)
-            return not follow or current.done or not current.supervisor_alive()
-
-        assert record.log_dir is not None  # this runner records its plan's log_dir
-        return logs.follow(record.log_dir, task_name=task_name, done=done)
+        return recorded_logs(handle["job_id"], task_name, follow, lambda labels: (
+            f"one of {', '.join(labels) or contracts.LABEL_HINT}, or {logs.SERVICE} "
+            "for the supervisor's events"))
 
     def cancel(self, handle: Mapping[str, Any]) -> str:
         return entry.cancel(handle["job_id"])

@@ -52,6 +52,7 @@ from submit.local.tuner import Tuner
 from submit.package import Package, mljob_home
 from submit.runners import ray as rayrunner
 from submit.runners import ray_driver
+from submit.runners.local import recorded_logs
 from submit.runners.engine import SUPERVISOR, EngineOptions, EngineStatus, Rendered, \
     ReplicaStatus
 from submit.spec import JobSpec
@@ -159,21 +160,9 @@ class RayTuningEngine(rayrunner.RayEngine):
 
     def logs(self, handle: Mapping[str, Any], *, task_name: str | None = None,
              follow: bool = True) -> Iterator[str]:
-        job_id = handle["job_id"]
-        record = jobs.load(job_id)
-        labels = [r.label for r in record.replicas]
-        if task_name is not None and not logs.names_a_task(task_name, labels):
-            raise UsageError(f"--task-name {task_name!r:.60} names no replica of job "
-                             f"{job_id}; use a trial's replica ({contracts.LABEL_HINT} "
-                             f"after its trial id: 1/master-replica-0), or "
-                             f"{logs.SERVICE}")
-
-        def done() -> bool:
-            current = jobs.load(job_id)
-            return not follow or current.done or not current.supervisor_alive()
-
-        assert record.log_dir is not None  # render recorded it
-        return logs.follow(record.log_dir, task_name=task_name, done=done)
+        return recorded_logs(handle["job_id"], task_name, follow, lambda _labels: (
+            f"a trial's replica ({contracts.LABEL_HINT} after its trial id: "
+            f"1/master-replica-0), or {logs.SERVICE}"))
 
     def cancel(self, handle: Mapping[str, Any]) -> str:
         """Signal the study's process, which stops every running trial's Ray job; the

@@ -190,6 +190,7 @@ def test_the_flat_calls_tensors_answer_as_the_keyword_call(tmp_path, monkeypatch
     export = saved_model_export(str(tmp_path / "model"))
     model = models.load(export)
     assert model._flat["serving_default"] is not None  # the flat call is in use
+    assert getattr(model._flat["serving_default"][1], "runtime", False)  # the runtime's
     imgs = images(3, seed=21)
     keys = np.array([5, 6, 7], np.int64)
     fn = tf.saved_model.load(export).signatures["serving_default"]

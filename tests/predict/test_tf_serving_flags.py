@@ -62,6 +62,8 @@ def test_booleans_take_tf_servings_forms():
     (["--model_config_file_poll_wait_seconds=5"], "needs --model_config_file"),
     (["--batching_parameters_file=b.txt"], "needs --enable_batching"),
     (["--model_name"], "--model_name needs a value"),
+    (["--compile_small_calls=maybe"], "--compile_small_calls=maybe: a boolean flag takes "
+                                      "true or false"),
     (["stray"], "unexpected argument 'stray'"),
 ])
 def test_bad_flags_are_refused_in_one_line(args, words):

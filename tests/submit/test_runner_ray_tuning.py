@@ -141,3 +141,28 @@ def test_a_trials_ray_log_is_split_into_its_logs_and_metrics(tmp_path):
     assert len(changed) == 2  # RUNNING once, then EXITED
     assert [(r.label, r.state) for r in changed[-1].replicas] == \
         [("3/master-replica-0", "EXITED")]
+
+
+def test_a_studys_logs_name_its_trials_replicas(tmp_path):
+    """The study's logs are the local tuner's files; a task name that names none of its
+    trials' replicas is one line naming the trial/replica form."""
+    from submit.errors import UsageError
+    from submit.runners import ray_tuning
+    folder = tmp_path / "logs" / "1"
+    folder.mkdir(parents=True)
+    (folder / "master-replica-0.log").write_text("INFO\tt\t1/master-replica-0\thello\n")
+    index = os.path.join(os.environ["MLJOB_HOME"], "jobs")
+    os.makedirs(index, exist_ok=True)
+    with open(os.path.join(index, "study01.json"), "w") as f:
+        json.dump({"job_id": "study01", "state": "SUCCEEDED",
+                   "log_dir": str(tmp_path / "logs"),
+                   "replicas": [{"label": "1/master-replica-0", "state": "EXITED"}]}, f)
+    from submit.runners.engine import EngineOptions
+    runner = ray_tuning.RayTuningEngine(EngineOptions())
+    with pytest.raises(UsageError, match=r"--task-name 'chief-0' names no replica of job "
+                                         r"study01; use a trial's replica .*1/master-"
+                                         r"replica-0\), or service$"):
+        runner.logs({"job_id": "study01"}, task_name="chief-0", follow=False)
+    lines = list(runner.logs({"job_id": "study01"}, task_name="1/master-replica-0",
+                             follow=False))
+    assert any("hello" in line for line in lines)

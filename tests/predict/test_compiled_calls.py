@@ -1,0 +1,212 @@
+"""Small calls compiled with XLA (predict.compiled, the server's --compile_small_calls):
+a shape seen twice is compiled in the background and then answers, within the
+tolerance, as TensorFlow's executor did, for the bundled export and for a user's Keras
+model (preprocessing layer, custom layer, two outputs); graphs XLA cannot compile,
+answers that differ, large calls and large batches stay with the executor."""
+import logging
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from predict import compiled, model as models, serving
+from tests.support.predict_models import images, saved_model_export
+
+
+class Scale(keras.layers.Layer):
+    """A user's custom layer: one weight per feature."""
+
+    def build(self, shape):
+        self.w = self.add_weight(shape=(shape[-1],), initializer="ones")
+
+    def call(self, x):
+        return x * self.w
+
+
+@pytest.fixture(scope="module")
+def user_export(tmp_path_factory):
+    """A model written the way keras.io writes one, exported with Keras's own export."""
+    rows = np.random.default_rng(3).random((200, 6)).astype("float32") * 50
+    norm = keras.layers.Normalization()
+    norm.adapt(rows)
+    inputs = keras.Input((6,), name="features")
+    x = keras.layers.Dense(16, activation="relu")(Scale()(norm(inputs)))
+    model = keras.Model(inputs, {"kind": keras.layers.Dense(3, activation="softmax",
+                                                            name="kind")(x),
+                                 "price": keras.layers.Dense(1, name="price")(x)})
+    path = str(tmp_path_factory.mktemp("user") / "model")
+    model.export(path, format="tf_saved_model", verbose=False)
+    return path, rows
+
+
+@pytest.fixture(scope="module")
+def bundled_export(tmp_path_factory):
+    return saved_model_export(str(tmp_path_factory.mktemp("bundled") / "model"), seed=4)
+
+
+def _executor_answer(path, batch):
+    fn = tf.saved_model.load(path).signatures["serving_default"]
+    return {k: v.numpy() for k, v in fn(**{k: tf.constant(v) for k, v in batch.items()})
+            .items()}
+
+
+def _served(path):
+    model = serving._load(path, tags=None, compile_small_calls=True)
+    model._compiled["serving_default"]._small_call_s = 10.0  # a loaded machine is slow
+    return model
+
+
+def _twice_then_compiled(model, batch):
+    answers = [model.predict(batch) for _ in range(2)]
+    compiled.drain()
+    return answers
+
+
+def _close(got, want):
+    assert set(got) == set(want)
+    for name, value in want.items():
+        assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
+        if value.dtype.kind == "f":
+            np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(got[name], value)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_a_user_models_shape_seen_twice_is_compiled_and_answers_the_same(user_export,
+                                                                         rows):
+    path, data = user_export
+    model = _served(path)
+    calls = model._compiled["serving_default"]
+    batch = {"features": data[:rows]}
+    for answer in _twice_then_compiled(model, batch):
+        _close(answer, _executor_answer(path, batch))
+    assert calls.off is None and calls.call(((rows, 6),)) is not None
+    other = {"features": data[50:50 + rows]}  # new values through the compiled call
+    _close(model.predict(other), _executor_answer(path, other))
+    assert calls.call(((rows + 1, 6),)) is None  # only the shape seen twice
+
+
+def test_the_bundled_exports_compiled_call_keeps_the_key_and_classes(bundled_export):
+    model = _served(bundled_export)
+    imgs, keys = images(3, seed=8), np.array([7, 8, 9], np.int64)
+    batch = {"image": imgs, "key": keys}
+    _twice_then_compiled(model, batch)
+    calls = model._compiled["serving_default"]
+    fast = calls.call(((3, 784), (3,)))
+    assert fast is not None
+    tensors = [tf.constant(batch[n]) for n in calls._names]
+    got = {k: v.numpy() for k, v in fast(tensors).items()}
+    want = _executor_answer(bundled_export, batch)
+    _close(got, want)
+    assert got["key"].tolist() == [7, 8, 9]
+
+
+def test_a_shape_seen_once_or_a_large_batch_or_a_slow_call_is_not_compiled(user_export,
+                                                                          monkeypatch):
+    path, data = user_export
+    model = _served(path)
+    calls = model._compiled["serving_default"]
+    model.predict({"features": data[:2]})
+    monkeypatch.setattr(compiled, "MAX_ROWS", 3)
+    _twice_then_compiled(model, {"features": data[:4]})
+    calls._small_call_s = 0.0  # every call is "large"
+    _twice_then_compiled(model, {"features": data[:3]})
+    assert calls._calls == {} and calls.off is None
+
+
+def test_the_server_flag_turns_it_off_and_local_predictions_never_compile(user_export):
+    path, _ = user_export
+    assert not serving._load(path, tags=None, compile_small_calls=False)._compiled
+    assert not models.load(path)._compiled  # predict local / batch: the executor only
+    from predict import flags
+    assert flags.parse(["--model_dir=x"]).compile_small_calls is True
+    assert flags.parse(["--model_dir=x", "--compile_small_calls=false"]) \
+        .compile_small_calls is False
+
+
+def test_a_graph_xla_cannot_compile_stays_with_the_executor(tmp_path, caplog):
+    class Described(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+        def serve(self, x):
+            return {"text": tf.strings.as_string(x), "total": tf.reduce_sum(x, axis=1)}
+
+    module = Described()
+    tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": module.serve})
+    model = _served(str(tmp_path))
+    batch = {"x": np.array([[1.5, 2.0]], np.float32)}
+    with caplog.at_level(logging.INFO, logger="predict.compiled"):
+        answers = _twice_then_compiled(model, batch)
+        answers.append(model.predict(batch))
+    calls = model._compiled["serving_default"]
+    assert calls.off is not None and calls.off.startswith("XLA cannot compile it")
+    assert [a["total"].tolist() for a in answers] == [[3.5]] * 3
+    assert answers[-1]["text"].tolist() == [[b"1.500000", b"2.000000"]]
+    lines = [r.getMessage() for r in caplog.records if r.name == "predict.compiled"]
+    assert len(lines) == 1 and "left to TensorFlow's executor" in lines[0]
+
+
+def test_a_compiled_call_that_answers_otherwise_is_never_used(user_export, monkeypatch):
+    path, data = user_export
+    model = _served(path)
+    calls = model._compiled["serving_default"]
+    build = calls._build
+
+    def off_by_a_little(tensors):
+        call = build(tensors)
+        return lambda inputs: {k: v * 1.001 if v.dtype.is_floating else v
+                               for k, v in call(inputs).items()}
+    monkeypatch.setattr(calls, "_build", off_by_a_little)
+    batch = {"features": data[:2]}
+    _twice_then_compiled(model, batch)
+    assert calls.off is not None and "off by up to" in calls.off
+    assert calls.call(((2, 6),)) is None
+    _close(model.predict(batch), _executor_answer(path, batch))
+
+
+def test_answers_stay_right_while_a_compile_runs_beside_them(user_export):
+    """Requests from several threads, the compile starting in their middle."""
+    from concurrent.futures import ThreadPoolExecutor
+    path, data = user_export
+    model = _served(path)
+    batches = [{"features": data[i:i + 2]} for i in range(0, 40, 2)]
+    wants = [_executor_answer(path, b) for b in batches]
+    with ThreadPoolExecutor(4) as pool:
+        gots = list(pool.map(model.predict, batches * 3))
+    compiled.drain()
+    for got, want in zip(gots, wants * 3, strict=True):
+        _close(got, want)
+    assert model._compiled["serving_default"].call(((2, 6),)) is not None
+
+
+def test_a_signature_that_changes_state_or_draws_random_numbers_is_never_compiled(
+        tmp_path):
+    """The check runs the asking request a second time: a signature that counts its
+    calls, or samples, is left to the executor from the start."""
+    class Counting(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = tf.Variable(0, dtype=tf.int64)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+        def serve(self, x):
+            self.calls.assign_add(1)
+            return {"y": x * 2.0, "calls": tf.identity(self.calls) + 0 * tf.shape(
+                x, out_type=tf.int64)[0]}
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
+        def sample(self, x):
+            return {"y": x + tf.random.uniform(tf.shape(x))}
+
+    module = Counting()
+    tf.saved_model.save(module, str(tmp_path), signatures={
+        "serving_default": module.serve, "sample": module.sample})
+    model = serving._load(str(tmp_path), tags=None, compile_small_calls=True)
+    assert model._compiled == {}
+    batch = {"x": np.ones((1, 2), np.float32)}
+    counts = [int(model.predict(batch)["calls"]) for _ in range(4)]
+    compiled.drain()
+    assert counts == [1, 2, 3, 4] and int(model.predict(batch)["calls"]) == 5
+    assert compiled.state_changes(model._functions["serving_default"]) == \
+        "AssignAddVariableOp"
