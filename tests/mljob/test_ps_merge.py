@@ -70,9 +70,6 @@ os._exit(0)  # in-process servers never stop
 '''
 
 
-@pytest.mark.parametrize("merge, share", [
-    ("", 1 / math.sqrt(2)), pytest.param("mean", 0.5, marks=pytest.mark.slow)],
-    ids=["default sqrt", "mean"])
 def _cluster_run(tmp_path, workers: int, merge: str, cosine: bool = False):
     args = json.dumps([free_ports(2 + workers), str(tmp_path / "job"), merge, STEPS,
                        LEARNING_RATE, cosine])
@@ -86,6 +83,9 @@ def _cluster_run(tmp_path, workers: int, merge: str, cosine: bool = False):
     return out, done
 
 
+@pytest.mark.parametrize("merge, share", [
+    ("", 1 / math.sqrt(2)), pytest.param("mean", 0.5, marks=pytest.mark.slow)],
+    ids=["default sqrt", "mean"])
 def test_two_workers_changes_are_merged_by_the_rule(tmp_path, merge, share):
     out, done = _cluster_run(tmp_path, 2, merge)
     rule = "summed / sqrt(2)" if not merge else "averaged"
