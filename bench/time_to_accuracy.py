@@ -6,6 +6,7 @@ and batch (100), all on this machine.
     python -m bench.time_to_accuracy --models cnn --repeats 2
     python -m bench.time_to_accuracy --final              # the full default job, auto vs off
     python -m bench.time_to_accuracy --final-lr           # the MLP's default job, 0.003 vs 0.001
+    python -m bench.time_to_accuracy --cnn-lr             # the CNN's default job, rates/schedules
     python -m bench.time_to_accuracy --plot-only
 
 Designs (each a fresh set of processes, run one at a time, interleaved over repeats):
@@ -15,10 +16,16 @@ Designs (each a fresh set of processes, run one at a time, interleaved over repe
 | mljob single | `python -m trainer.task` with its defaults (`--mixed-precision auto`) |
 | mljob single float32 | the same with `--mixed-precision off` |
 | mljob single lr 0.001 | the same with `--learning-rate 0.001` (the MLP's default is 0.003) |
+| mljob single before | the same with `--learning-rate 0.001 --lr-schedule constant` |
 | mljob ps | chief + 2 workers + 1 ps, `trainer.task` with its defaults |
 | keras fit | `bench.keras_baseline`: `model.fit` with every compile/fit default |
 | tf1 single | `bench.tf1_baseline` on one process (TF1's graph, `session.run` a step) |
 | tf1 ps | `bench.tf1_baseline`, chief + 2 workers + 1 ps, between-graph replication |
+
+The CNN's default step size is a cosine from 0.002 down to 0 at --train-steps (before,
+a constant 0.001: `mljob single before`), so mljob's designs run the CNN's default
+job, 2000 steps, and stop there, target reached or not; the baselines' constant rate
+does not depend on their step budget (up to 8000 steps).
 
 Every design evaluates on the whole test split every `--eval-every` steps (the chief,
 under ps) and prints `eval step=... accuracy=...`; the benchmark timestamps each line
@@ -42,6 +49,11 @@ evaluation and checkpoints), `--mixed-precision auto` against `off` with the sam
 seeds, interleaved: the final test accuracy the default precision must hold.
 `--final-lr` does the same for the MLP's default job (`--model mlp`, 2000 steps) with
 its default learning rate (0.003) against the 0.001 it had before.
+`--cnn-lr` runs the CNN's default job (2000 steps, `trainer.task` defaults) once per
+variant of `--cnn-lr-variants` (extra trainer flags; `default` for none) and seed,
+interleaved, evaluating every 100 steps: the first step at the target (91% unless
+--target) and the final test accuracy of each, the sweep behind the CNN's default step
+size and schedule (results: time_to_accuracy_cnn_lr.json).
 """
 from __future__ import annotations
 
@@ -53,6 +65,11 @@ from bench import common
 
 TARGETS = {"cnn": 0.91, "mlp": 0.87}
 MAX_STEPS = {"cnn": 8000, "mlp": 30000}
+# The CNN's default step size follows a cosine over --train-steps down to 0 at the end of
+# the job: mljob's designs run the CNN's default job (2000 steps), the length its
+# schedule is set for, and stop there, target reached or not. The baselines' constant
+# rate does not depend on their step budget (MAX_STEPS). --mljob-train-steps overrides.
+MLJOB_STEPS = {"cnn": 2000}
 EVAL_EVERY = {"cnn": 100, "mlp": 500}
 BATCH = 100
 # design -> (module, workers, ps, extra flags, environment). mljob's ps job gets the
@@ -62,6 +79,8 @@ DESIGNS = {
     "mljob single": ("trainer.task", 0, 0, [], {}),
     "mljob single float32": ("trainer.task", 0, 0, ["--mixed-precision", "off"], {}),
     "mljob single lr 0.001": ("trainer.task", 0, 0, ["--learning-rate", "0.001"], {}),
+    "mljob single before": ("trainer.task", 0, 0, ["--learning-rate", "0.001",
+                                                   "--lr-schedule", "constant"], {}),
     "mljob ps": ("trainer.task", 2, 1, [], {"TF_NUM_INTRAOP_THREADS": "1"}),
     "keras fit": ("bench.keras_baseline", 0, 0, ["--no-eval"], {}),
     "tf1 single": ("bench.tf1_baseline", 0, 0, [], {}),
@@ -80,12 +99,19 @@ def main(argv=None) -> int:
                    + ", ".join(f"{m} {t:.0%}" for m, t in TARGETS.items()) + ")")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--mljob-train-steps", type=int, default=None,
+                   help="--train-steps of mljob's designs (default: the CNN's job, 2000; "
+                   f"else the baselines' {MAX_STEPS})")
     p.add_argument("--name", default="time_to_accuracy_race")
     p.add_argument("--final", action="store_true",
                    help="the full default job, --mixed-precision auto against off")
     p.add_argument("--final-lr", action="store_true",
                    help="the MLP's full default job, its default learning rate against 0.001")
     p.add_argument("--final-seeds", default="1,2")
+    p.add_argument("--cnn-lr", action="store_true",
+                   help="the CNN's default job once per --cnn-lr-variants and seed")
+    p.add_argument("--cnn-lr-variants", default="default;--learning-rate 0.001",
+                   help="';'-separated trainer flags, one variant each ('default': none)")
     p.add_argument("--plot-only", action="store_true")
     args = p.parse_args(argv)
     if args.plot_only:
@@ -93,6 +119,8 @@ def main(argv=None) -> int:
         return 0
     if args.final or args.final_lr:
         return final(args)
+    if args.cnn_lr:
+        return cnn_lr(args)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     designs = [d.strip() for d in args.designs.split(",") if d.strip()]
     unknown = [d for d in designs if d not in DESIGNS] + [m for m in models
@@ -103,6 +131,8 @@ def main(argv=None) -> int:
         if not 0 < args.target < 1:
             p.error(f"--target {args.target} is not a fraction in (0, 1); e.g. 0.9")
         TARGETS.update(dict.fromkeys(models, args.target))
+    if args.mljob_train_steps is not None:
+        MLJOB_STEPS.update(dict.fromkeys(models, args.mljob_train_steps))
     load_before = common.load_average()
     runs: list[dict] = []
     try:
@@ -140,6 +170,8 @@ def _ceiling(repeat: int) -> dict:
 def command(model: str, design: str, seed: int, job_dir: str) -> tuple[str, list[str]]:
     module, _, _, extra, _ = DESIGNS[design]
     steps, every = MAX_STEPS[model], EVAL_EVERY[model]
+    if module == "trainer.task":
+        steps = MLJOB_STEPS.get(model, steps)
     args = ["--model", model, "--train-steps", str(steps), "--batch-size", str(BATCH),
             "--log-every", str(every), "--eval-every", str(every)]
     if module == "trainer.task":
@@ -364,6 +396,51 @@ def final(args) -> int:
                 print(f"   {record}", flush=True)
                 runs.append(record)
                 common.write_json(f"{args.name}_{name}", {"runs": runs}, load_before)
+    except KeyboardInterrupt:
+        print("interrupted; every process stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+def cnn_lr(args) -> int:
+    """The CNN's default job (2000 steps) per variant and seed, evaluated every 100 steps:
+    the first step at the target and the final test accuracy."""
+    load_before = common.load_average()
+    target = args.target or TARGETS["cnn"]
+    variants = [v.strip() for v in args.cnn_lr_variants.split(";") if v.strip()]
+    runs = []
+    try:
+        for seed in [int(s) for s in args.final_seeds.split(",")]:
+            for variant in variants:
+                flags = [] if variant == "default" else variant.split()
+                load = common.load_average()
+                print(f"== cnn default job, seed {seed}, {variant} (load {load})",
+                      flush=True)
+                with common.TempJobDir() as job_dir:
+                    run = common.run_trainer(
+                        ["--model", "cnn", "--job-dir", job_dir, "--seed", str(seed),
+                         "--eval-every", "100", "--checkpoint-every", "0", *flags],
+                        timeout=args.timeout, echo=False)
+                evals = common.parse_evals(run.lines)
+                hit = next((e for e in evals if e["accuracy"] >= target), None)
+                record = {"model": "cnn", "seed": seed, "variant": variant,
+                          "flags": flags, "rc": run.rc, "wall_s": round(run.wall_s, 1),
+                          "load_average": load, "load_average_after":
+                          common.load_average(), "cpu_s": run.cpu_seconds(),
+                          "target_accuracy": target,
+                          "step_at_target": hit["step"] if hit else None,
+                          "final_step": evals[-1]["step"] if evals else None,
+                          "final_test_accuracy": evals[-1]["accuracy"] if evals else None,
+                          "best_test_accuracy": max((e["accuracy"] for e in evals),
+                                                    default=None),
+                          "evals": [{"step": e["step"], "accuracy": e["accuracy"]}
+                                    for e in evals]}
+                print(f"   {variant} seed {seed}: {target:.0%} at step "
+                      f"{record['step_at_target']}, final {record['final_test_accuracy']}"
+                      f" (best {record['best_test_accuracy']}), {record['wall_s']} s",
+                      flush=True)
+                runs.append(record)
+                common.write_json(f"{args.name}_cnn_lr", {"runs": runs}, load_before)
     except KeyboardInterrupt:
         print("interrupted; every process stopped", file=sys.stderr)
         return 130

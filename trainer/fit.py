@@ -18,18 +18,32 @@ from trainer import export as export_lib
 from trainer import model as model_lib
 
 EVAL_BATCH_SIZE = 1000
+SCHEDULES = ("constant", "cosine")  # trainer.task.SCHEDULES (--lr-schedule)
 
 
 def cross_entropy(labels, logits):
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
 
 
+def learning_rate_schedule(kind: str, learning_rate: float, train_steps: int):
+    """Adam's learning_rate for --lr-schedule: the number itself (constant), or a Keras
+    schedule of the optimizer's step count (its `iterations`, which every role advances
+    once a step and the checkpoints keep): cosine goes from learning_rate at step 0 down
+    to 0 at train_steps along half a cosine, and stays at 0 after."""
+    if kind == "constant":
+        return learning_rate
+    if kind == "cosine":
+        return keras.optimizers.schedules.CosineDecay(learning_rate,
+                                                      decay_steps=train_steps, alpha=0.0)
+    raise ValueError(f"unknown learning-rate schedule {kind!r}; one of {SCHEDULES}")
+
+
 def run(args, config: training.RunConfig, info, stop=None, *, dropout: float,
-        learning_rate: float = 1e-3) -> int:
+        learning_rate: float = 1e-3, lr_schedule: str = "constant") -> int:
     """Play this replica's role with the flags' model and data; the exit status.
-    `dropout` and `learning_rate` are the flags' as `trainer.task.dropout_of` and
-    `learning_rate_of` resolve them (the flags' module imports this one, never the
-    reverse)."""
+    `dropout`, `learning_rate` and `lr_schedule` are the flags' as
+    `trainer.task.dropout_of`, `learning_rate_of` and `lr_schedule_of` resolve them (the
+    flags' module imports this one, never the reverse)."""
     load = functools.lru_cache(maxsize=1)(
         lambda: data_lib.load(args.data_dir, args.train_files, args.eval_files))
     if info is not None and info.task_type in (PS, EVALUATOR):
@@ -59,14 +73,16 @@ def run(args, config: training.RunConfig, info, stop=None, *, dropout: float,
         print(choice.line(), flush=True)
 
     def describe() -> str:
-        return (f"model={args.model} mixed_precision={choice.policy} "
+        return (f"model={args.model} learning_rate={learning_rate:g} "
+                f"lr_schedule={lr_schedule} mixed_precision={choice.policy} "
                 f"data={load().source!r}")
 
     return training.fit(
         functools.partial(model_lib.build, args.model, dropout=dropout, seed=args.seed,
                           precision=choice.policy, hidden_units=args.hidden_units),
         train_dataset_fn, eval_dataset_fn=eval_dataset_fn, loss=cross_entropy,
-        optimizer=lambda: keras.optimizers.Adam(learning_rate),
+        optimizer=lambda: keras.optimizers.Adam(learning_rate_schedule(
+            lr_schedule, learning_rate, config.train_steps)),
         metrics=["accuracy"], serving=export_lib.serving(args.model, args.hidden_units),
         describe=describe,
         config=config, info=info, stop=stop)
@@ -81,4 +97,5 @@ def _gpu_capabilities() -> list[tuple[int, int]]:
     return found
 
 
-__all__ = ["run", "cross_entropy", "EVAL_BATCH_SIZE"]
+__all__ = ["run", "cross_entropy", "learning_rate_schedule", "EVAL_BATCH_SIZE",
+           "SCHEDULES"]

@@ -70,7 +70,9 @@ def fit(model_fn: Callable[[], Any], train_dataset_fn: Callable[[Any], Any], *,
     or {name: (labels, outputs) -> per-example values}. Left None they come from the
     model's compile. class_weight: {class index: weight}, as `fit` takes it.
     optimizer: a Keras optimizer's name or a function returning a new one (it must be
-    built inside the scope); None: the compiled model's. eval_dataset_fn() -> a finite
+    built inside the scope); None: the compiled model's. Its learning rate may be a
+    Keras LearningRateSchedule: every role (ps local steps too) takes each step's rate
+    from the step count the checkpoints keep. eval_dataset_fn() -> a finite
     dataset of batches like the training ones. serving: the export's signature; None:
     no export. describe: extra `key=value` text for the "training started" line (its
     first pair, the model's name, comes before `replicas=`, the rest before

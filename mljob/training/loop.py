@@ -273,6 +273,10 @@ class Replica:
         start = [[self._read(v) for v in group] for group in (self.parts, moments, velocities)]
         start.append([tf.identity(_tf_variable(v)) for v in state])
         t0 = tf.identity(opt.iterations)
+        # A schedule is Keras's function of the step count: each local step takes its
+        # own step's rate, as it would stepping one at a time.
+        schedule = opt._learning_rate if isinstance(
+            opt._learning_rate, keras.optimizers.schedules.LearningRateSchedule) else None
         lr = tf.cast(opt.learning_rate, tf.float32)
         b1, b2, eps = opt.beta_1, opt.beta_2, opt.epsilon
 
@@ -292,7 +296,9 @@ class Replica:
                         tf.add_n([tf.cast(x, tf.float32) for x in extra]))
             grads = tape.gradient(loss, weights)
             t = tf.cast(t0 + tf.cast(i, t0.dtype) + 1, tf.float32)
-            alpha = lr * tf.sqrt(1 - tf.pow(b2, t)) / (1 - tf.pow(b1, t))
+            rate = lr if schedule is None else tf.cast(
+                schedule(t0 + tf.cast(i, t0.dtype)), tf.float32)
+            alpha = rate * tf.sqrt(1 - tf.pow(b2, t)) / (1 - tf.pow(b1, t))
             weights, ms, vs = adam_step(weights, ms, vs, grads, alpha, b1, b2, eps)
             metric_state = objective.update(metric_state, labels, outputs, sample_weight,
                                             each, mean_loss)
