@@ -69,7 +69,8 @@ MAX_STEPS = {"cnn": 8000, "mlp": 30000}
 # the job: mljob's designs run the CNN's default job (2000 steps), the length its
 # schedule is set for, and stop there, target reached or not. The baselines' constant
 # rate does not depend on their step budget (MAX_STEPS). --mljob-train-steps overrides.
-MLJOB_STEPS = {"cnn": 2000}
+MLJOB_STEPS = {"cnn": 2000, "mlp": 2000}
+LR_EVAL_EVERY = {"cnn": 100, "mlp": 250}
 EVAL_EVERY = {"cnn": 100, "mlp": 500}
 BATCH = 100
 # design -> (module, workers, ps, extra flags, environment). mljob's ps job gets the
@@ -110,6 +111,8 @@ def main(argv=None) -> int:
     p.add_argument("--final-seeds", default="1,2")
     p.add_argument("--cnn-lr", action="store_true",
                    help="the CNN's default job once per --cnn-lr-variants and seed")
+    p.add_argument("--lr-model", choices=sorted(TARGETS), default="cnn",
+                   help="--cnn-lr's model (the flag's name is older than the MLP's sweep)")
     p.add_argument("--cnn-lr-variants", default="default;--learning-rate 0.001",
                    help="';'-separated trainer flags, one variant each ('default': none)")
     p.add_argument("--plot-only", action="store_true")
@@ -403,10 +406,12 @@ def final(args) -> int:
 
 
 def cnn_lr(args) -> int:
-    """The CNN's default job (2000 steps) per variant and seed, evaluated every 100 steps:
-    the first step at the target and the final test accuracy."""
+    """The default job (2000 steps) of `--lr-model` (the CNN unless told) per variant
+    and seed, evaluated every LR_EVAL_EVERY steps: the first step at the target and the
+    final test accuracy."""
     load_before = common.load_average()
-    target = args.target or TARGETS["cnn"]
+    model = args.lr_model
+    target = args.target or TARGETS[model]
     variants = [v.strip() for v in args.cnn_lr_variants.split(";") if v.strip()]
     runs = []
     try:
@@ -414,16 +419,17 @@ def cnn_lr(args) -> int:
             for variant in variants:
                 flags = [] if variant == "default" else variant.split()
                 load = common.load_average()
-                print(f"== cnn default job, seed {seed}, {variant} (load {load})",
+                print(f"== {model} default job, seed {seed}, {variant} (load {load})",
                       flush=True)
                 with common.TempJobDir() as job_dir:
                     run = common.run_trainer(
-                        ["--model", "cnn", "--job-dir", job_dir, "--seed", str(seed),
-                         "--eval-every", "100", "--checkpoint-every", "0", *flags],
+                        ["--model", model, "--job-dir", job_dir, "--seed", str(seed),
+                         "--eval-every", str(LR_EVAL_EVERY[model]),
+                         "--checkpoint-every", "0", *flags],
                         timeout=args.timeout, echo=False)
                 evals = common.parse_evals(run.lines)
                 hit = next((e for e in evals if e["accuracy"] >= target), None)
-                record = {"model": "cnn", "seed": seed, "variant": variant,
+                record = {"model": model, "seed": seed, "variant": variant,
                           "flags": flags, "rc": run.rc, "wall_s": round(run.wall_s, 1),
                           "load_average": load, "load_average_after":
                           common.load_average(), "cpu_s": run.cpu_seconds(),
@@ -440,7 +446,7 @@ def cnn_lr(args) -> int:
                       f" (best {record['best_test_accuracy']}), {record['wall_s']} s",
                       flush=True)
                 runs.append(record)
-                common.write_json(f"{args.name}_cnn_lr", {"runs": runs}, load_before)
+                common.write_json(f"{args.name}_{model}_lr", {"runs": runs}, load_before)
     except KeyboardInterrupt:
         print("interrupted; every process stopped", file=sys.stderr)
         return 130

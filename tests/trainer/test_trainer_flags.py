@@ -63,7 +63,8 @@ def test_a_real_run_takes_the_tuning_spelling(reaper, tmp_path):
     job = tmp_path / "job"
     proc = start(reaper, log, ["--model", "mlp", f"--data_dir={SAMPLE}", "--seed", "1",
                                f"--job_dir={job}", "--train_steps=3",
-                               "--learning_rate=0.01", "--log_every", "1", "--eval_every=0"])
+                               "--learning_rate=0.01", "--lr_schedule=constant",
+                               "--log_every", "1", "--eval_every=0"])
     assert wait_exit(proc, 180, log) == 0, read(log)[-3000:]
     out = read(log)
     assert "training started: strategy=single step=0 train_steps=3 model=mlp" in out

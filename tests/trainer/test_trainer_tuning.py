@@ -29,7 +29,7 @@ def test_a_trial_reports_each_evaluation_and_its_flags_shape_the_model(reaper, t
     assert hypertune.read_reports(str(metrics), "training/hptuning/metric") == accuracy
     # The last report is the final evaluation the log prints.
     assert f"accuracy={accuracy[-1].value:.4f}" in read(log)
-    assert "lr=0.01" in read(log)
+    assert "learning_rate=0.01 lr_schedule=cosine" in read(log)  # the peak of the schedule
     # --hidden_units 24 shaped the model, and its export has that shape and works.
     import tensorflow as tf
     shapes = [tuple(shape) for _, shape in
