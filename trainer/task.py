@@ -213,12 +213,13 @@ def config_from(args: argparse.Namespace, outputs: Outputs) -> RunConfig:
 
 # Adam's step size (the schedule's peak) and its schedule by model when --learning-rate
 # and --lr-schedule are not given. The MLP's cosine from 0.01 down to 0 at --train-steps
-# reaches 87% test accuracy at step 1,750 of its default job (seeds 1, 2, 3), where the
-# constant 0.003 it had took 3,000 steps (and 0.001 before it 5,000-5,500), and ends
-# 1.1-1.2 points higher (bench/results/time_to_accuracy_sweep_mlp_lr.json). The CNN's cosine from 0.002 down
-# to 0 at --train-steps reaches 91% at step 1,300 of its default job (seeds 1 and 2),
-# where the constant 0.001 it had never did in 2,000 steps, and ends 0.8-1.2 points
-# higher (bench/README.md, section 10; bench/results/time_to_accuracy_sweep_*.json).
+# reaches 87% test accuracy at step 1,500-1,750 of its default job (seeds 1 to 3), where
+# the constant 0.003 it had took about 3,000 steps (0.001 before it 5,000-5,500), and
+# ends 1.1-2.3 points higher (bench/results/time_to_accuracy_sweep_mlp_lr.json). The
+# CNN's cosine from 0.002 down to 0 at --train-steps reaches 91% at step 1,300 of its
+# default job (seeds 1 and 2), where the constant 0.001 it had never did in 2,000
+# steps, and ends 0.8-1.2 points higher (bench/README.md, section 10;
+# bench/results/time_to_accuracy_sweep_*_cnn_lr.json).
 LEARNING_RATES = {"cnn": 2e-3, "mlp": 1e-2}
 LR_SCHEDULES = {"cnn": "cosine", "mlp": "cosine"}
 
