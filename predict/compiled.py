@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 SMALL_CALL_S = 0.002   # calls slower than this are left to the executor
 MAX_ROWS = 64          # nor are batches of more rows
 MAX_SHAPES = 8         # shapes compiled per signature at most
+MAX_COUNTED = 64       # shapes counted per signature at most (the counts stay small)
 RTOL, ATOL = 1e-4, 1e-6
 
 _compiler: ThreadPoolExecutor | None = None
@@ -77,10 +78,11 @@ class CompiledCalls:
                 any(not shape for shape in key) or key[0][0] > MAX_ROWS:
             return  # scalars, lists (no shape) and large calls stay with the executor
         with self._lock:
+            if key not in self._counts and len(self._counts) >= MAX_COUNTED:
+                return  # many shapes (variable lengths): the executor's, counting none
             count = self._counts.get(key, 0) + 1
             self._counts[key] = count
-            if count != 2 or len(self._counts) > 4 * MAX_SHAPES or \
-                    len(self._calls) >= MAX_SHAPES:
+            if count != 2 or len(self._calls) >= MAX_SHAPES:
                 return
         want = {name: value.numpy() for name, value in answer.items()}
         _background(lambda: self._compile(key, list(tensors), want))

@@ -114,6 +114,12 @@ def test_a_shape_seen_once_or_a_large_batch_or_a_slow_call_is_not_compiled(user_
     calls._small_call_s = 0.0  # every call is "large"
     _twice_then_compiled(model, {"features": data[:3]})
     assert calls._calls == {} and calls.off is None
+    # a stream of ever new shapes is counted up to a bound, never without end
+    calls._small_call_s = 10.0
+    monkeypatch.setattr(compiled, "MAX_COUNTED", 3)
+    for width in range(7, 14):
+        calls.seen(((1, width),), [], {}, 0.0)
+    assert len(calls._counts) == 3 and ((1, 9),) not in calls._counts
 
 
 def test_the_server_flag_turns_it_off_and_local_predictions_never_compile(user_export):
