@@ -77,6 +77,56 @@ def start_server(export_dir: str, extra: list,
     raise SystemExit("the prediction server did not start")
 
 
+def mlp_export(prefix: str) -> tuple:
+    """(scratch folder, the MLP's export in it, the image, the REST body, the gRPC
+    PredictRequest) of the one-instance request every serving benchmark sends."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    from trainer import model as trainer_models
+    from trainer.export import export
+
+    scratch = tempfile.mkdtemp(prefix=prefix)
+    export_dir = os.path.join(scratch, "model")
+    export("mlp", trainer_models.build("mlp", seed=1).get_weights(), export_dir)
+    image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)
+    body = json.dumps({"instances": [{"image": image[0].tolist(), "key": 1}]}).encode()
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "default"
+    request.inputs["image"].CopyFrom(tf.make_tensor_proto(image))
+    request.inputs["key"].CopyFrom(tf.make_tensor_proto(np.array([1], np.int64)))
+    return scratch, export_dir, image, body, request
+
+
+def rest_maker(url: str, body: bytes):
+    """A make_call for run_clients: each client its own httpx client posting body."""
+    import httpx
+
+    def make():
+        client = httpx.Client(base_url=url, timeout=60)
+        headers = {"content-type": "application/json"}
+
+        def call():
+            answer = client.post("/v1/models/default:predict", content=body,
+                                 headers=headers)
+            if answer.status_code != 200:
+                raise RuntimeError(answer.text)
+        return call
+    return make
+
+
+def grpc_maker(port: int, request):
+    """A make_call for run_clients: each client its own channel sending request."""
+    import grpc
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    def make():
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(
+            grpc.insecure_channel(f"127.0.0.1:{port}"))
+        return lambda: stub.Predict(request, timeout=60)
+    return make
+
+
 def run_clients(make_call, clients: int, seconds: float) -> dict:
     """Each client thread calls make_call()() in a loop for `seconds`; latencies in s."""
     latencies = [[] for _ in range(clients)]
@@ -126,24 +176,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     clients_list = [int(c) for c in args.clients.split(",")]
 
-    import grpc
-    import httpx
     import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-
-    from trainer import model as trainer_models
-    from trainer.export import export
 
     load_before = common.load_average()
-    scratch = tempfile.mkdtemp(prefix="serving-bench-")
-    export_dir = os.path.join(scratch, "model")
-    export("mlp", trainer_models.build("mlp", seed=1).get_weights(), export_dir)
-    image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)
-    body = json.dumps({"instances": [{"image": image[0].tolist(), "key": 1}]}).encode()
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "default"
-    request.inputs["image"].CopyFrom(tf.make_tensor_proto(image))
-    request.inputs["key"].CopyFrom(tf.make_tensor_proto(np.array([1], np.int64)))
+    scratch, export_dir, image, body, request = mlp_export("serving-bench-")
 
     if args.one_client_only:
         one_client_only(export_dir, args, argv, load_before)
@@ -158,22 +194,7 @@ def main(argv=None) -> None:
     for batching in (False, True):
         proc, url, grpc_port = start_server(export_dir, BATCHING if batching else [])
         try:
-            def rest_call(url=url):
-                client = httpx.Client(base_url=url, timeout=60)
-                headers = {"content-type": "application/json"}
-
-                def call():
-                    answer = client.post("/v1/models/default:predict", content=body,
-                                         headers=headers)
-                    if answer.status_code != 200:
-                        raise RuntimeError(answer.text)
-                return call
-
-            def grpc_call(grpc_port=grpc_port):
-                channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
-                stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-                return lambda: stub.Predict(request, timeout=60)
-
+            rest_call, grpc_call = rest_maker(url, body), grpc_maker(grpc_port, request)
             if not batching:
                 results["one client in its own process"] = lone_client(
                     url, grpc_port, export_dir, rounds=args.rounds)
@@ -286,9 +307,7 @@ def reload_under_load(export_dir: str, scratch: str, body: bytes, request,
     """16 clients (8 REST, 8 gRPC) predict while the config is reloaded without pause,
     a second model alternating in and out, by gRPC and by the polled file."""
     import grpc
-    import httpx
-    from tensorflow_serving.apis import (model_management_pb2, model_service_pb2_grpc,
-                                         prediction_service_pb2_grpc)
+    from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc
     base = os.path.join(scratch, "base")
     shutil.copytree(export_dir, os.path.join(base, "1"))
     config = os.path.join(scratch, "models.config")
@@ -303,21 +322,8 @@ def reload_under_load(export_dir: str, scratch: str, body: bytes, request,
     stop = threading.Event()
 
     def client(kind):
-        if kind == "rest":
-            http = httpx.Client(base_url=url, timeout=60)
-            headers = {"content-type": "application/json"}
-
-            def call():
-                answer = http.post("/v1/models/default:predict", content=body,
-                                   headers=headers)
-                if answer.status_code != 200:
-                    raise RuntimeError(answer.text)
-        else:
-            stub = prediction_service_pb2_grpc.PredictionServiceStub(
-                grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
-
-            def call():
-                stub.Predict(request, timeout=60)
+        call = (rest_maker(url, body) if kind == "rest" else
+                grpc_maker(grpc_port, request))()
         while not stop.is_set():
             try:
                 call()

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import tempfile
 
 import numpy as np
 
 from bench import common
-from bench.serving_bench import run_clients, start_server
+from bench.serving_bench import grpc_maker, mlp_export, rest_maker, run_clients, \
+    start_server
 
 CLIENTS = (1, 16, 64)
 
@@ -37,44 +36,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     clients_list = [int(c) for c in args.clients.split(",")]
 
-    import grpc
-    import httpx
-    import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-
-    from trainer import model as trainer_models
-    from trainer.export import export
-
     load_before = common.load_average()
-    scratch = tempfile.mkdtemp(prefix="serving-compiled-")
-    export_dir = os.path.join(scratch, "model")
-    export("mlp", trainer_models.build("mlp", seed=1).get_weights(), export_dir)
-    image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)
-    body = json.dumps({"instances": [{"image": image[0].tolist(), "key": 1}]}).encode()
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "default"
-    request.inputs["image"].CopyFrom(tf.make_tensor_proto(image))
-    request.inputs["key"].CopyFrom(tf.make_tensor_proto(np.array([1], np.int64)))
-
-    def rest_call(url):
-        def make():
-            client = httpx.Client(base_url=url, timeout=60)
-            headers = {"content-type": "application/json"}
-
-            def call():
-                answer = client.post("/v1/models/default:predict", content=body,
-                                     headers=headers)
-                if answer.status_code != 200:
-                    raise RuntimeError(answer.text)
-            return call
-        return make
-
-    def grpc_call(port):
-        def make():
-            stub = prediction_service_pb2_grpc.PredictionServiceStub(
-                grpc.insecure_channel(f"127.0.0.1:{port}"))
-            return lambda: stub.Predict(request, timeout=60)
-        return make
+    scratch, export_dir, _, body, request = mlp_export("serving-compiled-")
 
     servers = {}
     try:
@@ -87,7 +50,8 @@ def main(argv=None) -> None:
                     order = ("off", "on") if round_ % 2 == 0 else ("on", "off")
                     for name in order:
                         _, url, port = servers[name]
-                        make = rest_call(url) if api == "rest" else grpc_call(port)
+                        make = rest_maker(url, body) if api == "rest" else \
+                            grpc_maker(port, request)
                         cell = run_clients(make, clients, args.seconds)
                         cells.setdefault(f"{api} {clients} clients", {}) \
                             .setdefault(name, []).append(cell)

@@ -87,6 +87,10 @@ class CompiledCalls:
         want = {name: value.numpy() for name, value in answer.items()}
         _background(lambda: self._compile(key, list(tensors), want))
 
+    def failed(self, exc: BaseException) -> None:
+        """A compiled call raised where the executor answered: the executor's for good."""
+        self._stop(f"a compiled call failed ({_first_line(exc)})")
+
     def _compile(self, key, tensors: list, want: dict) -> None:
         if self.off is not None:
             return

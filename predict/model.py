@@ -154,7 +154,11 @@ class SavedModel(Model):
                 key = tuple(getattr(batch[name], "shape", None) for name, _ in order)
                 fast = compiled.call(key)
                 if fast is not None:
-                    out = fast(tensors)
+                    try:
+                        out = fast(tensors)
+                    except Exception as exc:  # the executor answers (or says why)
+                        out = call(tensors)
+                        compiled.failed(exc)  # it could, the compiled call not
                 else:
                     began = time.perf_counter()
                     out = call(tensors)

@@ -216,3 +216,20 @@ def test_a_signature_that_changes_state_or_draws_random_numbers_is_never_compile
     assert counts == [1, 2, 3, 4] and int(model.predict(batch)["calls"]) == 5
     assert compiled.state_changes(model._functions["serving_default"]) == \
         "AssignAddVariableOp"
+
+
+def test_a_compiled_call_that_fails_leaves_the_request_to_the_executor(user_export,
+                                                                       caplog):
+    path, data = user_export
+    model = _served(path)
+    batch = {"features": data[:2]}
+    _twice_then_compiled(model, batch)
+    calls = model._compiled["serving_default"]
+
+    def broken(inputs):
+        raise RuntimeError("the executable went away")
+    calls._calls[((2, 6),)] = broken
+    with caplog.at_level(logging.INFO, logger="predict.compiled"):
+        _close(model.predict(batch), _executor_answer(path, batch))
+    assert calls.off == "a compiled call failed (the executable went away)"
+    assert calls.call(((2, 6),)) is None

@@ -13,6 +13,19 @@ SAMPLE = os.path.join(ROOT, "trainer", "sample")
 FAST = ["--model", "mlp", "--data-dir", SAMPLE, "--seed", "1"]
 
 
+def run_task(args) -> str:
+    """`trainer.task.main(args)` in this process; its printed lines (exit 0 asserted)."""
+    import contextlib
+    import io
+
+    from trainer import task
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = task.main(args)
+    assert status == 0, out.getvalue()
+    return out.getvalue()
+
+
 def cluster(ports: list[int], workers: int, ps: int, chief: str = "chief") -> dict:
     hosts = [f"127.0.0.1:{p}" for p in ports]
     spec = {chief: hosts[:1], "worker": hosts[1:1 + workers]}
@@ -48,7 +61,7 @@ def wait_exit(proc: subprocess.Popen, timeout: float, log_path=None) -> int:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
         tail = read(log_path)[-3000:] if log_path else ""
-        raise AssertionError(f"pid {proc.pid} still running after {timeout}s\n{tail}")
+        raise AssertionError(f"pid {proc.pid} still running after {timeout}s\n{tail}") from None
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):

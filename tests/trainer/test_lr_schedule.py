@@ -6,8 +6,6 @@ constant is the number itself. The flag's default is the model's (trainer.task
 LR_SCHEDULES) and a name not in its choices is a one-line usage error."""
 from __future__ import annotations
 
-import contextlib
-import io
 import math
 import os
 import shutil
@@ -16,7 +14,7 @@ import numpy as np
 import pytest
 
 from trainer import fit, task
-from tests.support.trainer_runs import FAST
+from tests.support.trainer_runs import FAST, run_task
 
 PEAK, TOTAL = 0.002, 2000
 
@@ -76,14 +74,6 @@ def test_unknown_schedule_is_a_one_line_usage_error(capsys, argv):
     assert err.count("\n") == 1 and "constant" in err and "cosine" in err
 
 
-def _run(args) -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = task.main(args)
-    assert status == 0, out.getvalue()
-    return out.getvalue()
-
-
 def _logged_rates(job: str) -> dict[int, float]:
     from tensorboard.backend.event_processing import event_accumulator
     train = event_accumulator.EventAccumulator(os.path.join(job, "summaries", "train"),
@@ -102,7 +92,7 @@ def test_a_resumed_cosine_job_goes_on_at_its_step_rate(tmp_path):
     args = [*FAST, "--lr-schedule", "cosine", "--learning-rate", str(rate),
             "--train-steps", str(steps), "--log-every", "10", "--checkpoint-every", "20",
             "--eval-every", "0"]
-    out = _run([*args, "--job-dir", first])
+    out = run_task([*args, "--job-dir", first])
     assert "learning_rate=0.01 lr_schedule=cosine" in out
     expected = {s: rate * (1 + math.cos(math.pi * s / steps)) / 2 for s in (10, 20, 30)}
     logged = _logged_rates(first)
@@ -114,7 +104,7 @@ def test_a_resumed_cosine_job_goes_on_at_its_step_rate(tmp_path):
         if name.startswith("ckpt-20."):
             shutil.copy(os.path.join(first, "checkpoints", name),
                         os.path.join(resumed, "checkpoints", name))
-    out = _run([*args, "--job-dir", resumed])
+    out = run_task([*args, "--job-dir", resumed])
     assert "step=20 train_steps=40" in out
     logged = _logged_rates(resumed)
     assert 10 not in logged

@@ -6,26 +6,15 @@ bounds how far ckpt-31 may be from ckpt-30, which a resume from freshly initiali
 weights or a fresh optimizer cannot meet."""
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 
 import numpy as np
 import tensorflow as tf
 
-from trainer import task
-from tests.support.trainer_runs import FAST
+from tests.support.trainer_runs import FAST, run_task
 
 LEARNING_RATE = 1e-3
 BETA_2 = 0.999  # Keras's Adam default, as the trainer builds it
-
-
-def _run(args) -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = task.main(args)
-    assert status == 0, out.getvalue()
-    return out.getvalue()
 
 
 def _variables(job: str, step: int) -> dict[str, np.ndarray]:
@@ -39,8 +28,8 @@ def test_resume_continues_the_weights_and_the_optimizer_state(tmp_path):
     args = [*FAST, "--job-dir", job, "--checkpoint-every", "30", "--log-every", "30",
             "--eval-every", "0", "--learning-rate", str(LEARNING_RATE),
             "--lr-schedule", "constant"]  # Adam's slots from 2 (1 is its rate variable)
-    _run([*args, "--train-steps", "30"])
-    out = _run([*args, "--train-steps", "31"])
+    run_task([*args, "--train-steps", "30"])
+    out = run_task([*args, "--train-steps", "31"])
     assert "training started: strategy=single step=30 train_steps=31" in out
     before, after = _variables(job, 30), _variables(job, 31)
 
