@@ -363,94 +363,84 @@ def table(summary: dict) -> list[str]:
     return lines
 
 
-def final(args) -> int:
-    """The README's first job's training as `trainer.task` runs it (2000 steps, its
-    evaluation and checkpoints), --mixed-precision auto against off, same seeds; with
-    --final-lr the MLP's default job, its default learning rate against 0.001."""
+def _default_jobs(args, model: str, variants: dict[str, list[str]], extra: list[str],
+                  describe, out_name: str) -> int:
+    """`trainer.task`'s default job of `model` once per seed of --final-seeds and per
+    variant (its flags after `extra`); `describe(run, evals, record)` adds its own fields to
+    the run's record and returns the line printed for it. Every record is written as it
+    ends, to bench/results/<out_name>.json."""
     load_before = common.load_average()
-    model, name = ("mlp", "final_lr") if args.final_lr else ("cnn", "final")
-    variants = {"default": [], "0.001": ["--learning-rate", "0.001"]} if args.final_lr \
-        else {p: ["--mixed-precision", p] for p in ("auto", "off")}
     runs = []
     try:
         for seed in [int(s) for s in args.final_seeds.split(",")]:
             for variant, flags in variants.items():
-                load = common.load_average()
-                print(f"== {model} defaults, seed {seed}, {variant} (load {load})",
-                      flush=True)
-                with common.TempJobDir() as job_dir:
-                    run = common.run_trainer(
-                        ["--model", model, "--job-dir", job_dir, "--seed", str(seed),
-                         *flags], timeout=args.timeout, echo=False)
-                evals = common.parse_evals(run.lines)
-                chosen = next((t for _, t in run.lines if t.startswith("mixed precision:")),
-                              None)
-                record = {"model": model, "seed": seed, "variant": variant,
-                          "flags": flags, "chose": chosen,
-                          "rc": run.rc, "wall_s": round(run.wall_s, 1),
-                          "load_average": load, "cpu_s": run.cpu_seconds(),
-                          "final_step": evals[-1]["step"] if evals else None,
-                          "final_test_accuracy": evals[-1]["accuracy"] if evals else None}
-                try:
-                    record["examples_per_s"] = common.throughput(run.lines, BATCH)[
-                        "examples_per_s"]
-                except ValueError:
-                    pass
-                print(f"   {record}", flush=True)
-                runs.append(record)
-                common.write_json(f"{args.name}_{name}", {"runs": runs}, load_before)
-    except KeyboardInterrupt:
-        print("interrupted; every process stopped", file=sys.stderr)
-        return 130
-    return 0
-
-
-def cnn_lr(args) -> int:
-    """The default job (2000 steps) of `--lr-model` (the CNN unless told) per variant
-    and seed, evaluated every LR_EVAL_EVERY steps: the first step at the target and the
-    final test accuracy."""
-    load_before = common.load_average()
-    model = args.lr_model
-    target = args.target or TARGETS[model]
-    variants = [v.strip() for v in args.cnn_lr_variants.split(";") if v.strip()]
-    runs = []
-    try:
-        for seed in [int(s) for s in args.final_seeds.split(",")]:
-            for variant in variants:
-                flags = [] if variant == "default" else variant.split()
                 load = common.load_average()
                 print(f"== {model} default job, seed {seed}, {variant} (load {load})",
                       flush=True)
                 with common.TempJobDir() as job_dir:
                     run = common.run_trainer(
                         ["--model", model, "--job-dir", job_dir, "--seed", str(seed),
-                         "--eval-every", str(LR_EVAL_EVERY[model]),
-                         "--checkpoint-every", "0", *flags],
-                        timeout=args.timeout, echo=False)
+                         *extra, *flags], timeout=args.timeout, echo=False)
                 evals = common.parse_evals(run.lines)
-                hit = next((e for e in evals if e["accuracy"] >= target), None)
                 record = {"model": model, "seed": seed, "variant": variant,
                           "flags": flags, "rc": run.rc, "wall_s": round(run.wall_s, 1),
-                          "load_average": load, "load_average_after":
-                          common.load_average(), "cpu_s": run.cpu_seconds(),
-                          "target_accuracy": target,
-                          "step_at_target": hit["step"] if hit else None,
+                          "load_average": load,
+                          "load_average_after": common.load_average(),
+                          "cpu_s": run.cpu_seconds(),
                           "final_step": evals[-1]["step"] if evals else None,
-                          "final_test_accuracy": evals[-1]["accuracy"] if evals else None,
-                          "best_test_accuracy": max((e["accuracy"] for e in evals),
-                                                    default=None),
-                          "evals": [{"step": e["step"], "accuracy": e["accuracy"]}
-                                    for e in evals]}
-                print(f"   {variant} seed {seed}: {target:.0%} at step "
-                      f"{record['step_at_target']}, final {record['final_test_accuracy']}"
-                      f" (best {record['best_test_accuracy']}), {record['wall_s']} s",
-                      flush=True)
+                          "final_test_accuracy": evals[-1]["accuracy"] if evals else None}
+                print(f"   {describe(run, evals, record)}", flush=True)
                 runs.append(record)
-                common.write_json(f"{args.name}_{model}_lr", {"runs": runs}, load_before)
+                common.write_json(out_name, {"runs": runs}, load_before)
     except KeyboardInterrupt:
         print("interrupted; every process stopped", file=sys.stderr)
         return 130
     return 0
+
+
+def final(args) -> int:
+    """The README's first job's training as `trainer.task` runs it (2000 steps, its
+    evaluation and checkpoints), --mixed-precision auto against off, same seeds; with
+    --final-lr the MLP's default job, its default learning rate against 0.001."""
+    model, name = ("mlp", "final_lr") if args.final_lr else ("cnn", "final")
+    variants = {"default": [], "0.001": ["--learning-rate", "0.001"]} if args.final_lr \
+        else {p: ["--mixed-precision", p] for p in ("auto", "off")}
+
+    def describe(run, evals, record) -> str:
+        record["chose"] = next((t for _, t in run.lines
+                                if t.startswith("mixed precision:")), None)
+        try:
+            record["examples_per_s"] = common.throughput(run.lines, BATCH)["examples_per_s"]
+        except ValueError:
+            pass
+        return str(record)
+
+    return _default_jobs(args, model, variants, [], describe, f"{args.name}_{name}")
+
+
+def cnn_lr(args) -> int:
+    """The default job (2000 steps) of `--lr-model` (the CNN unless told) per variant
+    and seed, evaluated every LR_EVAL_EVERY steps: the first step at the target and the
+    final test accuracy."""
+    model = args.lr_model
+    target = args.target or TARGETS[model]
+    variants = {v.strip(): [] if v.strip() == "default" else v.split()
+                for v in args.cnn_lr_variants.split(";") if v.strip()}
+
+    def describe(run, evals, record) -> str:
+        hit = next((e for e in evals if e["accuracy"] >= target), None)
+        record.update({
+            "target_accuracy": target,
+            "step_at_target": hit["step"] if hit else None,
+            "best_test_accuracy": max((e["accuracy"] for e in evals), default=None),
+            "evals": [{"step": e["step"], "accuracy": e["accuracy"]} for e in evals]})
+        return (f"{record['variant']} seed {record['seed']}: {target:.0%} at step "
+                f"{record['step_at_target']}, final {record['final_test_accuracy']}"
+                f" (best {record['best_test_accuracy']}), {record['wall_s']} s")
+
+    return _default_jobs(args, model, variants,
+                         ["--eval-every", str(LR_EVAL_EVERY[model]), "--checkpoint-every", "0"],
+                         describe, f"{args.name}_{model}_lr")
 
 
 def plot(name: str) -> None:
