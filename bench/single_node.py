@@ -14,13 +14,20 @@ then every configuration below, each a fresh process on the CNN at batch 100:
 | mljob float32 | `trainer.task --mixed-precision off` |
 | mljob inter-op 1 | the defaults with TF_NUM_INTEROP_THREADS=1 |
 | mljob XLA | the defaults with TF_XLA_FLAGS=--tf_xla_auto_jit=2 (XLA on every cluster) |
+| mljob oneDNN | the defaults with TF_ENABLE_ONEDNN_OPTS=1 (oneDNN's kernels) |
+| mljob oneDNN off | the defaults with TF_ENABLE_ONEDNN_OPTS=0 (TensorFlow's Eigen kernels) |
 | tf1 single | `bench.tf1_baseline --model cnn` (TF1's graph, `session.run` a step) |
+| tf1 oneDNN | the same with TF_ENABLE_ONEDNN_OPTS=1 |
+
+TensorFlow turns oneDNN on by itself on Linux only where the CPU has AVX512_VNNI,
+AVX512_BF16, AVX_VNNI or AMX; TF_ENABLE_ONEDNN_OPTS decides otherwise.
 
 **Fraction of the ceiling**: training FLOPs per example (three times the forward pass's
 multiply-adds x 2 of the convolutions and dense layers, counted from the model's
 shapes: 83.3 MFLOP for the CNN) x examples/s, over the GFLOP/s of TensorFlow's own
 matmul (4096 x 4096, 2 threads) in the precision the configuration computes in, measured
-in the same repeat. On a loaded machine both move with the load, so the ratio is what
+in the same repeat, with TensorFlow's own kernels and with oneDNN's: the faster of the
+two is the ceiling. On a loaded machine both move with the load, so the ratio is what
 to read; the CPU-time form (FLOPs per CPU-second of the trainer over FLOPs per
 CPU-second of the matmul) is kept beside it.
 """
@@ -42,8 +49,13 @@ CONFIGS = {
     "mljob float32": ("trainer.task", ["--mixed-precision", "off"], {}, "float32"),
     "mljob inter-op 1": ("trainer.task", [], {"TF_NUM_INTEROP_THREADS": "1"}, "auto"),
     "mljob XLA": ("trainer.task", [], {"TF_XLA_FLAGS": "--tf_xla_auto_jit=2"}, "auto"),
+    "mljob oneDNN": ("trainer.task", [], {"TF_ENABLE_ONEDNN_OPTS": "1"}, "auto"),
+    "mljob oneDNN off": ("trainer.task", [], {"TF_ENABLE_ONEDNN_OPTS": "0"}, "auto"),
     "tf1 single": ("bench.tf1_baseline", [], {}, "float32"),
+    "tf1 oneDNN": ("bench.tf1_baseline", [], {"TF_ENABLE_ONEDNN_OPTS": "1"}, "float32"),
 }
+DEFAULT_CONFIGS = ("mljob (defaults)", "mljob float32", "mljob inter-op 1", "mljob XLA",
+                   "mljob oneDNN off", "tf1 single", "tf1 oneDNN")
 
 MATMUL = r"""
 import json, os, sys, time
@@ -87,9 +99,21 @@ def flops_per_example(model: str = "cnn") -> float:
 
 
 def ceiling(seconds: float) -> dict:
+    """TensorFlow's matmul GFLOP/s per precision: the faster of its own kernels and
+    oneDNN's (each also kept, under `kernels`)."""
+    kernels = {name: _matmul(seconds, flag) for name, flag in (("eigen", "0"),
+                                                               ("onednn", "1"))}
+    best = {precision: max((k[precision] for k in kernels.values()),
+                           key=lambda v: v["gflop_per_s"])
+            for precision in kernels["eigen"]}
+    return {**best, "kernels": kernels}
+
+
+def _matmul(seconds: float, onednn: str) -> dict:
     out = subprocess.run([sys.executable, "-c", MATMUL, str(seconds)], capture_output=True,
                          text=True, timeout=600, cwd=common.ROOT,
-                         env={**os.environ, **common.REPLICA_ENV})
+                         env={**os.environ, **common.REPLICA_ENV,
+                              "TF_ENABLE_ONEDNN_OPTS": onednn})
     if out.returncode != 0:
         raise SystemExit(f"the matmul ceiling failed: {out.stderr[-500:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -99,7 +123,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.single_node", allow_abbrev=False)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--only", default=",".join(CONFIGS))
+    p.add_argument("--only", default=",".join(DEFAULT_CONFIGS),
+                   help=f"comma-separated, of: {', '.join(CONFIGS)}")
     p.add_argument("--matmul-seconds", type=float, default=4.0)
     p.add_argument("--name", default="single_node")
     p.add_argument("--timeout", type=float, default=900)
@@ -119,7 +144,8 @@ def main(argv=None) -> int:
             load = common.load_average()
             top = ceiling(args.matmul_seconds)
             print(f"== matmul ceiling (load {load}): " + ", ".join(
-                f"{k} {v['gflop_per_s']:.0f} GFLOP/s" for k, v in top.items()), flush=True)
+                f"{k} {v['gflop_per_s']:.0f} GFLOP/s" for k, v in top.items()
+                if k != "kernels"), flush=True)
             runs.append({"repeat": repeat, "label": "matmul ceiling", "load_average": load,
                          **top})
             for label in labels:
