@@ -31,6 +31,7 @@ from typing import Sequence
 import psutil
 
 from mljob.procs import free_ports, stop_process  # noqa: F401 (bench modules use both)
+from mljob.training import kernels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -139,6 +140,11 @@ class Cluster:
     def start(self, name: str, kind: str, args: Sequence[str], *,
               env: dict | None = None, tf_config: dict | None = None) -> Replica:
         child_env = dict(os.environ)
+        if child_env.get(kernels.MARK) == "1":
+            # importing mljob.training here chose oneDNN for this process: a baseline
+            # runs with TensorFlow's own choice, mljob's trainer makes its own
+            child_env.pop(kernels.ENV, None)
+            child_env.pop(kernels.MARK, None)
         child_env.update(REPLICA_ENV)
         child_env["PYTHONPATH"] = ROOT + os.pathsep + child_env.get("PYTHONPATH", "")
         child_env["MLJOB_PARENT_PID"] = str(os.getpid())

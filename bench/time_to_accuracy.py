@@ -78,16 +78,20 @@ EVAL_EVERY = {"cnn": 100, "mlp": 250}
 BATCH = 100
 # design -> (module, workers, ps, extra flags, environment). mljob's ps job gets the
 # one intra-op thread a replica that `submit`'s launcher gives a chief + 2 workers + 1 ps
-# on 2 cores (submit.plan.intra_op_threads); every baseline runs with TF's own defaults.
+# on 2 cores (submit.plan.intra_op_threads); every baseline runs with TF's own defaults
+# (its own choice of CPU kernels too: bench.common takes out the TF_ENABLE_ONEDNN_OPTS that
+# importing mljob.training set here). "eigen" and "onednn" set the kernels either way.
 DESIGNS = {
     "mljob single": ("trainer.task", 0, 0, [], {}),
     "mljob single float32": ("trainer.task", 0, 0, ["--mixed-precision", "off"], {}),
     "mljob single lr 0.001": ("trainer.task", 0, 0, ["--learning-rate", "0.001"], {}),
     "mljob single before": ("trainer.task", 0, 0, ["--learning-rate", "0.001",
                                                    "--lr-schedule", "constant"], {}),
+    "mljob single eigen": ("trainer.task", 0, 0, [], {"TF_ENABLE_ONEDNN_OPTS": "0"}),
     "mljob ps": ("trainer.task", 2, 1, [], {"TF_NUM_INTRAOP_THREADS": "1"}),
     "keras fit": ("bench.keras_baseline", 0, 0, ["--no-eval"], {}),
     "tf1 single": ("bench.tf1_baseline", 0, 0, [], {}),
+    "tf1 single onednn": ("bench.tf1_baseline", 0, 0, [], {"TF_ENABLE_ONEDNN_OPTS": "1"}),
     "tf1 ps": ("bench.tf1_baseline", 2, 1, [], {}),
 }
 

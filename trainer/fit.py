@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from mljob import startup, training
 from mljob.contracts import EVALUATOR, PS
+from mljob.training import kernels
 from mljob.training import precision as precision_lib
 from trainer.errors import UsageError
 from trainer import data as data_lib
@@ -71,6 +72,7 @@ def run(args, config: training.RunConfig, info, stop=None, *, dropout: float,
                                    gpu_capabilities=_gpu_capabilities())
     if info is None or info.is_chief:
         print(choice.line(), flush=True)
+        print(kernels.choose_once().line(), flush=True)
 
     def describe() -> str:
         return (f"model={args.model} learning_rate={learning_rate:g} "

@@ -25,8 +25,9 @@ progress lines the launcher reads, and the single-node SavedModel export (publis
 whole, the instance key passed through). SIGTERM, SIGINT and the launcher's death stop
 every replica after a checkpoint (`signals`).
 
-This module and `config`, `outputs`, `signals` and `errors` import no TensorFlow; the
-loop, the strategies, the evaluator and the export do, when a run starts.
+This module and `config`, `outputs`, `signals`, `errors`, `precision` and `kernels`
+import no TensorFlow; the loop, the strategies, the evaluator and the export do, when a
+run starts. Importing it chooses TensorFlow's CPU kernels (`kernels`).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from typing import Any
 
 from mljob import cluster as cluster_lib
 from mljob.errors import boundary
+from mljob.training import kernels
 from mljob.training.config import STEPS_PER_EXECUTION, Program, RunConfig, Serving
 from mljob.training.errors import PeerUnavailableError, Preempted, TrainingError, UsageError
 from mljob.training.signals import StopSignal, exit_now
@@ -43,6 +45,10 @@ from mljob.training.signals import StopSignal, exit_now
 # A dead worker goes unnoticed unless gRPC fails fast; read when TensorFlow loads gRPC,
 # so it is set on import: import mljob.training before tensorflow.
 os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+# TensorFlow's CPU kernels, chosen by the hardware (oneDNN's where TensorFlow would keep
+# Eigen's on a CPU they beat them on); read once when TensorFlow first needs it, so it too
+# is decided on import (mljob.training.kernels).
+kernels.choose_once()
 
 
 def fit(model_fn: Callable[[], Any], train_dataset_fn: Callable[[Any], Any], *,

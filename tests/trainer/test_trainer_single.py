@@ -46,10 +46,11 @@ def test_trains_and_reports_the_contract_lines(trained):
     status, out, _, _ = trained
     assert status == 0, out
     lines = out.splitlines()
-    # The precision the job computes in, decided once before the model is built, then
-    # the started line.
+    # The precision the job computes in and TensorFlow's CPU kernels, decided once before
+    # the model is built, then the started line.
     assert lines[0].startswith("mixed precision: ")
-    assert lines[1].startswith("training started: strategy=single step=0 train_steps=120 "
+    assert lines[1].startswith("cpu kernels: ")
+    assert lines[2].startswith("training started: strategy=single step=0 train_steps=120 "
                                "model=mlp ")
     steps = [line for line in lines if line.startswith("step ")]
     # The first line right after the first step, then every --log-every steps, whatever
