@@ -4,7 +4,7 @@ TF_CONFIG can give.
 Keras 3's `model.fit` does not run under ParameterServerStrategy or
 MultiWorkerMirroredStrategy; `fit` here does, in the shape of `model.fit`:
 
-    from mljob import training          # before TensorFlow: it sets GRPC_FAIL_FAST
+    from mljob import training  # before TensorFlow: GRPC_FAIL_FAST, the CPU kernels
 
     training.main(model_fn, train_dataset_fn, loss=..., optimizer=..., metrics=[...],
                   eval_dataset_fn=..., serving=training.Serving(inputs={...}),
