@@ -47,7 +47,6 @@ class Choice:
 
     kernels: str   # ONEDNN, EIGEN or TENSORFLOW (left to TensorFlow)
     reason: str
-    set_here: bool = False  # TF_ENABLE_ONEDNN_OPTS was set by this choice
 
     def line(self) -> str:
         return f"cpu kernels: {self.kernels} ({self.reason})"
@@ -85,7 +84,7 @@ def choose(environ: MutableMapping[str, str] | None = None, *,
         return Choice(EIGEN, "TensorFlow was imported before mljob.training: import "
                       f"mljob.training first, or set {ENV}=1, for oneDNN's kernels")
     environ[ENV] = environ[MARK] = "1"
-    return Choice(ONEDNN, AUTO_REASON, set_here=True)
+    return Choice(ONEDNN, AUTO_REASON)
 
 
 CHOSEN: Choice | None = None
