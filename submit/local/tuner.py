@@ -160,6 +160,9 @@ class Trial:
     state: str | None = None          # the supervisor's final state
     error: str | None = None
     reported_steps: set = dataclasses.field(default_factory=set)
+    # every report read so far, by (timestamp, step): the library rewrites its file in
+    # place, so a trial stopped during a rewrite leaves a short or empty file behind
+    seen: dict = dataclasses.field(default_factory=dict)
     stopped_early: bool = False
     start_time: float = dataclasses.field(default_factory=time.time)
 
@@ -303,8 +306,15 @@ class Tuner(JobLife):
         finally:
             self._wake.set()
 
+    def _reports(self, trial: Trial) -> list[hypertune.Report]:
+        """The trial's reports so far, oldest first: the file's now and every one read
+        before, which a rewrite cut short by the trial's end must not lose."""
+        for r in hypertune.read_reports(trial.metric_file, self.spec.metric_tag):
+            trial.seen[(r.timestamp, r.step)] = r
+        return sorted(trial.seen.values(), key=lambda r: (r.timestamp, r.step))
+
     def _read_reports(self, trial: Trial) -> None:
-        reports = hypertune.read_reports(trial.metric_file, self.spec.metric_tag)
+        reports = self._reports(trial)
         new = [r for r in reports if r.step not in trial.reported_steps]
         for report in new:
             trial.reported_steps.add(report.step)
@@ -325,7 +335,7 @@ class Tuner(JobLife):
         import optuna
         states = optuna.trial.TrialState
         self.running.remove(trial)
-        reports = hypertune.read_reports(trial.metric_file, self.spec.metric_tag)
+        reports = self._reports(trial)
         if not reports and trial.job.job_dir and storage.is_local(trial.job.job_dir):
             # no cloudml-hypertune reports: TensorBoard summaries of the metric's tag
             reports = hypertune.read_summaries(

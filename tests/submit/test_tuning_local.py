@@ -36,6 +36,12 @@ if "://" not in job_dir:  # a gs:// job dir's trial only reports
     with open(os.path.join(os.path.dirname(job_dir), "runs.log"), "a") as f:
         f.write(f"{trial} {args['x']}\n")
 h = hypertune.HyperTune()
+if os.environ.get("TUNE_EMPTY_ON_TERM"):  # stopped while the library rewrites its file
+    import signal
+    def _term(*_):
+        open(os.environ["CLOUD_ML_HP_METRIC_FILE"], "w").close()
+        os._exit(143)
+    signal.signal(signal.SIGTERM, _term)
 hopeless = (trial in os.environ.get("TUNE_HOPELESS_TRIALS", "").split(",")
             or x < float(os.environ.get("TUNE_HOPELESS_BELOW", "-inf")))
 steps = int(os.environ.get("TUNE_STEPS", "3"))
@@ -141,6 +147,8 @@ def test_hopeless_trials_are_stopped_early(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("TUNE_HOPELESS_TRIALS", "3,4")
     monkeypatch.setenv("TUNE_STEPS", "40")
     monkeypatch.setenv("TUNE_SLEEP", "0.05")
+    # a trial's file is empty when it ends: what the tuner read before is what counts
+    monkeypatch.setenv("TUNE_EMPTY_ON_TERM", "1")
     config = tuning_config(tmp_path, maxTrials=4, maxParallelTrials=1,
                            enableTrialEarlyStopping=True)
     status, _, err = submit(capsys, tmp_path, "tune02", config)
