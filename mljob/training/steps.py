@@ -22,8 +22,8 @@ from mljob.training.errors import PeerUnavailableError, Preempted, UsageError
 from mljob.training.evaluator import evaluate
 from mljob.training.loop import Replica
 from mljob.training.signals import StopSignal
-from mljob.training.strategies import make_strategy, peer_named_in, wait_for_leader, \
-    wait_for_peers, weights_numpy
+from mljob.training.strategies import check_collectives_can_start, make_strategy, \
+    peer_named_in, wait_for_leader, wait_for_peers, weights_numpy
 from mljob.training.summaries import Progress, SummaryWriters
 
 
@@ -36,6 +36,7 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
     if kind == "ps" and not wait_for_peers(info, stop):
         raise Preempted(f"stopped while waiting for the cluster ({stop.reason()})")
     if kind == "multiworker":
+        check_collectives_can_start()
         stop.install()  # seen while waiting; TensorFlow's handler takes over below
         if not wait_for_leader(info, stop):
             raise Preempted(f"stopped while waiting for the chief ({stop.reason()})")

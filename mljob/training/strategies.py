@@ -28,11 +28,13 @@ PEER_WAIT_SECONDS = 120.0  # how long the chief waits for the ps and workers to 
 PEER_POLL_SECONDS = 0.1    # a connect to a peer's port costs ~0.1 ms: look often
 
 
-def _check_collectives_can_start() -> None:
+def check_collectives_can_start() -> None:
     """MultiWorkerMirroredStrategy configures TensorFlow's collectives, which it can do
     only before TensorFlow first runs in the process: a Keras metric object (or any
     variable) made before training.main has already started it, and TensorFlow's own
-    answer is a traceback about program startup."""
+    answer is a traceback about program startup. Asked before a replica waits for its
+    peers too: a replica that will fail must not wait two minutes for a chief that failed
+    the same way first."""
     from tensorflow.python.eager import context
     if context.context()._initialized:
         raise UsageError(
@@ -52,7 +54,7 @@ def make_strategy(kind: str, info: ClusterInfo, ps_shards: int = 0):
         tf.train.ClusterSpec(info.tf_config()["cluster"]), task_type=info.task_type,
         task_id=info.task_index, rpc_layer="grpc")
     if kind == "multiworker":
-        _check_collectives_can_start()
+        check_collectives_can_start()
         return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver), None
     strategy = tf.distribute.ParameterServerStrategy(
         resolver, variable_partitioner=make_partitioner(ps_shards, info.num_ps))
@@ -153,5 +155,6 @@ def peer_named_in(text: str, info: ClusterInfo) -> str:
     return "a member of the cluster"
 
 
-__all__ = ["MIN_SHARD_BYTES", "PEER_WAIT_SECONDS", "make_strategy", "make_partitioner",
-           "wait_for_peers", "weight_parts", "weights_numpy", "peer_named_in"]
+__all__ = ["MIN_SHARD_BYTES", "PEER_WAIT_SECONDS", "check_collectives_can_start",
+           "make_strategy", "make_partitioner", "wait_for_peers", "weight_parts",
+           "weights_numpy", "peer_named_in"]
