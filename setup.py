@@ -55,6 +55,8 @@ setup(
             "pytest>=8",
             "uv>=0.5",  # package environments built with uv (pip where it is absent)
             "pytest-timeout>=2.3",
+            # the default run on both cores, a test file per worker (tests/conftest.py)
+            "pytest-xdist>=3.5",
             "hypothesis>=6.100",
             "httpx>=0.27",
             "gcp-storage-emulator>=2024.8",

@@ -245,8 +245,16 @@ def pip_failure(output: str) -> tuple[str, str]:
     """The requirement pip (or uv) could not install and its reason, from its output."""
     errors = [line.strip()[len("ERROR:"):].strip() for line in output.splitlines()
               if line.strip().startswith("ERROR:")]
-    uv_errors = [" ".join(line.split()[1:]) for line in output.splitlines()
-                 if line.strip().startswith(("error:", "cause:"))]
+    uv_errors: list[str] = []  # uv's `error:`/`cause:` lines, wrapped lines joined back
+    continued = False
+    for line in output.splitlines():
+        if line.strip().startswith(("error:", "cause:")):
+            uv_errors.append(" ".join(line.split()[1:]))
+            continued = True
+        elif continued and line[:1].isspace() and line.strip():
+            uv_errors[-1] += " " + " ".join(line.split())
+        else:
+            continued = False
     patterns = (r"No matching distribution found for (\S+)",
                 r"Could not find a version that satisfies the requirement (\S+)",
                 r"Failed building wheel for (\S+)", r"Cannot install (.+?) because",

@@ -19,6 +19,13 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pytest.ini): one worker per core, at most two. Each test file runs in
+    one worker (`--dist loadfile`: a file's tests may share a module's server); many tests
+    start processes of their own, and their waits were set for about two at a time."""
+    return max(1, min(2, len(os.sched_getaffinity(0))))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _shared_package_environments(tmp_path_factory):
     """Package environments are keyed by the hashes of what they hold, so tests share

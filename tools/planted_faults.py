@@ -135,8 +135,8 @@ def copy_tree(dest: str) -> None:
 
 def pytest_run(tree: str, fault: Fault, timeout: float) -> tuple[str, str]:
     """(caught|survived|error, detail) for the fault's tests in the copy."""
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-               "-m", fault.markers, *fault.tests]
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0",
+               "-p", "no:cacheprovider", "-m", fault.markers, *fault.tests]
     env = {**os.environ, "PYTHONPATH": tree, "PYTHONDONTWRITEBYTECODE": "1"}
     proc = subprocess.Popen(command, cwd=tree, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -169,6 +169,13 @@ def test_pip_failures_name_the_requirement_and_the_reason():
     assert package.pip_failure(uv) == (
         "'nope>=2'", "Because nope was not found in the package registry and x==0.1 "
         "depends on nope>=2, we can conclude that x==0.1 cannot be used.")
+    # uv wraps its causes at the terminal's width (80 where there is none): the same
+    wrapped = ("error: No solution found when resolving dependencies\n"
+               "  cause: Because nope was not found in the package registry\n"
+               "         and x==0.1 depends on nope>=2, we can\n"
+               "         conclude that x==0.1 cannot be used.\n"
+               "\n  hint: something else\n")
+    assert package.pip_failure(wrapped) == package.pip_failure(uv)
 
 
 def test_a_package_changed_after_staging_is_refused(tmp_path):
