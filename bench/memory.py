@@ -10,6 +10,7 @@ other benchmarks. Writes bench/results/memory.json and memory.png.
 """
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -59,6 +60,9 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
+    argparse.ArgumentParser(prog="python -m bench.memory", description=(
+        "Peak resident memory by replica type, from the runs the other benchmarks "
+        "recorded; writes bench/results/memory.json and memory.png")).parse_args(argv)
     rows = collect()
     if not rows:
         print("no results yet; run the other benchmarks first", file=sys.stderr)

@@ -7,6 +7,7 @@ bench/README.md can be regenerated and checked against the JSON files.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 from bench import common
@@ -140,7 +141,10 @@ def memory(result: dict) -> list[str]:
     return out
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    argparse.ArgumentParser(prog="python -m bench.report", description=(
+        "The README's tables as Markdown, from bench/results/*.json (nothing is "
+        "measured)")).parse_args(argv)
     lines: list[str] = []
     for name, title in (("throughput_core", "Trainer against Keras fit, interleaved repeats"),
                         ("throughput", "Single-node throughput, every variant")):

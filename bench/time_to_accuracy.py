@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--target", type=float, default=None,
                    help="the test accuracy to race to, for every model given (default: "
-                   + ", ".join(f"{m} {t:.0%}" for m, t in TARGETS.items()) + ")")
+                   + ", ".join(f"{m} {t:.0%}%" for m, t in TARGETS.items()) + ")")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--mljob-train-steps", type=int, default=None,
