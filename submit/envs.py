@@ -251,7 +251,8 @@ def pip_failure(output: str) -> tuple[str, str]:
         if line.strip().startswith(("error:", "cause:")):
             uv_errors.append(" ".join(line.split()[1:]))
             continued = True
-        elif continued and line[:1].isspace() and line.strip():
+        elif continued and line[:1].isspace() and line.strip() \
+                and not re.match(r"\s*(hint|help|warning):", line):
             uv_errors[-1] += " " + " ".join(line.split())
         else:
             continued = False

@@ -174,7 +174,7 @@ def test_pip_failures_name_the_requirement_and_the_reason():
                "  cause: Because nope was not found in the package registry\n"
                "         and x==0.1 depends on nope>=2, we can\n"
                "         conclude that x==0.1 cannot be used.\n"
-               "\n  hint: something else\n")
+               "  hint: something else\n")
     assert package.pip_failure(wrapped) == package.pip_failure(uv)
 
 
