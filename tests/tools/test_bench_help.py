@@ -1,7 +1,7 @@
 """Every benchmark's `--help` prints its usage and exits 0 (a `%` in a help string made
 argparse raise instead) and runs nothing (one ignored its arguments and rewrote its
-results): all of them run as `python -m bench.NAME --help` in one child
-process, so TensorFlow is imported once."""
+results): all of them run as `python -m bench.NAME --help` in one child process, so
+TensorFlow is imported once."""
 from __future__ import annotations
 
 import os
