@@ -344,10 +344,12 @@ def summarize(runs: list[dict]) -> dict:
         ratios = {}
         for ours in ("mljob single", "mljob ps", "mljob single float32"):
             for base in ("keras fit", "tf1 single", "tf1 ps"):
-                if ours in rows and base in rows and base in WALL_TO_WALL:
+                if ours not in rows or base not in rows:
+                    continue
+                if base in WALL_TO_WALL:
                     ratios[f"{base} / {ours}, wall to wall"] = round(
                         rows[base]["wall_s_to_target"] / rows[ours]["wall_s_to_target"], 2)
-                elif ours in rows and base in rows:
+                else:
                     ratios[f"{base} / {ours}"] = round(
                         rows[base]["seconds_to_target"] / rows[ours]["seconds_to_target"], 2)
                     ratios[f"{base} / {ours}, after start-up"] = round(

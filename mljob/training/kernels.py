@@ -12,8 +12,8 @@ asks), turns oneDNN on for such a CPU by setting TF_ENABLE_ONEDNN_OPTS=1 in the
 process's environment (and MLJOB_ONEDNN_CHOSEN=1 beside it), so the processes it starts
 inherit the choice and report it as such. A TF_ENABLE_ONEDNN_OPTS the user set is kept as
 it is (`TF_ENABLE_ONEDNN_OPTS=0` keeps Eigen's kernels); where TensorFlow was imported
-first, nothing is changed and the line says so. `CHOSEN` keeps the choice for the chief's
-one log line.
+first, nothing is changed and the line says so. `choose_once()` decides once per process
+and gives the same Choice (kept in `CHOSEN`) to the chief's one log line.
 """
 from __future__ import annotations
 
