@@ -3,7 +3,9 @@ imports it can skip.
 
 - `mark(phase)`: with `MLJOB_STARTUP_MARKS=1` in its environment, a replica prints
   `startup PHASE UNIX_TIME` on stdout as it reaches each phase (its process start
-  first), which `bench/startup.py` reads from the job's logs. Without it, nothing.
+  first; for a pre-started process, `mljob.prestart`, the moment it became the replica,
+  after a `prestarted` mark with its real start), which `bench/startup.py` reads from
+  the job's logs. Without it, nothing.
 - `tensorflow_for_a_server()`: a parameter server, or a worker under
   ParameterServerStrategy, runs only TensorFlow's gRPC server; the chief's coordinator
   sends it graphs, never Python. TensorFlow's `__init__` imports the whole of Keras
@@ -34,6 +36,13 @@ MARKS_ENV = "MLJOB_STARTUP_MARKS"
 QUICK_ENV = "MLJOB_QUICK_START"
 LEFT_OUT = ("IPython", "matplotlib")  # what Keras imports for notebooks and plots
 _marked: list[str] = []
+_handed_over: list[float] = []  # a pre-started process (mljob.prestart): when it became one
+
+
+def handed_over(when: float) -> None:
+    """This pre-started process became its replica at `when`: its marks count from
+    then (its `process` mark), and a `prestarted` mark gives its real start."""
+    _handed_over[:] = [when]
 
 
 def quick() -> bool:
@@ -47,6 +56,10 @@ def mark(phase: str) -> None:
         return
     if not _marked:
         started = _process_start()
+        if _handed_over and started is not None:
+            print(f"startup prestarted {started:.3f}", flush=True)
+        if _handed_over:
+            started = _handed_over[0]
         if started is not None:
             print(f"startup process {started:.3f}", flush=True)
     _marked.append(phase)
@@ -112,5 +125,5 @@ def lean_imports() -> Iterator[None]:
         yield
 
 
-__all__ = ["mark", "quick", "tensorflow_for_a_server", "lean_imports", "MARKS_ENV",
+__all__ = ["mark", "handed_over", "quick", "tensorflow_for_a_server", "lean_imports", "MARKS_ENV",
            "QUICK_ENV"]

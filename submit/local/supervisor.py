@@ -39,13 +39,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TextIO
 
 from mljob import contracts, procs
 from submit import jobs, logs, usage
 from submit.local.joblife import JobLife
 from submit.local.plan import JobPlan, ReplicaPlan
+from submit.local.prestart import Pool
 from submit.package import Package, ensure_environment
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class Replica:
         self.restarts = 0
         self.restart_at: float | None = None
         self.quiet = False             # TensorFlow's start-up lines dropped
+        self.prestarted = False        # its process was a ready one (submit.local.prestart)
         self.finished = False          # exited and not to be restarted
         self.reaped = False            # stopped and waited for: never signal its PID again
         self._file_lock = threading.Lock()
@@ -98,19 +100,16 @@ class Replica:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self, cwd: str, parent_pid: int) -> None:
+    def start(self, cwd: str, parent_pid: int, pool: Pool | None = None) -> None:
+        """Start the replica's process, or hand the replica to a ready one of `pool`."""
         os.makedirs(os.path.dirname(self.plan.log_file), exist_ok=True)
         if self._file is None:
             self._file = open(self.plan.log_file, "a", encoding="utf-8", buffering=1)
-        env = {k: v for k, v in os.environ.items() if k not in ENGINE_VARIABLES}
-        env.update(self.plan.env)
-        self.quiet = bool(logs.quiet_env(env))
-        env.update(logs.quiet_env(env))
-        env[contracts.PARENT_PID_ENV] = str(parent_pid)
-        self.proc = subprocess.Popen(
-            list(self.plan.command), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-            preexec_fn=die_with_parent(parent_pid))
+        env, self.quiet = replica_env(self.plan.env, parent_pid)
+        self.proc = pool.take(self.plan.command, cwd, env) if pool is not None else None
+        self.prestarted = self.proc is not None
+        if self.proc is None:
+            self.proc = spawn(self.plan.command, cwd, env, subprocess.DEVNULL)
         self.restart_at = None
         self.reaped = False
         self.readers = [threading.Thread(target=self._read, args=(pipe, name), daemon=True)
@@ -158,6 +157,28 @@ class Replica:
                 self._file = None
 
 
+def replica_env(plan_env: Mapping[str, str], parent_pid: int) -> tuple[dict[str, str], bool]:
+    """A replica's environment: this process's (without a cluster engine's variables),
+    the plan's, TensorFlow quietened unless the user chose its level, and the PID of
+    the supervisor it dies with; and whether it was quietened (its start-up lines
+    are dropped from the log)."""
+    env = {k: v for k, v in os.environ.items() if k not in ENGINE_VARIABLES}
+    env.update(plan_env)
+    quiet = logs.quiet_env(env)
+    env.update(quiet)
+    env[contracts.PARENT_PID_ENV] = str(parent_pid)
+    return env, bool(quiet)
+
+
+def spawn(command, cwd: str, env: Mapping[str, str], stdin) -> subprocess.Popen:
+    """A replica's process (or one pre-started for it, `submit.local.prestart`): its own
+    session, its output on pipes, dying with this process (the one that started it)."""
+    return subprocess.Popen(
+        list(command), cwd=cwd, env=dict(env), stdin=stdin, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, start_new_session=True,
+        preexec_fn=die_with_parent(int(env[contracts.PARENT_PID_ENV])))
+
+
 def die_with_parent(parent_pid: int) -> Callable[[], None]:
     def preexec() -> None:
         if _LIBC is not None:
@@ -172,9 +193,11 @@ class Supervisor(JobLife):
 
     def __init__(self, plan: JobPlan, record: jobs.JobRecord, *,
                  publish: Callable[[jobs.JobRecord], None],
-                 terminal: logs.Terminal | None = None, grace: float = STOP_GRACE_S):
+                 terminal: logs.Terminal | None = None, grace: float = STOP_GRACE_S,
+                 pool: Pool | None = None):
         super().__init__(plan, record, publish=publish, terminal=terminal)
         self.grace = grace
+        self.pool = pool  # a tuning job's ready processes (submit.local.prestart)
         self.replicas = [Replica(r, self.terminal) for r in plan.replicas]
         self.usage = usage.Sampler(os.path.join(plan.run_dir, usage.FILE), lambda: {
             r.plan.label: r.proc.pid for r in self.replicas if r.proc and r.running})
@@ -302,10 +325,11 @@ class Supervisor(JobLife):
             replica.close()  # all output is in the log files before the last copy
 
     def _start(self, replica: Replica) -> None:
-        replica.start(self.plan.cwd, os.getpid())
+        replica.start(self.plan.cwd, os.getpid(), self.pool)
         assert replica.proc is not None  # start made it
         again = f", restart {replica.restarts}" if replica.restarts else ""
-        self._event(f"{replica.plan.label} started (pid {replica.proc.pid}{again})")
+        ready = ", pre-started" if replica.prestarted else ""
+        self._event(f"{replica.plan.label} started (pid {replica.proc.pid}{again}{ready})")
         self._note_replica(replica, "RUNNING")
 
     def _note_replica(self, replica: Replica, state: str, status: int | None = None) -> None:

@@ -51,14 +51,17 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from mljob import contracts, hypertune, storage
+from mljob import prestart as mljob_prestart
+from mljob.prestart import LIBRARY_ENV, seen_name
 from mljob.procs import free_ports
 from submit import hparams, jobs, logs, usage
+from submit.local import prestart
 from submit.local import study as studies
 from submit.local.joblife import JobLife
 from submit.local.plan import JobPlan
 from submit.local.resume import journal_of
 from submit.local.study import STUDY_NAME, iso
-from submit.local.supervisor import Supervisor
+from submit.local.supervisor import Supervisor, replica_env, spawn
 from submit.training_output import CANCELLED, PLOT, write_plot
 from submit.tuning_spec import HP_DIR, JOURNAL, TuningSpec, format_value
 
@@ -182,12 +185,24 @@ class Tuner(JobLife):
         self.running: list[Trial] = []
         self.failures = 0
         self._wake = threading.Event()  # a trial ended: look now, not at the next poll
+        # the next trial's processes, started while trials run (MLJOB_PRESTART=0: none)
+        self.pool = (prestart.Pool(spawn, note=self._event)
+                     if mljob_prestart.enabled() else None)
+        self._loads_tensorflow: set[str] = set()  # replicas seen with TensorFlow loaded
+        self._library_seen = os.path.join(plan.run_dir, "prestart")  # mljob.prestart
+        if self.pool is not None:  # each trial's replicas say if they use mljob.training
+            self.plan = dataclasses.replace(plan, replicas=tuple(
+                dataclasses.replace(r, env={**r.env, LIBRARY_ENV: self._library_seen})
+                for r in plan.replicas))
 
     # --- the job ---------------------------------------------------------------------
 
     def _live(self) -> tuple[str, str | None]:
         self.record.replicas = []
         self._prepare_folders(self.dir, self.plan.run_dir, self.plan.log_dir)
+        if self.pool is not None:  # an earlier run of the same job id says nothing here
+            shutil.rmtree(self._library_seen, ignore_errors=True)
+            os.makedirs(self._library_seen)
         self.study = self._study()
         self.board = hparams.Board(self.spec, self.plan.replica_job_dir or
                                    os.path.join(self.dir, "tensorboard"))
@@ -236,6 +251,7 @@ class Tuner(JobLife):
                                      f"{self.plan.log_dir}")
             while len(self.running) < self.spec.max_parallel_trials and self._more():
                 self._start_trial()
+            self._prestart()
             if not self.running:
                 done = [t for t in self._trials() if t.state.name == "COMPLETE"]
                 if not done:
@@ -289,6 +305,30 @@ class Tuner(JobLife):
         self.board.started(trial_id, trial.job.job_dir, params, trial.start_time)
         self._publish_output()
 
+    def _prestart(self) -> None:
+        """Keep the next trial's processes ready while another trial will start, for the
+        replicas an earlier trial's process showed to load TensorFlow (what a ready
+        process imports: a trainer without it gains nothing); from this thread, which
+        lives as long as the job (the processes die with it)."""
+        if self.pool is None:
+            return
+        supervisors = [s for s in (getattr(t.job, "supervisor", None) for t in self.running)
+                       if s is not None]
+        if not self._more():
+            if not any(r.proc is None for s in supervisors for r in s.replicas):
+                self.pool.drain()  # no trial is left to start, nor one starting
+            return
+        for supervisor in supervisors:  # which replicas load TensorFlow: what a ready one has
+            for replica in supervisor.replicas:
+                label = replica.plan.label.rpartition("/")[2]
+                if label not in self._loads_tensorflow and replica.running and \
+                        prestart.loads_tensorflow(replica.proc.pid):
+                    self._loads_tensorflow.add(label)
+        parent = os.getpid()
+        self.pool.fill([(r.command, replica_env(r.env, parent)[0], os.path.exists(
+            os.path.join(self._library_seen, seen_name(r.env))))
+            for r in self.plan.replicas if r.label in self._loads_tensorflow], self.plan.cwd)
+
     def _launch(self, trial_id: str, params: Mapping[str, Any],
                 metric_file: str) -> TrialRun:
         """The trial's job, not started: on this machine, a supervisor of its own."""
@@ -296,7 +336,8 @@ class Tuner(JobLife):
         trial_record = jobs.JobRecord(job_id=self.plan.job_id)
         options = {} if self.grace is None else {"grace": self.grace}
         return LocalTrial(plan, Supervisor(plan, trial_record, terminal=self.terminal,
-                                           publish=self._trial_changed, **options))
+                                           publish=self._trial_changed, pool=self.pool,
+                                           **options))
 
     def _run_trial(self, trial: Trial) -> None:
         try:
@@ -400,6 +441,8 @@ class Tuner(JobLife):
             self._save()
 
     def _stop_everything(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
         for trial in list(self.running):
             trial.job.cancel()
         for trial in list(self.running):

@@ -1,0 +1,151 @@
+"""A replica's process started before its job needs it: `python -m mljob.prestart MODULE`.
+
+A tuning job runs its trials one after another (or a few at a time), and each trial's
+replicas pay their interpreter's start and TensorFlow's and Keras's import (3.5-5 CPU-s
+each) before their first step. The local tuner (`submit.local.prestart`) starts the next
+trial's processes while the current trial trains, for the replicas an earlier trial's
+process showed to load TensorFlow: each imports what its replica would (with `--library`,
+for a trainer seen importing mljob's training library: the library, which picks
+TensorFlow's CPU kernels, then TensorFlow, and Keras unless it is a parameter server,
+leaving out what `mljob.startup` leaves out; else `import tensorflow` alone), then waits
+on its standard input for its order, one JSON line:
+
+    {"module": "trainer.task", "args": [...], "env": {...}, "cwd": "..."}
+
+and becomes that replica: the environment is the order's (plus what the imports above set
+there, as they would have in a fresh process), the working directory the order's,
+standard input /dev/null, and MODULE runs as `python -m MODULE ARGS` runs it (as
+`__main__`, `sys.argv[0]` its file). Its output goes where the launcher pointed it when it
+started. The launcher hands over an order only when the replica's environment matches the
+one the process started with, but for the variables a trial changes (`HANDED_OVER`):
+everything TensorFlow reads when it loads is the same.
+
+End of input before an order (the launcher is gone, or needs it no more) ends the
+process quietly; so does an import that fails here (the launcher then starts the replica
+afresh, and the user sees that import's own error). Nothing here imports TensorFlow
+before `main()`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+
+# The variables a trial's replica may get that its pre-started process did not start
+# with: its cluster (new ports, the trial's id) and the trial's metric file and tag.
+HANDED_OVER = frozenset({"TF_CONFIG", "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_TAG",
+                         "CLOUD_ML_HP_METRIC_FILE"})
+ENV = "MLJOB_PRESTART"  # 0/false/no/off: every trial's replica starts afresh
+EXIT_NOT_USED = 3       # an import failed here: the launcher starts the replica afresh
+# A folder the tuner names: importing mljob.training there leaves a file named for the
+# replica's role (`seen_name`), so that pre-started processes import the library (and
+# make its kernel choice before TensorFlow) only for trainers that use it.
+LIBRARY_ENV = "MLJOB_LIBRARY_SEEN"
+LIBRARY_FLAG = "--library"
+
+
+def enabled(environ=None) -> bool:
+    value = (os.environ if environ is None else environ).get(ENV, "1")
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def role(environ) -> str:
+    """The replica's task type in TF_CONFIG ('master' when there is none)."""
+    try:
+        task = json.loads(environ.get("TF_CONFIG") or "{}").get("task") or {}
+        return str(task.get("type") or "master")
+    except (ValueError, AttributeError):
+        return "master"
+
+
+def seen_name(environ) -> str:
+    """The file a replica importing mljob.training leaves: its task type and index."""
+    try:
+        task = json.loads(environ.get("TF_CONFIG") or "{}").get("task") or {}
+        return f"{task.get('type') or 'master'}-{int(task.get('index') or 0)}"
+    except (ValueError, AttributeError, TypeError):
+        return "master-0"
+
+
+def library_seen() -> None:
+    """Called when mljob.training is imported: leave this replica's file in the folder
+    LIBRARY_ENV names, if any (never a reason to fail)."""
+    folder = os.environ.get(LIBRARY_ENV)
+    if folder:
+        try:
+            with open(os.path.join(folder, seen_name(os.environ)), "a"):
+                pass
+        except OSError:
+            pass
+
+
+def warm(task_type: str, library: bool) -> None:
+    """Import what the replica's own start would. A trainer on mljob's training library:
+    the library first (its kernel choice, before TensorFlow), then TensorFlow, with Keras
+    (without what `mljob.startup` leaves out) but for a parameter server. Any other:
+    TensorFlow, as `import tensorflow` does."""
+    if not library:
+        import tensorflow
+        return
+    from mljob import startup, training  # noqa: F401  (sets its variables before TF)
+    if task_type == "ps":
+        startup.tensorflow_for_a_server()
+        return
+    with startup.lean_imports():
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
+
+
+def become(order: dict, warmed: dict[str, str]) -> str:
+    """Turn this process into the ordered replica; the module to run."""
+    env = dict(order["env"])
+    for key, value in warmed.items():  # what the imports set, unless the order sets it
+        env.setdefault(key, value)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(order["cwd"])
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.argv = ["-m", *order["args"]]
+    return str(order["module"])
+
+
+def main() -> None:
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], [LIBRARY_FLAG]):
+        sys.stderr.write(f"usage: python -m mljob.prestart MODULE [{LIBRARY_FLAG}] "
+                         "(its order on stdin)\n")
+        raise SystemExit(2)
+    expected = sys.argv[1]
+    before = dict(os.environ)
+    try:
+        warm(role(os.environ), library=sys.argv[2:] == [LIBRARY_FLAG])
+    except Exception:  # the replica started afresh shows the user this import's error
+        os._exit(EXIT_NOT_USED)
+    warmed = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    line = sys.stdin.buffer.readline()
+    if not line.strip():
+        os._exit(0)  # nobody came
+    order = json.loads(line)
+    if order.get("module") != expected:
+        sys.stderr.write(f"mljob.prestart: ordered to run {order.get('module')!r}, "
+                         f"started for {expected!r}\n")
+        os._exit(EXIT_NOT_USED)
+    from mljob import startup
+    startup.handed_over(time.time())
+    module = become(order, warmed)
+    runner = getattr(runpy, "_run_module_as_main", None)  # what `python -m` itself calls
+    if runner is not None:
+        runner(module, alter_argv=True)
+    else:  # pragma: no cover - every CPython since 2.7 has it
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["HANDED_OVER", "ENV", "EXIT_NOT_USED", "LIBRARY_ENV", "LIBRARY_FLAG", "enabled",
+           "role", "seen_name", "library_seen", "warm", "become", "main"]
