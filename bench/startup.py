@@ -2,6 +2,7 @@
 phase by phase, with the start-up shortcuts on and off side by side in one run.
 
     python bench/startup.py [--train-steps 20] [--repeats 1] [--setups single,ps]
+    python bench/startup.py --setups tuning --compare prestart [--repeats 2]
 
 Each job runs with MLJOB_STARTUP_MARKS=1, so the launcher and every replica print
 `startup PHASE TIME` lines (`mljob.startup`), and alternately with the start-up
@@ -10,7 +11,12 @@ servers import TensorFlow without Keras and serve before the trainer loads its m
 data; training replicas leave IPython and matplotlib out) and off (MLJOB_QUICK_START=0
 and MLJOB_SDIST_CACHE=0: as before them). The package environment is built once first
 (`cold`, reported), then reused by every measured job. Setups: `single` (BASIC), `ps`
-(CUSTOM: chief + 2 workers + 1 ps) and `tuning` (BASIC, 3 trials one at a time).
+(CUSTOM: chief + 2 workers + 1 ps), `tuning` (BASIC, 3 trials one at a time) and
+`tuning_ps` (the same trials, each a CUSTOM cluster as `ps`).
+`--compare prestart` turns a tuning job's processes started ahead off and on instead
+(MLJOB_PRESTART; `submit.local.prestart`), the shortcuts on both ways: per trial after
+the first, the seconds from the tuner's previous trial's last line to this trial's
+process (`gap_before`) and from that process becoming the trial's to its first step.
 Phases, in seconds, each from the end of the one before:
 
 - cli: interpreter start and the CLI's imports, to the submit command running
@@ -38,6 +44,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import signal
@@ -62,7 +69,11 @@ TUNING = """trainingInput:
       maxValue: 0.01
       scaleType: UNIT_LOG_SCALE
 """
+TUNING_PS = TUNING.replace("scaleTier: BASIC", "scaleTier: CUSTOM\n  masterType: standard\n"
+                           "  workerType: standard\n  parameterServerType: standard\n"
+                           "  workerCount: 2\n  parameterServerCount: 1")
 SETUPS = {"single": ["--scale-tier", "BASIC"], "tuning": ["--config", "tuning.yaml"],
+          "tuning_ps": ["--config", "tuning_ps.yaml"],
           "ps": ["--scale-tier", "CUSTOM", "--master-machine-type", "standard",
                  "--worker-count", "2", "--parameter-server-count", "1"]}
 CHIEF_PHASES = ("cli", "spec", "package", "plan", "staged", "environment", "process",
@@ -98,6 +109,16 @@ def _chief_cpu(pid: int) -> float | None:
     return None
 
 
+def _cpu_of(pid: int | None) -> float | None:
+    """CPU seconds of the process `pid` (a pre-started one's import included)."""
+    try:
+        import psutil
+        times = psutil.Process(pid).cpu_times()
+        return round(times.user + times.system, 2)
+    except Exception:  # a measurement aid
+        return None
+
+
 def _own_cpu(pid: int) -> float | None:
     """CPU seconds of the launcher and of the children it waited for (the sdist build)."""
     try:
@@ -110,17 +131,21 @@ def _own_cpu(pid: int) -> float | None:
 
 
 def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps: int,
-            source: str) -> dict:
+            source: str, compare: str = "quick") -> dict:
+    """One job; `quick` is the compared shortcuts on or off: the start-up shortcuts
+    (compare="quick") or the tuning trials' processes started ahead ("prestart")."""
     env = {**os.environ, "MLJOB_HOME": home, "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONPATH": source, "MLJOB_STARTUP_MARKS": "1", "PYTHONUNBUFFERED": "1",
-           "MLJOB_QUICK_START": "1" if quick else "0"}
-    if not quick:
+           "MLJOB_QUICK_START": "1" if quick or compare != "quick" else "0",
+           "MLJOB_PRESTART": "1" if quick or compare != "prestart" else "0"}
+    if not quick and compare == "quick":
         env["MLJOB_SDIST_CACHE"] = "0"  # every submit builds its sdist, as before the cache
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.time()
     marks: dict[str, float] = {}
     servers: dict[str, dict[str, float]] = {}
     trials: dict[str, dict[str, float]] = {}  # a tuning job's trials: their chiefs' marks
+    trial_pids: dict[str, int] = {}  # from the trials' `... started (pid N` events
     env_state, env_seconds = None, 0.0
     cpu: dict[str, float | None] = {}
     proc = subprocess.Popen(
@@ -143,8 +168,11 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
                     mine.setdefault(words[1], float(words[2]))
                 elif text.startswith("step ") and "first_step" not in mine:
                     mine["first_step"] = now
-                    mine["cpu"] = _chief_cpu(proc.pid)  # type: ignore[assignment]
+                    mine["cpu"] = _cpu_of(trial_pids.get(trial))  # type: ignore[assignment]
                 continue
+            started = re.match(r"(\d+)/master-replica-0 started \(pid (\d+)", text)
+            if started:
+                trial_pids[started.group(1)] = int(started.group(2))
             if words[:1] == ["startup"] and len(words) == 3:
                 if label == "cli":  # its own process start is the run's start
                     if words[1] != "process":
@@ -192,7 +220,8 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
         marks.update({k: v for k, v in trials[min(trials, key=int)].items()
                       if k not in ("last_line", "cpu")})
         cpu["chief_to_first_step"] = trials[min(trials, key=int)].get("cpu")
-    return {"setup": setup, "quick_start": quick, "environment": env_state,
+    return {"setup": setup, "quick_start": quick, "compare": compare,
+            "environment": env_state,
             "trials": trial_phases(trials),
             "to_first_step_s": round(marks.get("first_step", start) - start, 3),
             "phases_s": phases, "servers_s": server_times, "cpu_s": cpu,
@@ -239,13 +268,19 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--setups", default="single,ps")
+    parser.add_argument("--compare", choices=("quick", "prestart"), default="quick",
+                        help="what is off and on: the start-up shortcuts (MLJOB_QUICK_START, "
+                             "MLJOB_SDIST_CACHE) or a tuning job's processes started ahead "
+                             "(MLJOB_PRESTART; use with --setups tuning)")
+    parser.add_argument("--out", default=OUT, help="the results file")
     args = parser.parse_args()
     results = []
     load_start = round(os.getloadavg()[0], 2)
     work = tempfile.mkdtemp(prefix="mljob-bench-")
     source = snapshot(os.path.join(work, "src"))
-    with open(os.path.join(source, "tuning.yaml"), "w") as f:
-        f.write(TUNING)
+    for name, text in (("tuning.yaml", TUNING), ("tuning_ps.yaml", TUNING_PS)):
+        with open(os.path.join(source, name), "w") as f:
+            f.write(text)
     home = os.path.join(work, "home")
     try:
         n = 0
@@ -261,7 +296,8 @@ def main() -> None:
                     n += 1
                     load = os.getloadavg()[0]
                     entry = run_job(f"bench_{setup}_{n}", setup, quick, home,
-                                    os.path.join(work, f"j{n}"), args.train_steps, source)
+                                    os.path.join(work, f"j{n}"), args.train_steps, source,
+                                    args.compare)
                     entry.update(phase="warm", repeat=repeat, load_before=round(load, 2),
                                  load_after=round(os.getloadavg()[0], 2))
                     print(json.dumps(entry), flush=True)
@@ -274,7 +310,8 @@ def main() -> None:
             runs = [r for r in results if r.get("phase") == "warm" and r["setup"] == setup
                     and r["quick_start"] == quick]
             if runs:
-                summary[f"{setup} quick_start={int(quick)}"] = {
+                later = [t for r in runs for t in r["trials"] if t["trial"] != "1"]
+                summary[f"{setup} {args.compare}={int(quick)}"] = {
                     "to_first_step_s": _mean(r["to_first_step_s"] for r in runs),
                     "package_s": _mean(r["phases_s"].get("package", 0) for r in runs),
                     "launcher_cpu_to_staged_s": _mean(
@@ -285,15 +322,22 @@ def main() -> None:
                         t["to_first_step_s"] for r in runs for t in r["trials"]),
                     "trial_chief_cpu_s": _mean(
                         t["chief_cpu_s"] for r in runs for t in r["trials"]),
+                    # the trials a process started ahead can serve (not the first)
+                    "later_trials_to_first_step_s": _mean(t["to_first_step_s"] for t in later),
+                    "later_trials_gap_before_s": _mean(t["gap_before_s"] for t in later),
+                    "total_s": _mean(r["total_s"] for r in runs),
                     "job_cpu_s": _mean(r["job_cpu_s"] for r in runs),
                     "load": [min(r["load_before"] for r in runs),
                              max(r["load_after"] for r in runs)]}
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w") as f:
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
         json.dump({"what": "seconds from `python -m submit` to the chief's first step, by "
-                           "phase, start-up shortcuts off and on (MLJOB_QUICK_START)",
+                           f"phase, {args.compare} off and on side by side",
                    "quick_start": "1: the shortcuts on (the defaults); 0: "
                                   "MLJOB_QUICK_START=0 and MLJOB_SDIST_CACHE=0",
+                   "prestart": "1: a tuning job's next trial in processes started ahead "
+                               "(the default); 0: MLJOB_PRESTART=0",
+                   "compare": args.compare,
                    "load_average": [load_start, round(os.getloadavg()[0], 2)],
                    "train_steps": args.train_steps, "cpus": os.cpu_count(),
                    "python": platform.python_version(), "summary": summary,

@@ -166,6 +166,7 @@ class Pool:
             assert ready.proc.stdin is not None  # started with a pipe for its order
             ready.proc.stdin.write(order.encode("utf-8"))
             ready.proc.stdin.close()
+            ready.proc.stdin = None  # as a replica started afresh: stdin is not ours
         except (BrokenPipeError, OSError):  # it died while being handed over
             _stop(ready)
             return None

@@ -173,6 +173,8 @@ class Trial:
 class Tuner(JobLife):
     """Runs a tuning job's trials to the end; `run()` returns the job's final state."""
 
+    PRESTART = True  # the next trial's processes started ahead (trials on this machine)
+
     def __init__(self, plan: JobPlan, record: jobs.JobRecord, *,
                  terminal: logs.Terminal | None = None, seed: int | None = None,
                  publish=jobs.save, grace: float | None = None):
@@ -187,7 +189,7 @@ class Tuner(JobLife):
         self._wake = threading.Event()  # a trial ended: look now, not at the next poll
         # the next trial's processes, started while trials run (MLJOB_PRESTART=0: none)
         self.pool = (prestart.Pool(spawn, note=self._event)
-                     if mljob_prestart.enabled() else None)
+                     if self.PRESTART and mljob_prestart.enabled() else None)
         self._loads_tensorflow: set[str] = set()  # replicas seen with TensorFlow loaded
         self._library_seen = os.path.join(plan.run_dir, "prestart")  # mljob.prestart
         if self.pool is not None:  # each trial's replicas say if they use mljob.training

@@ -217,6 +217,8 @@ def trial_body(base: Mapping[str, Any], trial_id: str, flags: list[str],
 class RayTuner(Tuner):
     """The local tuner's study with each trial a Ray job (`RayTrial`)."""
 
+    PRESTART = False  # a trial's processes are Ray's, on its nodes
+
     def __init__(self, plan: plans.JobPlan, record: jobs.JobRecord, *,
                  trial: Mapping[str, Any], terminal: logs.Terminal | None = None,
                  seed: int | None = None):

@@ -118,6 +118,9 @@ def test_three_trials_two_at_a_time(capsys, tmp_path):
         log = job_dir / "logs" / t["trialId"] / "master-replica-0.log"
         assert f"\t{t['trialId']}/master-replica-0\tstep 3 score=" in log.read_text()
     assert len(metric_files) == 3  # parallel trials never share the library's file
+    services = "".join(p.read_text() for p in (job_dir / "logs").glob("**/service.log"))
+    assert "started (pid" in services
+    assert "pre-started" not in services  # no TensorFlow in this trainer: none started ahead
     assert (job_dir / "hptuning" / "objective.png").read_bytes()[:4] == b"\x89PNG"
     assert (job_dir / "hptuning" / "optuna-journal.log").exists()
     assert sorted(r.label for r in record.replicas) == [
