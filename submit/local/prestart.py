@@ -14,9 +14,12 @@ A ready process is handed over only when the replica would be started the same w
 the same interpreter and `-m MODULE`, the same working directory, and an environment
 equal but for the variables a trial changes (`mljob.prestart.HANDED_OVER`: its cluster,
 id and metric file). Otherwise, or when the process died, it is stopped and the replica
-starts afresh, as it does with `MLJOB_PRESTART=0`. A ready process nobody takes is
-stopped by PID when the tuner has no more trials to start and when the job ends, however
-it ends; one whose supervisor dies gets SIGTERM (PR_SET_PDEATHSIG) and end of input.
+starts afresh, as it does with `MLJOB_PRESTART=0`. The processes ready when a
+trial is launched are reserved for it (`Pool.reserve`): its supervisor takes from them,
+and stops by PID any it did not take once its replicas started (and when it ends). The
+job's pool stops what is still ready when no trial is left to start and when the job
+ends, however it ends; a process whose launcher dies gets SIGTERM (PR_SET_PDEATHSIG) and
+end of input.
 """
 from __future__ import annotations
 
@@ -91,12 +94,21 @@ class Pool:
     starts a replica (`submit.local.supervisor.spawn`)."""
 
     def __init__(self, spawn: Callable[..., subprocess.Popen], *,
-                 note: Callable[[str], None] | None = None):
+                 note: Callable[[str], None] | None = None, parent: Pool | None = None):
         self._spawn = spawn
         self._note = note or (lambda text: log.info("%s", text))
         self._ready: list[Ready] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._parent = parent  # the job's pool, for a trial's reserved one
+
+    def reserve(self) -> Pool:
+        """Every ready process, moved to a pool of their own for one trial to take from:
+        what the job's pool does next (drain, close) leaves them alone."""
+        mine = Pool(self._spawn, note=self._note, parent=self)
+        with self._lock:
+            mine._ready, self._ready = self._ready, []
+        return mine
 
     def fill(self, replicas: Sequence[tuple[Sequence[str], Mapping[str, str], bool]],
              cwd: str) -> None:
@@ -159,6 +171,8 @@ class Pool:
                        "start afresh")
             _stop(ready)
             self.close()
+            if self._parent is not None:
+                self._parent.close()
             return None
         order = json.dumps({"module": module, "args": args, "env": dict(env),
                             "cwd": cwd}) + "\n"

@@ -197,7 +197,7 @@ class Supervisor(JobLife):
                  pool: Pool | None = None):
         super().__init__(plan, record, publish=publish, terminal=terminal)
         self.grace = grace
-        self.pool = pool  # a tuning job's ready processes (submit.local.prestart)
+        self.pool = pool  # ready processes reserved for this trial (submit.local.prestart)
         self.replicas = [Replica(r, self.terminal) for r in plan.replicas]
         self.usage = usage.Sampler(os.path.join(plan.run_dir, usage.FILE), lambda: {
             r.plan.label: r.proc.pid for r in self.replicas if r.proc and r.running})
@@ -214,6 +214,8 @@ class Supervisor(JobLife):
                 f"it waited {waited:.0f}s.")
         for replica in self.replicas:
             self._start(replica)
+        if self.pool is not None:
+            self.pool.close()  # what this trial did not take (restarts start afresh)
         self._set(jobs.RUNNING)
         self.usage.start()
         return self._supervise()
@@ -319,6 +321,8 @@ class Supervisor(JobLife):
                 rec.exit_code = exit_status(proc.returncode)
 
     def _stop_everything(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
         self.record.usage = self.usage.stop() or self.record.usage
         self._stop(self.replicas)
         for replica in self.replicas:

@@ -314,12 +314,11 @@ class Tuner(JobLife):
         lives as long as the job (the processes die with it)."""
         if self.pool is None:
             return
+        if not self._more():
+            self.pool.drain()  # no trial is left to start
+            return
         supervisors = [s for s in (getattr(t.job, "supervisor", None) for t in self.running)
                        if s is not None]
-        if not self._more():
-            if not any(r.proc is None for s in supervisors for r in s.replicas):
-                self.pool.drain()  # no trial is left to start, nor one starting
-            return
         for supervisor in supervisors:  # which replicas load TensorFlow: what a ready one has
             for replica in supervisor.replicas:
                 label = replica.plan.label.rpartition("/")[2]
@@ -338,8 +337,8 @@ class Tuner(JobLife):
         trial_record = jobs.JobRecord(job_id=self.plan.job_id)
         options = {} if self.grace is None else {"grace": self.grace}
         return LocalTrial(plan, Supervisor(plan, trial_record, terminal=self.terminal,
-                                           publish=self._trial_changed, pool=self.pool,
-                                           **options))
+                                           publish=self._trial_changed, **options,
+                                           pool=self.pool.reserve() if self.pool else None))
 
     def _run_trial(self, trial: Trial) -> None:
         try:
