@@ -6,7 +6,7 @@ each) before their first step. The local tuner (`submit.local.prestart`) starts 
 trial's processes while the current trial trains, for the replicas an earlier trial's
 process showed to load TensorFlow: each imports what its replica would (with `--library`,
 for a trainer seen importing mljob's training library: the library, which picks
-TensorFlow's CPU kernels, then TensorFlow, and Keras unless it is a parameter server,
+TensorFlow's CPU kernels, then TensorFlow, and Keras unless it is a server (`is_server`),
 leaving out what `mljob.startup` leaves out; else `import tensorflow` alone), then waits
 on its standard input for its order, one JSON line:
 
@@ -81,16 +81,30 @@ def library_seen() -> None:
             pass
 
 
-def warm(task_type: str, library: bool) -> None:
+def is_server(environ) -> bool:
+    """A parameter server, or a worker beside parameter servers: under mljob's training
+    library (whose `auto` strategy is ParameterServerStrategy when the cluster has a ps)
+    it runs TensorFlow's gRPC server alone, without Keras."""
+    try:
+        config = json.loads(environ.get("TF_CONFIG") or "{}")
+        task_type = (config.get("task") or {}).get("type")
+        return task_type == "ps" or (task_type == "worker" and
+                                     bool((config.get("cluster") or {}).get("ps")))
+    except (ValueError, AttributeError):
+        return False
+
+
+def warm(server: bool, library: bool) -> None:
     """Import what the replica's own start would. A trainer on mljob's training library:
     the library first (its kernel choice, before TensorFlow), then TensorFlow, with Keras
-    (without what `mljob.startup` leaves out) but for a parameter server. Any other:
-    TensorFlow, as `import tensorflow` does."""
+    (without what `mljob.startup` leaves out) but for a server (`is_server`; one that
+    turns out to need Keras imports it when it does). Any other trainer: TensorFlow, as
+    `import tensorflow` does."""
     if not library:
         import tensorflow
         return
     from mljob import startup, training  # noqa: F401  (sets its variables before TF)
-    if task_type == "ps":
+    if server:
         startup.tensorflow_for_a_server()
         return
     with startup.lean_imports():
@@ -121,7 +135,7 @@ def main() -> None:
     expected = sys.argv[1]
     before = dict(os.environ)
     try:
-        warm(role(os.environ), library=sys.argv[2:] == [LIBRARY_FLAG])
+        warm(is_server(os.environ), library=sys.argv[2:] == [LIBRARY_FLAG])
     except Exception:  # the replica started afresh shows the user this import's error
         os._exit(EXIT_NOT_USED)
     warmed = {k: v for k, v in os.environ.items() if before.get(k) != v}
@@ -148,4 +162,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["HANDED_OVER", "ENV", "EXIT_NOT_USED", "LIBRARY_ENV", "LIBRARY_FLAG", "enabled",
-           "role", "seen_name", "library_seen", "warm", "become", "main"]
+           "role", "is_server", "seen_name", "library_seen", "warm", "become", "main"]

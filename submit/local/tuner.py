@@ -191,6 +191,7 @@ class Tuner(JobLife):
         self.pool = (prestart.Pool(spawn, note=self._event)
                      if self.PRESTART and mljob_prestart.enabled() else None)
         self._loads_tensorflow: set[str] = set()  # replicas seen with TensorFlow loaded
+        self._loaded_pids: set[int] = set()       # their processes
         self._library_seen = os.path.join(plan.run_dir, "prestart")  # mljob.prestart
         if self.pool is not None:  # each trial's replicas say if they use mljob.training
             self.plan = dataclasses.replace(plan, replicas=tuple(
@@ -310,8 +311,9 @@ class Tuner(JobLife):
     def _prestart(self) -> None:
         """Keep the next trial's processes ready while another trial will start, for the
         replicas an earlier trial's process showed to load TensorFlow (what a ready
-        process imports: a trainer without it gains nothing); from this thread, which
-        lives as long as the job (the processes die with it)."""
+        process imports: a trainer without it gains nothing), started once every running
+        replica has loaded it (their imports are not slowed by these); from this
+        thread, which lives as long as the job (the processes die with it)."""
         if self.pool is None:
             return
         if not self._more():
@@ -319,12 +321,18 @@ class Tuner(JobLife):
             return
         supervisors = [s for s in (getattr(t.job, "supervisor", None) for t in self.running)
                        if s is not None]
+        starting = False  # a running replica still importing: wait, not to slow it down
         for supervisor in supervisors:  # which replicas load TensorFlow: what a ready one has
             for replica in supervisor.replicas:
-                label = replica.plan.label.rpartition("/")[2]
-                if label not in self._loads_tensorflow and replica.running and \
-                        prestart.loads_tensorflow(replica.proc.pid):
-                    self._loads_tensorflow.add(label)
+                if replica.proc is None or not replica.running:
+                    continue
+                pid = replica.proc.pid
+                if pid not in self._loaded_pids and prestart.loads_tensorflow(pid):
+                    self._loaded_pids.add(pid)
+                    self._loads_tensorflow.add(replica.plan.label.rpartition("/")[2])
+                starting = starting or pid not in self._loaded_pids
+        if starting:
+            return
         parent = os.getpid()
         self.pool.fill([(r.command, replica_env(r.env, parent)[0], os.path.exists(
             os.path.join(self._library_seen, seen_name(r.env))))
