@@ -343,7 +343,7 @@ def main() -> None:
                    "python": platform.python_version(), "summary": summary,
                    "results": results}, f, indent=2)
     print(json.dumps(summary, indent=2))
-    print(f"wrote {os.path.relpath(OUT, ROOT)}")
+    print(f"wrote {os.path.relpath(args.out, ROOT)}")
 
 
 if __name__ == "__main__":

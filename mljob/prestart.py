@@ -37,7 +37,11 @@ import time
 # with: its cluster (new ports, the trial's id) and the trial's metric file and tag.
 HANDED_OVER = frozenset({"TF_CONFIG", "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_TAG",
                          "CLOUD_ML_HP_METRIC_FILE"})
-ENV = "MLJOB_PRESTART"  # 0/false/no/off: every trial's replica starts afresh
+# auto (unset, the default): where a core is left over by the trials' processes (a
+# trial's imports then run beside the trials, not in their place); 1/true/yes/on: always;
+# 0/false/no/off: never, every trial's replica starts afresh
+ENV = "MLJOB_PRESTART"
+AUTO = "auto"
 EXIT_NOT_USED = 3       # an import failed here: the launcher starts the replica afresh
 # A folder the tuner names: importing mljob.training there leaves a file named for the
 # replica's role (`seen_name`), so that pre-started processes import the library (and
@@ -46,9 +50,17 @@ LIBRARY_ENV = "MLJOB_LIBRARY_SEEN"
 LIBRARY_FLAG = "--library"
 
 
-def enabled(environ=None) -> bool:
-    value = (os.environ if environ is None else environ).get(ENV, "1")
-    return value.strip().lower() not in ("0", "false", "no", "off")
+def setting(environ=None) -> bool | str:
+    """MLJOB_PRESTART as False (never), True (always) or AUTO (anything else)."""
+    value = (os.environ if environ is None else environ).get(ENV, AUTO).strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return False
+    return True if value in ("1", "true", "yes", "on") else AUTO
+
+
+def core_left_over(processes: int, cores: int) -> bool:
+    """AUTO's rule: the trials running at once (their processes) leave a core free."""
+    return processes < cores
 
 
 def role(environ) -> str:
@@ -161,5 +173,6 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["HANDED_OVER", "ENV", "EXIT_NOT_USED", "LIBRARY_ENV", "LIBRARY_FLAG", "enabled",
+__all__ = ["HANDED_OVER", "ENV", "AUTO", "EXIT_NOT_USED", "LIBRARY_ENV", "LIBRARY_FLAG",
+           "setting", "core_left_over",
            "role", "is_server", "seen_name", "library_seen", "warm", "become", "main"]

@@ -101,9 +101,11 @@ def waiting_children() -> list[psutil.Process]:
 
 @pytest.fixture
 def library_env(monkeypatch):
-    """Each replica makes its own kernel choice (none inherited from this process)."""
+    """Each replica makes its own kernel choice (none inherited from this process); the
+    default MLJOB_PRESTART (auto) on two cores, whatever the machine's count."""
     for name in ("TF_ENABLE_ONEDNN_OPTS", "MLJOB_ONEDNN_CHOSEN", "MLJOB_PRESTART"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
 
 
 @pytest.mark.parametrize("library", [True, False], ids=["library", "tensorflow-alone"])
@@ -148,6 +150,19 @@ def test_trials_after_the_first_run_in_processes_started_ahead(
     assert waiting_children() == []
 
 
+def test_auto_starts_none_ahead_when_the_trials_take_every_core(capsys, tmp_path,
+                                                                 monkeypatch, library_env):
+    monkeypatch.setenv("TRIAL_SLEEP", "0")
+    status, _, err = tune(capsys, tmp_path, "pre05", 3, maxParallelTrials=2)
+    assert status == 0, err
+    service = service_lines(tmp_path, "pre05")
+    assert "trials start afresh: 2 trial process(es) at once on 2 core(s) leave none " \
+        "for processes started ahead (MLJOB_PRESTART=1 starts them anyway)" in service
+    assert "pre-started" not in service and len(started(service)) == 3
+    assert not (tmp_path / "pre05" / "1" / "seen.json").read_text().count(
+        '"tensorflow_before": true')
+
+
 @pytest.mark.slow
 def test_no_process_is_started_ahead_when_turned_off(capsys, tmp_path, monkeypatch,
                                                      library_env):
@@ -178,7 +193,7 @@ def test_ctrl_c_stops_the_trial_and_the_process_started_ahead(tmp_path, reaper,
                                                               library_env):
     pkg = write_package(tmp_path / "pkg", TASK)
     env = {**os.environ, "TRIAL_LIBRARY": "1", "TRIAL_SLEEP": "120",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "MLJOB_PRESTART": "1"}
     launcher = reaper.python(
         "-m", "submit", "pre04", "--config", config(tmp_path, 3), "--job-dir",
         str(tmp_path / "pre04"), "--package-path", pkg, "--module-name", "fakejob.task",
@@ -319,9 +334,14 @@ def test_a_ready_process_dies_with_its_launcher(tmp_path, stand_in, reaper):
 
 
 def test_the_switch_and_the_usage_line():
-    assert zygote.enabled({}) and zygote.enabled({"MLJOB_PRESTART": "1"})
+    assert zygote.setting({}) == zygote.AUTO == zygote.setting({"MLJOB_PRESTART": "maybe"})
+    for on in ("1", "true", " YES ", "on"):
+        assert zygote.setting({"MLJOB_PRESTART": on}) is True
     for off in ("0", "false", "No", " off "):
-        assert not zygote.enabled({"MLJOB_PRESTART": off})
+        assert zygote.setting({"MLJOB_PRESTART": off}) is False
+    # auto: one trial of one process on 2 cores, yes; 4 processes, or 2 trials, no
+    assert zygote.core_left_over(1, 2) and zygote.core_left_over(4, 8)
+    assert not zygote.core_left_over(4, 2) and not zygote.core_left_over(2, 2)
     bad = subprocess.run([sys.executable, "-m", "mljob.prestart"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("usage: python -m mljob.prestart")
