@@ -43,11 +43,7 @@ HANDED_OVER = frozenset({"TF_CONFIG", "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_T
 ENV = "MLJOB_PRESTART"
 AUTO = "auto"
 EXIT_NOT_USED = 3       # an import failed here: the launcher starts the replica afresh
-# A folder the tuner names: importing mljob.training there leaves a file named for the
-# replica's role (`seen_name`), so that pre-started processes import the library (and
-# make its kernel choice before TensorFlow) only for trainers that use it.
-LIBRARY_ENV = "MLJOB_LIBRARY_SEEN"
-LIBRARY_FLAG = "--library"
+LIBRARY_FLAG = "--library"  # the trainer uses mljob's training library (startup.library_seen)
 
 
 def setting(environ=None) -> bool | str:
@@ -70,27 +66,6 @@ def role(environ) -> str:
         return str(task.get("type") or "master")
     except (ValueError, AttributeError):
         return "master"
-
-
-def seen_name(environ) -> str:
-    """The file a replica importing mljob.training leaves: its task type and index."""
-    try:
-        task = json.loads(environ.get("TF_CONFIG") or "{}").get("task") or {}
-        return f"{task.get('type') or 'master'}-{int(task.get('index') or 0)}"
-    except (ValueError, AttributeError, TypeError):
-        return "master-0"
-
-
-def library_seen() -> None:
-    """Called when mljob.training is imported: leave this replica's file in the folder
-    LIBRARY_ENV names, if any (never a reason to fail)."""
-    folder = os.environ.get(LIBRARY_ENV)
-    if folder:
-        try:
-            with open(os.path.join(folder, seen_name(os.environ)), "a"):
-                pass
-        except OSError:
-            pass
 
 
 def is_server(environ) -> bool:
@@ -173,6 +148,6 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["HANDED_OVER", "ENV", "AUTO", "EXIT_NOT_USED", "LIBRARY_ENV", "LIBRARY_FLAG",
+__all__ = ["HANDED_OVER", "ENV", "AUTO", "EXIT_NOT_USED", "LIBRARY_FLAG",
            "setting", "core_left_over",
-           "role", "is_server", "seen_name", "library_seen", "warm", "become", "main"]
+           "role", "is_server", "warm", "become", "main"]

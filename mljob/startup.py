@@ -20,12 +20,18 @@ imports it can skip.
   only Keras's own galleries (`keras.visualization.plot_*`) then need
   MLJOB_QUICK_START=0.
 
+- `library_seen()`: called when `mljob.training` is imported; in a tuning trial it
+  tells the launcher (a file in the folder `MLJOB_LIBRARY_SEEN` names) that the
+  replica's trainer uses the library, so that the processes started ahead for the next
+  trial (`mljob.prestart`) import it too.
+
 `MLJOB_QUICK_START=0` turns both shortcuts off (for a side-by-side measurement). No
 TensorFlow at import time.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import importlib.abc
 import os
 import sys
@@ -43,6 +49,34 @@ def handed_over(when: float) -> None:
     """This pre-started process became its replica at `when`: its marks count from
     then (its `process` mark), and a `prestarted` mark gives its real start."""
     _handed_over[:] = [when]
+
+
+# A folder a tuning job's launcher names (submit.local.prestart): importing mljob.training
+# there leaves a file named for the replica's role (`seen_name`), so that processes
+# started ahead import the library (and make its kernel choice before TensorFlow) only
+# for trainers that use it.
+LIBRARY_ENV = "MLJOB_LIBRARY_SEEN"
+
+
+def seen_name(environ) -> str:
+    """The file a replica importing mljob.training leaves: its task type and index."""
+    try:
+        task = json.loads(environ.get("TF_CONFIG") or "{}").get("task") or {}
+        return f"{task.get('type') or 'master'}-{int(task.get('index') or 0)}"
+    except (ValueError, AttributeError, TypeError):
+        return "master-0"
+
+
+def library_seen() -> None:
+    """Called when mljob.training is imported: leave this replica's file in the folder
+    LIBRARY_ENV names, if any (never a reason to fail)."""
+    folder = os.environ.get(LIBRARY_ENV)
+    if folder:
+        try:
+            with open(os.path.join(folder, seen_name(os.environ)), "a"):
+                pass
+        except OSError:
+            pass
 
 
 def quick() -> bool:
@@ -125,5 +159,5 @@ def lean_imports() -> Iterator[None]:
         yield
 
 
-__all__ = ["mark", "handed_over", "quick", "tensorflow_for_a_server", "lean_imports", "MARKS_ENV",
-           "QUICK_ENV"]
+__all__ = ["mark", "handed_over", "seen_name", "library_seen", "LIBRARY_ENV", "quick",
+           "tensorflow_for_a_server", "lean_imports", "MARKS_ENV", "QUICK_ENV"]

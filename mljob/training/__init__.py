@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mljob import cluster as cluster_lib
-from mljob import prestart
+from mljob import startup
 from mljob.errors import boundary
 from mljob.training import kernels
 from mljob.training.config import STEPS_PER_EXECUTION, Program, RunConfig, Serving
@@ -51,7 +51,7 @@ os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
 # is decided on import (mljob.training.kernels).
 kernels.choose_once()
 # A tuning job's launcher asks which replicas use this library (mljob.prestart).
-prestart.library_seen()
+startup.library_seen()
 
 
 def fit(model_fn: Callable[[], Any], train_dataset_fn: Callable[[Any], Any], *,

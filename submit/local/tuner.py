@@ -52,7 +52,7 @@ from typing import Any, Protocol
 
 from mljob import contracts, hypertune, storage
 from mljob import prestart as mljob_prestart
-from mljob.prestart import LIBRARY_ENV, seen_name
+from mljob.startup import LIBRARY_ENV, seen_name
 from mljob.procs import free_ports
 from submit import hparams, jobs, logs, usage
 from submit.local import prestart
