@@ -148,6 +148,5 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["HANDED_OVER", "ENV", "AUTO", "EXIT_NOT_USED", "LIBRARY_FLAG",
-           "setting", "core_left_over",
-           "role", "is_server", "warm", "become", "main"]
+__all__ = ["HANDED_OVER", "ENV", "AUTO", "EXIT_NOT_USED", "LIBRARY_FLAG", "setting",
+           "core_left_over", "role", "is_server", "warm", "become", "main"]

@@ -1,14 +1,16 @@
 """Pre-started processes for a tuning job's next trial (`mljob.prestart` is their side).
 
 While a trial trains, the tuner keeps one process ready for each replica of the next
-trial that an earlier trial's process showed to load TensorFlow (`loads_tensorflow`: a
-trainer without it would gain nothing from a process that imported it) (`Pool.fill`):
-started as the replica would be (its interpreter, working
-directory, environment, session, death with the supervisor, output pipes) but running
-`python -m mljob.prestart MODULE`, which imports TensorFlow and Keras and waits. When the
-next trial's supervisor starts a replica it takes a ready process of the same role
-(`Pool.take`) and hands it the replica's order (its arguments and environment); the
-process becomes the replica, and the trial skips the interpreter's start and the imports.
+trial (`Pool.fill`), for the replicas an earlier trial's process showed to load
+TensorFlow (`loads_tensorflow`: a trainer without it would gain nothing), once every
+running replica has loaded it, and with `MLJOB_PRESTART` at `auto` only where the trials
+running at once leave a core free (`submit.local.tuner`). Each is started as the replica
+would be (its interpreter, working directory, environment, session, output pipes, death
+with the supervisor) but runs `python -m mljob.prestart MODULE [--library]`, which
+imports what the replica would and waits. When the next trial's supervisor starts a
+replica it takes a ready process of the same role (`Pool.take`) and hands it the
+replica's order (its arguments and environment); the process becomes the replica, and
+the trial skips the interpreter's start and the imports.
 
 A ready process is handed over only when the replica would be started the same way:
 the same interpreter and `-m MODULE`, the same working directory, and an environment
