@@ -31,14 +31,48 @@ import logging
 import os
 import subprocess
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from mljob import procs
-from mljob.prestart import HANDED_OVER, LIBRARY_FLAG, role
+from mljob.prestart import AUTO, ENV, HANDED_OVER, LIBRARY_FLAG, core_left_over, role
 
 log = logging.getLogger(__name__)
 MODULE = "mljob.prestart"
 STOP_GRACE_S = 2.0  # a waiting process has nothing to save
+
+
+@dataclasses.dataclass(frozen=True)
+class Wanted:
+    """A replica of the next trial: its label in the job's plan, command and environment
+    (as its supervisor will start it), and the file its process leaves if it imports
+    mljob's training library (`mljob.startup.library_seen`)."""
+
+    label: str
+    command: Sequence[str]
+    env: Mapping[str, str]
+    library_file: str
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def job_pool(processes: int, setting: bool | str, spawn: Callable[..., subprocess.Popen],
+             note: Callable[[str], None]) -> Pool | None:
+    """A tuning job's pool, or None: MLJOB_PRESTART=0, or `auto` where the trials running
+    at once (`processes` in all) take every core: their imports would run in the trials'
+    place (measured: a 3-trial job of 4-process trials on 2 cores took 0.87x the time
+    with them, bench/README.md section 10)."""
+    if setting is False:
+        return None
+    if setting == AUTO and not core_left_over(processes, cores()):
+        note(f"trials start afresh: {processes} trial process(es) at once on {cores()} "
+             f"core(s) leave none for processes started ahead ({ENV}=1 starts them anyway)")
+        return None
+    return Pool(spawn, note=note)
 
 
 @dataclasses.dataclass
@@ -103,6 +137,27 @@ class Pool:
         self._lock = threading.Lock()
         self._closed = False
         self._parent = parent  # the job's pool, for a trial's reserved one
+        self._loads_tensorflow: set[str] = set()  # labels of replicas seen with it loaded
+        self._loaded_pids: set[int] = set()       # their processes
+
+    def keep_ready(self, running: Iterable, wanted: Sequence[Wanted], cwd: str) -> None:
+        """`fill` for the replicas of `wanted` whose process was seen with TensorFlow
+        loaded (what a ready process imports: a trainer without it gains nothing), once
+        every `running` replica (a supervisor's `Replica`) has loaded it (their own
+        imports are not slowed by these), with mljob's library where its file says the
+        trainer imported it."""
+        starting = False
+        for replica in running:
+            if replica.proc is None or not replica.running:
+                continue
+            pid = replica.proc.pid
+            if pid not in self._loaded_pids and loads_tensorflow(pid):
+                self._loaded_pids.add(pid)
+                self._loads_tensorflow.add(replica.plan.label.rpartition("/")[2])
+            starting = starting or pid not in self._loaded_pids
+        if not starting:
+            self.fill([(w.command, w.env, os.path.exists(w.library_file)) for w in wanted
+                       if w.label in self._loads_tensorflow], cwd)
 
     def reserve(self) -> Pool:
         """Every ready process, moved to a pool of their own for one trial to take from:
@@ -224,4 +279,5 @@ def _reap(ready: Ready) -> None:
             pass
 
 
-__all__ = ["Pool", "Ready", "MODULE", "loads_tensorflow", "split_command", "same_start"]
+__all__ = ["Pool", "Ready", "Wanted", "MODULE", "job_pool", "cores", "loads_tensorflow",
+           "split_command", "same_start"]

@@ -188,9 +188,10 @@ class Tuner(JobLife):
         self.failures = 0
         self._wake = threading.Event()  # a trial ended: look now, not at the next poll
         # the next trial's processes, started while trials run (MLJOB_PRESTART=0: none)
-        self.pool = self._pool(mljob_prestart.setting()) if self.PRESTART else None
-        self._loads_tensorflow: set[str] = set()  # replicas seen with TensorFlow loaded
-        self._loaded_pids: set[int] = set()       # their processes
+        self.pool = prestart.job_pool(
+            len(plan.replicas) * self.spec.max_parallel_trials, mljob_prestart.setting(),
+            spawn, self._event) if self.PRESTART else None
+        self._ahead: list[prestart.Wanted] | None = None
         self._library_seen = os.path.join(plan.run_dir, "prestart")  # mljob.prestart
         if self.pool is not None:  # each trial's replicas say if they use mljob.training
             self.plan = dataclasses.replace(plan, replicas=tuple(
@@ -307,53 +308,24 @@ class Tuner(JobLife):
         self.board.started(trial_id, trial.job.job_dir, params, trial.start_time)
         self._publish_output()
 
-    def _pool(self, setting: bool | str) -> prestart.Pool | None:
-        """The job's pool of processes started ahead, or None: MLJOB_PRESTART=0, or
-        `auto` where the trials running at once take every core (their imports would
-        run in the trials' place: measured, a 3-trial job of 4-process trials on 2 cores
-        took 0.9x the time with them)."""
-        if setting is False:
-            return None
-        processes = len(self.plan.replicas) * self.spec.max_parallel_trials
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else (os.cpu_count() or 1)
-        if setting == mljob_prestart.AUTO and not mljob_prestart.core_left_over(
-                processes, cores):
-            self._event(f"trials start afresh: {processes} trial process(es) at once on "
-                        f"{cores} core(s) leave none for processes started ahead "
-                        f"({mljob_prestart.ENV}=1 starts them anyway)")
-            return None
-        return prestart.Pool(spawn, note=self._event)
-
     def _prestart(self) -> None:
-        """Keep the next trial's processes ready while another trial will start, for the
-        replicas an earlier trial's process showed to load TensorFlow (what a ready
-        process imports: a trainer without it gains nothing), started once every running
-        replica has loaded it (their imports are not slowed by these); from this
-        thread, which lives as long as the job (the processes die with it)."""
+        """Keep the next trial's processes ready while another trial will start
+        (`Pool.keep_ready`); from this thread, which lives as long as the job (the
+        processes die with it)."""
         if self.pool is None:
             return
         if not self._more():
             self.pool.drain()  # no trial is left to start
             return
-        supervisors = [s for s in (getattr(t.job, "supervisor", None) for t in self.running)
-                       if s is not None]
-        starting = False  # a running replica still importing: wait, not to slow it down
-        for supervisor in supervisors:  # which replicas load TensorFlow: what a ready one has
-            for replica in supervisor.replicas:
-                if replica.proc is None or not replica.running:
-                    continue
-                pid = replica.proc.pid
-                if pid not in self._loaded_pids and prestart.loads_tensorflow(pid):
-                    self._loaded_pids.add(pid)
-                    self._loads_tensorflow.add(replica.plan.label.rpartition("/")[2])
-                starting = starting or pid not in self._loaded_pids
-        if starting:
-            return
-        parent = os.getpid()
-        self.pool.fill([(r.command, replica_env(r.env, parent)[0], os.path.exists(
-            os.path.join(self._library_seen, seen_name(r.env))))
-            for r in self.plan.replicas if r.label in self._loads_tensorflow], self.plan.cwd)
+        if self._ahead is None:  # started as each trial's supervisor starts its replicas
+            parent = os.getpid()
+            self._ahead = [prestart.Wanted(r.label, r.command, replica_env(r.env, parent)[0],
+                                           os.path.join(self._library_seen, seen_name(r.env)))
+                           for r in self.plan.replicas]
+        self.pool.keep_ready(
+            [r for t in self.running for r in getattr(getattr(t.job, "supervisor", None),
+                                                      "replicas", ())],
+            self._ahead, self.plan.cwd)
 
     def _launch(self, trial_id: str, params: Mapping[str, Any],
                 metric_file: str) -> TrialRun:
