@@ -33,6 +33,8 @@ import runpy
 import sys
 import time
 
+from mljob.startup import cluster_and_task
+
 # The variables a trial's replica may get that its pre-started process did not start
 # with: its cluster (new ports, the trial's id) and the trial's metric file and tag.
 HANDED_OVER = frozenset({"TF_CONFIG", "CLOUD_ML_TRIAL_ID", "CLOUD_ML_HP_METRIC_TAG",
@@ -61,24 +63,16 @@ def core_left_over(processes: int, cores: int) -> bool:
 
 def role(environ) -> str:
     """The replica's task type in TF_CONFIG ('master' when there is none)."""
-    try:
-        task = json.loads(environ.get("TF_CONFIG") or "{}").get("task") or {}
-        return str(task.get("type") or "master")
-    except (ValueError, AttributeError):
-        return "master"
+    return str(cluster_and_task(environ)[1].get("type") or "master")
 
 
 def is_server(environ) -> bool:
     """A parameter server, or a worker beside parameter servers: under mljob's training
     library (whose `auto` strategy is ParameterServerStrategy when the cluster has a ps)
     it runs TensorFlow's gRPC server alone, without Keras."""
-    try:
-        config = json.loads(environ.get("TF_CONFIG") or "{}")
-        task_type = (config.get("task") or {}).get("type")
-        return task_type == "ps" or (task_type == "worker" and
-                                     bool((config.get("cluster") or {}).get("ps")))
-    except (ValueError, AttributeError):
-        return False
+    cluster, task = cluster_and_task(environ)
+    return task.get("type") == "ps" or (task.get("type") == "worker" and
+                                        bool(cluster.get("ps")))
 
 
 def warm(server: bool, library: bool) -> None:

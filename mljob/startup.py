@@ -58,12 +58,25 @@ def handed_over(when: float) -> None:
 LIBRARY_ENV = "MLJOB_LIBRARY_SEEN"
 
 
+def cluster_and_task(environ) -> tuple[dict, dict]:
+    """TF_CONFIG's `cluster` and `task`, read leniently for these hints (empty where it is
+    missing or malformed: `mljob.cluster` is what judges it)."""
+    try:
+        config = json.loads(environ.get("TF_CONFIG") or "{}")
+        cluster, task = config.get("cluster") or {}, config.get("task") or {}
+        if isinstance(cluster, dict) and isinstance(task, dict):
+            return cluster, task
+    except (ValueError, AttributeError):
+        pass
+    return {}, {}
+
+
 def seen_name(environ) -> str:
     """The file a replica importing mljob.training leaves: its task type and index."""
+    task = cluster_and_task(environ)[1]
     try:
-        task = json.loads(environ.get("TF_CONFIG") or "{}").get("task") or {}
         return f"{task.get('type') or 'master'}-{int(task.get('index') or 0)}"
-    except (ValueError, AttributeError, TypeError):
+    except (ValueError, TypeError):
         return "master-0"
 
 
@@ -159,5 +172,6 @@ def lean_imports() -> Iterator[None]:
         yield
 
 
-__all__ = ["mark", "handed_over", "seen_name", "library_seen", "LIBRARY_ENV", "quick",
-           "tensorflow_for_a_server", "lean_imports", "MARKS_ENV", "QUICK_ENV"]
+__all__ = ["mark", "handed_over", "cluster_and_task", "seen_name", "library_seen",
+           "LIBRARY_ENV", "quick", "tensorflow_for_a_server", "lean_imports", "MARKS_ENV",
+           "QUICK_ENV"]

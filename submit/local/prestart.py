@@ -68,8 +68,9 @@ def job_pool(processes: int, setting: bool | str, spawn: Callable[..., subproces
     with them, bench/README.md section 10)."""
     if setting is False:
         return None
-    if setting == AUTO and not core_left_over(processes, cores()):
-        note(f"trials start afresh: {processes} trial process(es) at once on {cores()} "
+    have = cores()
+    if setting == AUTO and not core_left_over(processes, have):
+        note(f"trials start afresh: {processes} trial process(es) at once on {have} "
              f"core(s) leave none for processes started ahead ({ENV}=1 starts them anyway)")
         return None
     return Pool(spawn, note=note)
@@ -85,7 +86,6 @@ class Ready:
     cwd: str
     env: dict[str, str]
     role: str
-    library: bool  # it imported mljob's training library too
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -173,15 +173,9 @@ class Pool:
         library) given, each started now if none of its role is ready. Replicas whose
         command is not `python -m MODULE` are left to start afresh."""
         with self._lock:
-            if self._closed:
-                return
             gone = [r for r in self._ready if r.proc.poll() is not None]
-            if gone:  # it could not import what it waits with: no more of them
-                self._closed = True
-                ready, self._ready = self._ready, []
-        if gone:
-            for r in ready:
-                _stop(r)
+        if gone:  # it could not import what it waits with: no more of them
+            self.close()
             self._note(f"a pre-started process exited before its order (status "
                        f"{gone[0].proc.returncode}); the next trials start afresh")
             return
@@ -200,8 +194,7 @@ class Pool:
                 flag = [LIBRARY_FLAG] if library else []
                 proc = self._spawn([shape[0], "-m", MODULE, shape[1], *flag], cwd,
                                    dict(env), subprocess.PIPE)
-                self._ready.append(Ready(proc, shape[0], shape[1], cwd, dict(env),
-                                         key[2], library))
+                self._ready.append(Ready(proc, shape[0], shape[1], cwd, dict(env), key[2]))
 
     def take(self, command: Sequence[str], cwd: str,
              env: Mapping[str, str]) -> subprocess.Popen | None:
@@ -247,9 +240,7 @@ class Pool:
         """Stop every process still waiting, now and for good."""
         with self._lock:
             self._closed = True
-            ready, self._ready = self._ready, []
-        for r in ready:
-            _stop(r)
+        self.drain()
 
     def drain(self) -> None:
         """Stop every process still waiting (no more trials to start, for now)."""
