@@ -4,6 +4,8 @@ and batch (100), all on this machine.
 
     python -m bench.time_to_accuracy                      # CNN and MLP, every design
     python -m bench.time_to_accuracy --models cnn --repeats 2
+    python -m bench.time_to_accuracy --models cnn --designs "mljob ps" \
+        --mljob-flags "--steps-per-execution 10"     # a variant of mljob's defaults
     python -m bench.time_to_accuracy --final              # the full default job, auto vs off
     python -m bench.time_to_accuracy --final-lr           # the MLP's default job, 0.003 vs 0.001
     python -m bench.time_to_accuracy --cnn-lr             # the CNN's default job, rates/schedules
@@ -73,6 +75,8 @@ MAX_STEPS = {"cnn": 8000, "mlp": 30000}
 # schedule is set for, and stop there, target reached or not. The baselines' constant
 # rate does not depend on their step budget (MAX_STEPS). --mljob-train-steps overrides.
 MLJOB_STEPS = {"cnn": 2000, "mlp": 2000}
+# More trainer flags for mljob's designs (--mljob-flags), after each design's own.
+MLJOB_FLAGS: list[str] = []
 LR_EVAL_EVERY = {"cnn": 100, "mlp": 250}
 # Every design is evaluated (and logs) this often; the MLP every 250 steps, as its step-size
 # sweep: at 500 a design that crosses 87% at step 1,750 counted 2,000, a quarter more steps
@@ -117,6 +121,9 @@ def main(argv=None) -> int:
     p.add_argument("--mljob-train-steps", type=int, default=None,
                    help="--train-steps of mljob's designs (default: the CNN's job, 2000; "
                    f"else the baselines' {MAX_STEPS})")
+    p.add_argument("--mljob-flags", default="",
+                   help="more trainer flags for mljob's designs, e.g. "
+                   "'--steps-per-execution 10' (a variant of the defaults to race)")
     p.add_argument("--name", default="time_to_accuracy_race")
     p.add_argument("--final", action="store_true",
                    help="the full default job, --mixed-precision auto against off")
@@ -150,6 +157,7 @@ def main(argv=None) -> int:
         TARGETS.update(dict.fromkeys(models, args.target))
     if args.mljob_train_steps is not None:
         MLJOB_STEPS.update(dict.fromkeys(models, args.mljob_train_steps))
+    MLJOB_FLAGS[:] = args.mljob_flags.split()
     load_before = common.load_average()
     runs: list[dict] = []
     try:
@@ -197,7 +205,7 @@ def command(model: str, design: str, seed: int, job_dir: str) -> tuple[str, list
                  "--checkpoint-every", str(10 * steps)]
     elif module == "bench.keras_baseline":
         args += ["--seed", str(seed)]
-    return module, args + extra
+    return module, args + extra + (MLJOB_FLAGS if module == "trainer.task" else [])
 
 
 def race(model: str, design: str, seed: int, timeout: float) -> dict:
