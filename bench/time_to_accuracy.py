@@ -40,7 +40,8 @@ design's. Except TF1's ps design: its workers go on training while its chief eva
 and the chief logs a step line only between its own few steps, so that subtraction takes
 out training too (45 s "training" of a 506 s run); its ratios are wall to wall, against
 the other design's wall time with its evaluations in. The raw wall time and the CPU
-seconds of all the run's processes are kept beside it. No design checkpoints during the race (the TF1 sessions save nothing either).
+seconds of all the run's processes are kept beside it. No design checkpoints during the
+race (the TF1 sessions save nothing either).
 
 Targets: the CNN 91% (the README's figure for the default job). The MLP 87%: the
 784-100-10 sigmoid MLP with Adam at 1e-3 is at 85% after its 2000-step default job and
