@@ -124,7 +124,8 @@ def main(argv=None) -> int:
                    f"else the baselines' {MAX_STEPS})")
     p.add_argument("--mljob-flags", default="",
                    help="more trainer flags for mljob's designs, e.g. "
-                   "'--steps-per-execution 10' (a variant of the defaults to race)")
+                   "'--steps-per-execution 10' (a variant of the defaults to race; one flag "
+                   "alone as --mljob-flags=--flag)")
     p.add_argument("--name", default="time_to_accuracy_race")
     p.add_argument("--final", action="store_true",
                    help="the full default job, --mixed-precision auto against off")
