@@ -64,6 +64,7 @@ size and schedule (results: time_to_accuracy_cnn_lr.json).
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 
@@ -159,7 +160,7 @@ def main(argv=None) -> int:
         TARGETS.update(dict.fromkeys(models, args.target))
     if args.mljob_train_steps is not None:
         MLJOB_STEPS.update(dict.fromkeys(models, args.mljob_train_steps))
-    MLJOB_FLAGS[:] = args.mljob_flags.split()
+    MLJOB_FLAGS[:] = shlex.split(args.mljob_flags)
     load_before = common.load_average()
     runs: list[dict] = []
     try:
