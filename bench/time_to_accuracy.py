@@ -160,7 +160,10 @@ def main(argv=None) -> int:
         TARGETS.update(dict.fromkeys(models, args.target))
     if args.mljob_train_steps is not None:
         MLJOB_STEPS.update(dict.fromkeys(models, args.mljob_train_steps))
-    MLJOB_FLAGS[:] = shlex.split(args.mljob_flags)
+    try:
+        MLJOB_FLAGS[:] = shlex.split(args.mljob_flags)
+    except ValueError as exc:
+        p.error(f"--mljob-flags {args.mljob_flags!r}: {exc}; quote as a shell would")
     load_before = common.load_average()
     runs: list[dict] = []
     try:
