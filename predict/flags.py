@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from mljob import procs
 from predict.errors import UsageError
 
 MAX_INT32 = 2 ** 31 - 1
@@ -51,15 +52,10 @@ class Flag:
     low: int | None = 0   # ints and floats: the least value taken
 
 
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
-
-
 TF_SERVING = [
     Flag("port", int, 8500, "gRPC port (TF Serving's --port; 0 picks a free one)"),
     Flag("rest_api_port", int, 0, "REST port; 0 leaves REST off (TF Serving's default)"),
-    Flag("rest_api_num_threads", int, 4 * _cpus(), "REST requests handled at once",
+    Flag("rest_api_num_threads", int, 4 * procs.usable_cores(), "REST requests handled at once",
          low=1),
     Flag("rest_api_timeout_in_ms", int, 30000, "a REST request still running after this "
          "answers 504 (DEADLINE_EXCEEDED)", low=1),

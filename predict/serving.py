@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 
+from mljob import procs
 from mljob.errors import boundary, first_line
 from predict import flags as serving_flags
 from predict.errors import PredictError, UsageError
@@ -62,9 +63,10 @@ def _run(options) -> None:
     registry = metrics.Metrics() if metrics_path else None
     batcher = None
     if options.enable_batching:
-        params = protos.BatchingParameters(num_batch_threads=_cpus())
+        params = protos.BatchingParameters(num_batch_threads=procs.usable_cores())
         if options.batching_parameters_file:
-            params = protos.read_batching(options.batching_parameters_file, _cpus())
+            params = protos.read_batching(options.batching_parameters_file,
+                                          procs.usable_cores())
         changes = {k: v for k, v in (("max_batch_size", options.max_batch_size),
                                      ("batch_timeout_micros", options.batch_timeout_micros))
                    if v is not None}
@@ -164,11 +166,6 @@ def _tensorflow_threads(options) -> None:
             tf.config.threading.set_intra_op_parallelism_threads(intra)
         if inter:
             tf.config.threading.set_inter_op_parallelism_threads(inter)
-
-
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
 
 
 def _logging() -> None:

@@ -53,13 +53,6 @@ class Wanted:
     library_file: str
 
 
-def cores() -> int:
-    """The cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def job_pool(processes: int, setting: bool | str, spawn: Callable[..., subprocess.Popen],
              note: Callable[[str], None]) -> Pool | None:
     """A tuning job's pool, or None: MLJOB_PRESTART=0, or `auto` where the trials running
@@ -68,7 +61,7 @@ def job_pool(processes: int, setting: bool | str, spawn: Callable[..., subproces
     with them, bench/README.md section 10)."""
     if setting is False:
         return None
-    have = cores()
+    have = procs.usable_cores()
     if setting == AUTO and not core_left_over(processes, have):
         note(f"trials start afresh: {processes} trial process(es) at once on {have} "
              f"core(s) leave none for processes started ahead ({ENV}=1 starts them anyway)")
@@ -270,5 +263,5 @@ def _reap(ready: Ready) -> None:
             pass
 
 
-__all__ = ["Pool", "Ready", "Wanted", "MODULE", "job_pool", "cores", "loads_tensorflow",
+__all__ = ["Pool", "Ready", "Wanted", "MODULE", "job_pool", "loads_tensorflow",
            "split_command", "same_start"]
