@@ -5,7 +5,8 @@ per job: its replicas (state, restarts, exit statuses, CPU and memory), logs tha
 live with a replica picker, a tuning job's trials with plots of the objective per trial
 and per parameter, a batch prediction's progress, the TensorBoard command, and cancel.
 Pages are rendered on the server (`pages.py`, charts in `svg.py`), with a little script
-that refreshes them; the application is `app.py`. It listens on 127.0.0.1 unless told.
+that refreshes them; the application is `app.py`. It listens on 127.0.0.1 unless told;
+who may talk to it (the Host check, the token off loopback) is `guard.py`.
 """
 from __future__ import annotations
 
@@ -36,17 +37,27 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(host: str, port: int, echo) -> int:
+def serve(host: str, port: int, echo, token: str | None = None,
+          token_file: str | None = None, allowed_hosts: str | None = None) -> int:
     """Serve until Ctrl-C or SIGTERM; the exit status."""
     import uvicorn
 
+    from submit.console import guard
     from submit.console.app import Console
+    access, made = guard.token_for(host, guard.read_token(token, token_file))
+    if access is None and "*" in (allowed_hosts or "").split(","):
+        raise UsageError("--allowed-hosts '*' on a loopback address needs a token (give "
+                         "--token-file): any web site's name could reach the console")
     sock = bind(host, port)
     port = sock.getsockname()[1]
-    shown = f"[{host}]" if ":" in host else host
-    echo(f"mljob console on http://{shown}:{port}/ (Ctrl-C stops it)")
-    config = uvicorn.Config(Console(host, port), log_level="warning", lifespan="off",
-                            timeout_graceful_shutdown=2)
+    shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
+    shown = f"[{shown}]" if ":" in shown else shown
+    # a token made here is printed once, in the address; a given one is not repeated
+    query = f"?token={access}" if made else ""
+    how = " (with the token given)" if access and not made else ""
+    echo(f"mljob console on http://{shown}:{port}/{query}{how} (Ctrl-C stops it)")
+    config = uvicorn.Config(Console(host, port, access, allowed_hosts), log_level="warning",
+                            lifespan="off", timeout_graceful_shutdown=2)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

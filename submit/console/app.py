@@ -8,9 +8,10 @@ and the local runner's log follower (`submit.logs`).
 
 Only this console's own pages can cancel a job: a POST must carry the token its job page
 was rendered with (made fresh each time the console starts, compared in constant time)
-and an Origin (or, without one, a Referer) naming the console itself; a Host header that
-names neither the bound address nor localhost is refused outright (DNS rebinding). Pages
-may not be framed, and load scripts and styles only from the console.
+and an Origin (or, without one, a Referer) naming the console itself, and a body of at
+most MAX_FORM_BYTES (refused before it is read). Every request first passes the Host
+check and, when the console has one, the token (`guard.py`). Pages may not be framed,
+and load scripts and styles only from the console.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from starlette.routing import Route
 
 from mljob.errors import first_line
 from submit import job_index, jobs, lifecycle, listing, logs
-from submit.console import assets, pages
+from submit.console import assets, guard, pages
 from submit.errors import JobNotFoundError, SubmitError, UsageError
 from submit.submission import runner_for
 
@@ -46,13 +47,14 @@ def _html(text: str, status: int = 200) -> HTMLResponse:
 
 
 class Console:
-    """The application, bound to the host and port it serves (for the Host check)."""
+    """The application, bound to the host and port it serves (for the Host check), with
+    the access token it asks for (None: none asked, on loopback only)."""
 
-    def __init__(self, host: str, port: int):
-        self.token = secrets.token_urlsafe(32)
-        loopback = {"127.0.0.1", "localhost", "::1", "[::1]"}
-        self.hosts = None if host in ("0.0.0.0", "::") else {
-            f"{h}:{port}" for h in loopback | {host if ":" not in host else f"[{host}]"}}
+    def __init__(self, host: str, port: int, access_token: str | None = None,
+                 allowed_hosts: str | None = None):
+        self.token = secrets.token_urlsafe(32)  # the cancel form's
+        self.guard = guard.Guard(guard.allowed_hosts(host, allowed_hosts), access_token,
+                                 port)
         self.app = Starlette(routes=[
             Route("/", self.jobs_list), Route("/rows", self.rows),
             Route("/jobs/{job_id}", self.job), Route("/jobs/{job_id}/live", self.live),
@@ -64,13 +66,10 @@ class Console:
                 assets.JS, media_type="text/javascript", headers=HEADERS))])
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and self.hosts is not None:
-            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
-            if host not in self.hosts:
-                response = Response(f"refused: Host {host[:80]!r} is not this console; "
-                                    "open it at the address it printed", status_code=421,
-                                    media_type="text/plain")
-                return await response(scope, receive, send)
+        if scope["type"] == "http":
+            refusal = self.guard.check(scope)
+            if refusal is not None:
+                return await refusal(scope, receive, send)
         return await self.app(scope, receive, send)
 
     # --- pages -----------------------------------------------------------------------
@@ -192,11 +191,13 @@ class Console:
             return _html(pages.message_page(
                 "Refused", "a cancel must come from this console's own page (the request "
                            f"came from {origin or 'an unknown origin'})"), 403)
-        body = await request.body()
-        fields = parse_qs(body[:MAX_FORM_BYTES].decode("utf-8", "replace"))
+        body = await _form_body(request)
+        if body is None:
+            return _html(pages.message_page(
+                "Refused", f"a cancel form is at most {MAX_FORM_BYTES} bytes"), 413)
+        fields = parse_qs(body.decode("utf-8", "replace"))
         token = (fields.get("csrf") or [""])[0]
-        if len(body) > MAX_FORM_BYTES or not hmac.compare_digest(token.encode(),
-                                                                 self.token.encode()):
+        if not hmac.compare_digest(token.encode(), self.token.encode()):
             return _html(pages.message_page(
                 "Refused", "the form's token is missing or stale; reload the job page "
                            "and cancel from there"), 403)
@@ -208,6 +209,21 @@ class Console:
         except SubmitError as exc:  # already ended, or the runner refused
             return _html(pages.message_page("Cannot cancel", str(exc)), 409)
         return RedirectResponse(f"/jobs/{record.job_id}", status_code=303)
+
+
+async def _form_body(request: Request) -> bytes | None:
+    """The body, or None when it is larger than MAX_FORM_BYTES: a declared length is
+    refused before anything is read, a chunked body once it passes the limit."""
+    declared = request.headers.get("content-length", "")
+    if declared and not (declared.isascii() and declared.isdecimal()
+                         and len(declared) <= 12 and int(declared) <= MAX_FORM_BYTES):
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return None
+    return bytes(body)
 
 
 def _lines(record: jobs.JobRecord, task: str | None, stop: threading.Event) -> Iterator[str]:

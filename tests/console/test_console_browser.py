@@ -7,6 +7,7 @@ trials and plots. Screenshots of each page are kept under the test's tmp dir
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -205,3 +206,35 @@ def test_a_tuning_jobs_trials_and_plots(tmp_path, reaper):
         # trial 3's chief in the picker, as stream-logs --task-name takes it
         assert page.locator('#task option[value="3/master-replica-0"]').count() == 1
         screenshot(page, tmp_path, "console-tuning.png")
+
+
+def test_a_console_on_every_address_asks_chromium_for_its_token(tmp_path, reaper):
+    """`--host 0.0.0.0`: the machine's name without the token shows no page, the printed
+    address (token) opens it, and its logs and cancel work; a rebinding name is refused
+    with the token too. Names resolve to 127.0.0.1 inside this Chromium only."""
+    import re
+
+    from tests.console.test_console_http import stored_job
+    stored_job(tmp_path)
+    log = tmp_path / "console.log"
+    url = start_console(reaper, log, "--host", "0.0.0.0")
+    token = re.search(r"\?token=(\S+) ", open(log).read())[1]
+    port = url.rsplit(":", 1)[1]
+    here = f"http://{socket.gethostname()}:{port}"
+    rules = f"--host-resolver-rules=MAP {socket.gethostname()} 127.0.0.1, MAP evil.test " \
+            "127.0.0.1"
+    with chromium(tmp_path / "profile", rules) as page:
+        assert page.goto(f"http://evil.test:{port}/jobs/fake01?token={token}").status == 421
+        answer = page.goto(f"{here}/jobs/fake01")
+        assert answer.status == 403 and "needs its token" in page.content()
+        assert "master-replica-0" not in page.content()
+        page.goto(f"{here}/jobs/fake01?token={token}")
+        assert page.url == f"{here}/jobs/fake01"  # the token left the address bar
+        page.wait_for_function("() => document.getElementById('logs').dataset.ended",
+                               timeout=30_000)
+        assert "master-replica-0\tline 3" in page.locator("#logs").text_content()
+        page.click("#cancel button")
+        page.wait_for_function(
+            "() => document.getElementById('state').textContent === 'CANCELLED'",
+            timeout=30_000)
+    assert records.load("fake01").state == records.CANCELLED

@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import time
+import urllib.error
 import urllib.request
 
 from tests.support.common import ROOT, free_ports
@@ -29,17 +30,20 @@ def skip_reason() -> str | None:
     return None
 
 
-def start_console(reaper, log_path) -> str:
-    """`python -m submit console` on a free port; its URL once it answers."""
+def start_console(reaper, log_path, *argv: str) -> str:
+    """`python -m submit console` on a free port (and `argv`); its URL on 127.0.0.1 once
+    it answers (with a page, or a refusal when it asks for a token)."""
     port = free_ports(1)[0]
     with open(log_path, "wb") as log:
-        proc = reaper.python("-m", "submit", "console", "--port", str(port), cwd=ROOT,
-                             stdout=log, stderr=log)
+        proc = reaper.python("-m", "submit", "console", "--port", str(port), *argv,
+                             cwd=ROOT, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
         try:
             urllib.request.urlopen(url + "/", timeout=2).read()
+            return url
+        except urllib.error.HTTPError:  # it answers, and asks for its token
             return url
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -49,12 +53,14 @@ def start_console(reaper, log_path) -> str:
 
 
 @contextlib.contextmanager
-def chromium(profile_dir):
-    """A page in headless Chromium with a fresh profile; closed (every process) after."""
+def chromium(profile_dir, *extra_args: str):
+    """A page in headless Chromium with a fresh profile (and `extra_args`, e.g.
+    `--host-resolver-rules`); closed (every process) after."""
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            str(profile_dir), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            str(profile_dir), executable_path=CHROMIUM, headless=True,
+            args=[*CHROMIUM_ARGS, *extra_args],
             viewport={"width": 1280, "height": 900})
         try:
             yield context.new_page()
