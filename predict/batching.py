@@ -212,6 +212,52 @@ def _replace(params: BatchingParameters, **changes) -> BatchingParameters:
     return dataclasses.replace(params, **changes)
 
 
+PER_MODEL_FILE = "batching_params.pbtxt"  # TF Serving's name, in a version's folder
+
+
+class PerModelBatchers:
+    """`--enable_per_model_batching_parameters`, as TF Serving: a version whose folder
+    holds `batching_params.pbtxt` batches with those parameters (a Batcher of its own),
+    one without it is not batched; only num_batch_threads comes from the global
+    parameters. Each version's file is read once, at its first request."""
+
+    def __init__(self, common: BatchingParameters, *, metrics=None):
+        self.common = common
+        self.metrics = metrics
+        self._lock = threading.Lock()
+        self._by_source: dict = {}  # the version's URL -> Batcher, or None: no file
+
+    def batcher_for(self, source: str) -> Batcher | None:
+        with self._lock:
+            if source not in self._by_source:
+                self._by_source[source] = self._read(source)
+            return self._by_source[source]
+
+    def _read(self, source: str) -> Batcher | None:
+        from mljob import storage
+        from predict import protos
+        url = storage.join(source, PER_MODEL_FILE)
+        try:
+            if not storage.exists(url):
+                return None
+        except (OSError, storage.StorageError):
+            return None
+        params = protos.read_batching(url, self.common.num_batch_threads)
+        params = _replace(params, num_batch_threads=self.common.num_batch_threads)
+        return Batcher(params, metrics=self.metrics)
+
+    def wrap(self, model, model_name: str, version: int = 0):
+        batcher = self.batcher_for(model.source)
+        return model if batcher is None else BatchedModel(batcher, model, model_name,
+                                                          version)
+
+    def stop(self) -> None:
+        with self._lock:
+            for batcher in self._by_source.values():
+                if batcher is not None:
+                    batcher.stop()
+
+
 class BatchedModel:
     """A loaded model whose `predict` goes through the batcher."""
 
@@ -232,4 +278,4 @@ class BatchedModel:
                                      self._version)
 
 
-__all__ = ["Batcher", "BatchedModel", "Unavailable"]
+__all__ = ["Batcher", "BatchedModel", "PerModelBatchers", "Unavailable"]

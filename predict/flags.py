@@ -20,7 +20,8 @@ server.h's Options):
   `--tensorflow_inter_op_parallelism` (0: TensorFlow's choice),
   `--tensorflow_session_parallelism` (0; both pools), `--enable_batching`,
   `--batching_parameters_file`, `--monitoring_config_file`,
-  `--allow_version_labels_for_unavailable_models`.
+  `--allow_version_labels_for_unavailable_models`, `--rest_api_enable_cors_support`,
+  `--enable_per_model_batching_parameters`, `--version`.
 
 TF Serving's Docker image runs `tensorflow_model_server --port=8500
 --rest_api_port=8501 --model_name=${MODEL_NAME} --model_base_path=${MODEL_BASE_PATH}/
@@ -72,6 +73,12 @@ TF_SERVING = [
     Flag("monitoring_config_file", str, "", "MonitoringConfig text proto; with "
          "prometheus_config { enable: true } metrics are served on the REST port"),
     Flag("enable_batching", bool, False, "merge concurrent requests into one call"),
+    Flag("enable_per_model_batching_parameters", bool, False, "with --enable_batching: "
+         "a version batches with the batching_params.pbtxt in its folder, and without one "
+         "is not batched (only num_batch_threads comes from --batching_parameters_file)"),
+    Flag("rest_api_enable_cors_support", bool, False, "CORS headers on the REST API's "
+         "answers (Access-Control-Allow-Origin: *, methods POST, GET, header "
+         "Content-Type)"),
     Flag("batching_parameters_file", str, "", "BatchingParameters text proto"),
     Flag("enable_model_warmup", bool, True, "replay assets.extra/"
          "tf_serving_warmup_requests before a version takes traffic"),
@@ -88,6 +95,7 @@ TF_SERVING = [
          "its own choice"),
     Flag("tensorflow_session_parallelism", int, 0, "both pools at once, when the two "
          "above are 0"),
+    Flag("version", bool, False, "print the server's and TensorFlow's versions and exit"),
 ]
 
 OURS = [
@@ -123,8 +131,6 @@ NOT_IMPLEMENTED = {
     "grpc_channel_arguments": "gRPC channel arguments",
     "grpc_max_threads": "a separate gRPC thread count (gRPC shares "
                         "--rest_api_num_threads)",
-    "enable_cors_support": "CORS headers",
-    "enable_per_model_batching_params": "per-model batching_params.pbtxt",
     "force_allow_any_version_labels_for_unavailable_models": "labels on any version",
     "per_process_gpu_memory_fraction": "GPU memory limits (this server runs on CPU)",
     "num_load_threads": "parallel loads (versions load one at a time)",
@@ -218,6 +224,8 @@ def parse(argv, *, environ=None, drop_in: bool = False) -> Options:
             values[name] = _seconds(name, text)
         else:
             values[name] = text
+    if values["version"]:  # TF Serving prints its versions whatever else is given
+        return Options(values, given)
     _environment(values, given, environ)
     _check(values, given)
     return Options(values, given)
@@ -303,6 +311,8 @@ def _check(values: dict, given: set) -> None:
         raise UsageError("--model_config_file_poll_wait_seconds needs --model_config_file")
     if values["batching_parameters_file"] and not values["enable_batching"]:
         raise UsageError("--batching_parameters_file needs --enable_batching")
+    if values["enable_per_model_batching_parameters"] and not values["enable_batching"]:
+        raise UsageError("--enable_per_model_batching_parameters needs --enable_batching")
 
 
 class HelpRequested(Exception):

@@ -51,6 +51,12 @@ _ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)"
                     r"(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
                     r"(?P<rest>/metadata|:[A-Za-z_]+)?/?$")
 JSON = b"application/json"
+# TF Serving's CORS headers (http_rest_api_util.cc), on its REST API's answers with
+# --rest_api_enable_cors_support; its REST dispatcher takes paths under /v1/
+CORS_HEADERS = {"Access-Control-Allow-Origin": "*",
+                "Access-Control-Allow-Methods": "POST, GET",
+                "Access-Control-Allow-Headers": "Content-Type"}
+_ORIGIN = re.compile(r"https?://")
 
 
 class HTTPError(Exception):
@@ -66,8 +72,9 @@ class PredictionService:
     def __init__(self, repository: Repository, *, max_body_bytes: int,
                  max_instances: int, threads: int, metrics=None, batcher=None,
                  timeout_s: float = 30.0, metrics_path: str | None = None,
-                 health=None, vertex: dict | None = None):
+                 health=None, vertex: dict | None = None, cors: bool = False):
         self.repository = repository
+        self.cors = cors
         self.max_body_bytes = max_body_bytes
         self.max_instances = max_instances
         self.metrics = metrics
@@ -82,8 +89,21 @@ class PredictionService:
         self._recent: dict = {}  # model name -> seconds its last call took
 
     async def handle(self, request: Request) -> tuple:
-        """-> (status, body, headers, content type)."""
+        """-> (status, body, headers, content type); with CORS on, the API's answers
+        carry TF Serving's CORS headers."""
+        status, body, headers, media_type = await self._handle(request)
+        if self.cors and request.path[:4].lower() == "/v1/":
+            headers = {**headers, **CORS_HEADERS}
+        return status, body, headers, media_type
+
+    async def _handle(self, request: Request) -> tuple:
         path = request.path
+        if request.method == "OPTIONS" and path[:4].lower() == "/v1/":
+            # a CORS preflight, answered as TF Serving answers it (with CORS off too)
+            if _ORIGIN.search(request.header(b"origin")):
+                return 200, b"", {}, JSON
+            return 400, dumps({"error": "Origin header is missing in CORS preflight"}), \
+                {}, JSON
         if self.metrics_path is not None and path == self.metrics_path:
             return 200, self.metrics.exposition(), {}, self.metrics.CONTENT_TYPE.encode()
         if self.health is not None and path in (REST_HEALTH, self.vertex.get("health_route")) \

@@ -37,14 +37,50 @@ def main(argv, *, prog: str, drop_in: bool = False) -> int:
         except serving_flags.HelpRequested:
             print(serving_flags.help_text(prog))
             return 0
+        if options.version:
+            print(versions())
+            return 0
         run(options)
         return 0
 
     return boundary(serve, program=prog)
 
 
+def versions() -> str:
+    """`--version`, in TF Serving's two lines: the server (TF Serving's API release
+    this server speaks, with mljob's own version after `+`) and TensorFlow's, read from
+    the installed distributions (TensorFlow is not imported for it)."""
+    from importlib import metadata
+
+    def installed(*names: str) -> str:
+        for name in names:
+            try:
+                return metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+        return "not installed"
+    return (f"TensorFlow ModelServer: {installed('tensorflow-serving-api')}"
+            f"+mljob.{installed('mljob')}\n"
+            f"TensorFlow Library: {installed('tensorflow', 'tensorflow-cpu')}")
+
+
+SERVING_API_INSTALL = "pip install --no-deps 'tensorflow-serving-api==2.21.*'"
+
+
+def check_serving_api() -> None:
+    """The gRPC API and the config files need TF Serving's protos: refused before any
+    model loads when they are not installed (the install's `--no-deps`: the package
+    requires the full `tensorflow`, which would land beside tensorflow-cpu)."""
+    try:
+        from tensorflow_serving.apis import predict_pb2  # noqa: F401
+    except ImportError:
+        raise PredictError("TF Serving's API protos (tensorflow-serving-api) are not "
+                           f"installed; install them with: {SERVING_API_INSTALL}") from None
+
+
 def run(options) -> None:
     from mljob.storage import StorageError
+    check_serving_api()
     _logging()
     try:
         _run(options)
@@ -74,7 +110,9 @@ def _run(options) -> None:
             import dataclasses
             params = dataclasses.replace(params, **changes)
             protos.check_batching(params, "--max_batch_size/--batch_timeout_micros")
-        batcher = batching.Batcher(params, metrics=registry)
+        batcher = (batching.PerModelBatchers(params, metrics=registry)
+                   if options.enable_per_model_batching_parameters
+                   else batching.Batcher(params, metrics=registry))
     warm = warmup.replayer(options.num_request_iterations_for_warmup,
                            options.max_instances) if options.enable_model_warmup else None
     load_options = repository.LoadOptions(
@@ -111,7 +149,8 @@ def _run(options) -> None:
                  after_start=poller.start, max_body_bytes=options.max_body_bytes,
                  max_instances=options.max_instances, metrics=registry,
                  timeout_s=options.rest_api_timeout_in_ms / 1000,
-                 metrics_path=metrics_path, vertex=vertex)
+                 metrics_path=metrics_path, vertex=vertex,
+                 cors=options.rest_api_enable_cors_support)
     poller.stop()
 
 

@@ -93,3 +93,52 @@ def test_batched_requests_after_a_swap_are_answered_by_the_new_version(tmp_path,
     calls = metric_samples(text, ":mljob:serving:batch_size_count")
     key = frozenset({("model_name", "default")})
     assert calls[key] - before[key] < 48  # requests after the swap shared calls
+
+
+def test_per_model_batching_parameters_come_from_each_versions_folder(tmp_path):
+    """--enable_per_model_batching_parameters, as TF Serving: a version folder with
+    batching_params.pbtxt batches with its own parameters, one without is not batched,
+    and the thread count is the global one."""
+    import threading
+
+    from predict import batching, protos
+
+    class Model:
+        signatures = {"serving_default": None}
+
+        def __init__(self, source):
+            self.source = source
+            self.calls = []
+
+        def signature(self, name=None):
+            return type("Sig", (), {"name": "serving_default"})()
+
+        def predict(self, batch, signature_name=None):
+            self.calls.append(len(batch["x"]))
+            return {"y": batch["x"] * 2}
+
+    with_file = tmp_path / "m" / "1"
+    with_file.mkdir(parents=True)
+    (with_file / "batching_params.pbtxt").write_text(
+        "max_batch_size { value: 4 }\nbatch_timeout_micros { value: 300000 }\n"
+        "num_batch_threads { value: 7 }\n")
+    without = tmp_path / "m" / "2"
+    without.mkdir()
+    common = protos.BatchingParameters(max_batch_size=100, num_batch_threads=1)
+    batchers = batching.PerModelBatchers(common)
+    plain = Model(str(without))
+    assert batchers.wrap(plain, "m", 2) is plain  # no file: not batched
+    model = Model(str(with_file))
+    wrapped = batchers.wrap(model, "m", 1)
+    assert isinstance(wrapped, batching.BatchedModel)
+    params = batchers.batcher_for(str(with_file)).params
+    assert (params.max_batch_size, params.num_batch_threads) == (4, 1)
+    answers = []
+    threads = [threading.Thread(target=lambda i=i: answers.append(
+        wrapped.predict({"x": np.array([float(i)])}))) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(answers) == 4 and model.calls == [4]  # four requests, one call
+    batchers.stop()

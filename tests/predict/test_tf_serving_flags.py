@@ -54,7 +54,9 @@ def test_booleans_take_tf_servings_forms():
     (["--grpc_channel_arguments=a=1"], "--grpc_channel_arguments is a TF Serving flag this "
                                        "server does not implement"),
     (["--ssl_config_file=x"], "does not implement (TLS)"),
-    (["--enable_cors_support"], "does not implement (CORS headers)"),
+    (["--grpc_socket_path=/tmp/s"], "does not implement (a UNIX socket for gRPC)"),
+    (["--enable_cors_support"], "unknown flag --enable_cors_support"),  # not TF Serving's
+    (["--enable_per_model_batching_parameters"], "needs --enable_batching"),
     (["--port=abc"], "--port=abc: not an integer"),
     (["--port=-1"], "--port=-1: must lie in 0..2147483647"),
     (["--rest_api_num_threads=0"], "must lie in 1.."),
@@ -112,3 +114,43 @@ def test_help_lists_every_flag_and_says_which_are_ours():
     assert all(f.help.startswith("ours:") for f in flags.OURS)
     with pytest.raises(flags.HelpRequested):
         parse("--help")
+
+
+def test_cors_per_model_batching_and_version_are_taken_by_tf_servings_names():
+    o = parse("--rest_api_enable_cors_support=true", "--enable_batching",
+              "--enable_per_model_batching_parameters", *BASE)
+    assert o.rest_api_enable_cors_support is True
+    assert o.enable_per_model_batching_parameters is True
+    assert parse(*BASE).rest_api_enable_cors_support is False
+    # --version needs nothing to serve, as TF Serving prints it before any check
+    assert parse("--version").version is True
+
+
+def test_version_prints_tf_servings_two_lines_and_exits_0(capsys):
+    from predict import serving
+    assert serving.main(["--version"], prog="tensorflow_model_server") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("TensorFlow ModelServer: ") and "+mljob." in out[0]
+    assert out[1].startswith("TensorFlow Library: 2.")
+
+
+def test_without_the_serving_api_the_server_says_so_before_loading_anything(
+        monkeypatch, capsys, tmp_path):
+    """The default command line needs TF Serving's protos (the gRPC API): without them
+    it fails at once, in one line with the install command, before any model loads
+    (the model dir here does not even exist)."""
+    import sys
+    import time
+
+    from predict import serving
+    for name in [m for m in sys.modules if m.startswith("tensorflow_serving")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "tensorflow_serving", None)  # import fails
+    started = time.monotonic()
+    status = serving.main([f"--model_base_path={tmp_path}/none", "--rest_api_port=0"],
+                          prog="tensorflow_model_server")
+    err = capsys.readouterr().err.strip()
+    assert status == 1 and time.monotonic() - started < 5
+    assert err.count("\n") == 0, err
+    assert "tensorflow-serving-api" in err and \
+        "pip install --no-deps 'tensorflow-serving-api==2.21.*'" in err

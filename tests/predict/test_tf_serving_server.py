@@ -56,7 +56,7 @@ def server(tmp_path_factory):
             reaper.popen, str(config), "--model_config_file_poll_wait_seconds=1",
             f"--port={grpc_port}", "--enable_batching",
             f"--batching_parameters_file={batching}", "--max_num_load_retries=0",
-            flag="--model_config_file", env=env)
+            "--rest_api_enable_cors_support=true", flag="--model_config_file", env=env)
         with httpx.Client(base_url=url, timeout=60) as client, \
                 grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             yield {"proc": proc, "rest": client, "channel": channel, "root": root,
@@ -130,6 +130,7 @@ def test_classify_and_regress_over_rest(server, direct):
         "signature_name": "classification", "context": context,
         "examples": [{"x": r.tolist()} for r in ROWS[1:]]})
     assert answer.status_code == 200, answer.text
+    assert answer.headers["access-control-allow-origin"] == "*"  # CORS is on
     want = direct["iris"].predict({"x": ROWS[1:]})["outputs"]
     result = answer.json()["result"]
     assert [[label for label, _ in row] for row in result] == [LABELS, LABELS]
