@@ -292,3 +292,25 @@ def used_in_job_dir(job_dir: str, job_id: str) -> bool:
     except (storage.StorageError, OSError):
         return False
 
+
+
+def own_log_dir(record: JobRecord) -> str:
+    """The record's log folder when it is one of the job's own, the folders its runner
+    makes (`submit.local.plan.folders`): `$MLJOB_HOME/runs/<job>/logs` (or
+    `…/job-dir/logs`), or `<job dir>/logs` of a local job dir that holds this job's
+    record. Anything else a hand-edited record names (`/var/log`) is a SubmitError, and
+    nothing there is read."""
+    if not record.log_dir:
+        raise SubmitError(f"job {record.job_id} has no log folder recorded")
+    run_dir = os.path.join(mljob_home(), "runs", record.job_id)
+    own = [os.path.join(run_dir, "logs"), os.path.join(run_dir, "job-dir", "logs")]
+    if record.job_dir and storage.is_local(record.job_dir):
+        job_dir = storage.local_path(record.job_dir)
+        if os.path.isfile(os.path.join(job_dir, "jobs", f"{record.job_id}.json")):
+            own.append(os.path.join(job_dir, "logs"))
+    given = os.path.realpath(record.log_dir)
+    if any(given == os.path.realpath(folder) for folder in own):
+        return given
+    raise SubmitError(f"job {record.job_id}'s record names the log folder "
+                      f"{record.log_dir[:120]!r}, which is none of the job's own folders; "
+                      "nothing there is read (the record was edited: remove it)")

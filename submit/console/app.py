@@ -238,7 +238,7 @@ def _lines(record: jobs.JobRecord, task: str | None, stop: threading.Event) -> I
             current = jobs.load(job_id)
             return current.done or not current.supervisor_alive()
 
-        return logs.follow(record.log_dir, task_name=task, done=done)
+        return logs.follow(jobs.own_log_dir(record), task_name=task, done=done)
     return runner_for(record).logs(record.engine, task_name=task, follow=True)
 
 

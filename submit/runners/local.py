@@ -50,8 +50,7 @@ def recorded_logs(job_id: str, task_name: str | None, follow: bool, use) -> Iter
         current = jobs.load(job_id)
         return not follow or current.done or not current.supervisor_alive()
 
-    assert record.log_dir is not None  # these runners record the job's log_dir
-    return logs.follow(record.log_dir, task_name=task_name, done=done)
+    return logs.follow(jobs.own_log_dir(record), task_name=task_name, done=done)
 
 
 class LocalEngine(Runner):

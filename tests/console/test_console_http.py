@@ -27,7 +27,7 @@ def stored_job(tmp_path, job_id="fake01", state=records.RUNNING, **fields):
     (log_dir / "worker-replica-0.log").write_text(
         "INFO\t2026-11-25 12:00:05 +0000\tworker-replica-0\tworker line\n")
     record = records.JobRecord(job_id=job_id, state=state, runner="local",
-                               log_dir=str(log_dir), replicas=[
+                               job_dir=str(tmp_path / job_id), log_dir=str(log_dir), replicas=[
                                    records.ReplicaRecord("master-replica-0", state="RUNNING"),
                                    records.ReplicaRecord("worker-replica-0", state="RUNNING")],
                                **fields)
@@ -135,6 +135,14 @@ def test_logs_as_server_sent_events(tmp_path, console):
     resumed = events(params={"task": "master-replica-0"}, headers={"Last-Event-ID": "2"})
     assert "line 1" not in resumed and "line 2" not in resumed
     assert "id: 3\ndata: INFO\t2026-11-25 12:00:03 +0000\tmaster-replica-0\tline 3" in resumed
+    # a hand-edited log_dir outside the job's own folders is not read
+    record = records.load("done01")
+    record.log_dir = str(tmp_path / "done01" / "logs" / ".." / ".." / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "master-replica-0.log").write_text("SECRET\n")
+    records.save(record)
+    text = events()
+    assert "SECRET" not in text and "none of the job's own folders" in text
 
 
 def test_the_list_shows_and_filters_current_labels(tmp_path, console):

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -204,8 +205,8 @@ def test_a_storage_error_names_its_url_once(capsys, tmp_path):
 # --- jobs stream-logs --task-name ------------------------------------------------------------
 
 def test_stream_logs_of_a_replica_the_job_does_not_have_exits_2(capsys, tmp_path):
-    logs = tmp_path / "logs"
-    logs.mkdir()
+    logs = Path(os.environ["MLJOB_HOME"], "runs", "job01", "logs")  # the job's own
+    logs.mkdir(parents=True)
     (logs / "master-replica-0.log").write_text("INFO\tt\tmaster-replica-0\thello\n")
     index = os.path.join(os.environ["MLJOB_HOME"], "jobs")
     os.makedirs(index)
@@ -221,3 +222,26 @@ def test_stream_logs_of_a_replica_the_job_does_not_have_exits_2(capsys, tmp_path
     status, out, _ = run(capsys, "jobs", "stream-logs", "job01", "--task-name",
                          "master-replica-0")
     assert status == 0 and "\tmaster-replica-0\thello" in out
+
+
+@pytest.mark.parametrize("where", ["elsewhere", "job dir without its record", "via .."])
+def test_a_records_log_dir_outside_the_jobs_own_folders_is_not_read(capsys, tmp_path,
+                                                                      where):
+    """A hand-edited record's log_dir (`/var/log`) is never followed: only the job's own
+    folders are read, and `jobs stream-logs` says so in one line."""
+    secret = tmp_path / "logs"  # also where a job dir's logs would be
+    secret.mkdir()
+    (secret / "master-replica-0.log").write_text("INFO\tt\tmaster-replica-0\tSECRET\n")
+    home = Path(os.environ["MLJOB_HOME"])
+    log_dir = {"elsewhere": secret, "job dir without its record": secret,
+               "via ..": home / "runs" / "job01" / "logs" / ".." / ".." / ".." / ".." /
+               secret.relative_to("/")}[where]
+    (home / "jobs").mkdir(parents=True)
+    (home / "jobs" / "job01.json").write_text(json.dumps({
+        "job_id": "job01", "state": "SUCCEEDED", "log_dir": str(log_dir),
+        "job_dir": str(tmp_path) if where != "elsewhere" else None,
+        "replicas": [{"label": "master-replica-0", "state": "EXITED"}]}))
+    status, out, err = run(capsys, "jobs", "stream-logs", "job01")
+    assert status != 0 and "SECRET" not in out + err
+    assert "which is none of the job's own folders; nothing there is read" in \
+        one_error_line(err)
