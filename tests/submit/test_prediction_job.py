@@ -8,14 +8,16 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
+import psutil
 import pytest
 
 from mljob import storage
 from predict import records
 from submit import jobs
-from tests.support.common import ROOT
+from tests.support.common import ROOT, pid_alive
 from tests.support.predict_models import images, instance_lines, saved_model_export
 from tests.support.submit_cli import one_error_line, run
 from tests.support.trainer_runs import wait_for
@@ -105,6 +107,9 @@ def test_text_job_splits_a_large_file_at_lines_and_agrees_with_predict_batch(
     assert status == 0, err
     assert "\tservice\tprogress: 127 of ~127" in streamed
     assert "\tworker-replica-1\tshard " in streamed
+    status, service, err = run(capsys, "jobs", "stream-logs", "j", "--task-name", "service")
+    assert status == 0, err  # the events from before the log folder existed too
+    assert service.splitlines()[0].endswith("\tservice\tjob PREPARING"), service
     status, listed, _ = run(capsys, "jobs", "list", "--filter", "state=SUCCEEDED")
     assert listed.splitlines()[1].split()[:2] == ["j", "SUCCEEDED"]
     # a second job never writes over this one's output
@@ -207,6 +212,52 @@ def test_killed_worker_shard_is_retried_and_nothing_is_lost(export_dir, tmp_path
     assert "worker-replica-0 exited with status 137 on shard" in log
 
 
+def _kill_each_worker(proc, job_id, timeout):
+    """SIGKILL every worker of the job as soon as the record shows its PID (each checked to
+    be a batch worker first); the PIDs killed, once the job's process has ended."""
+    killed: list[int] = []
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        record = jobs.load(job_id) if os.path.exists(jobs.index_path(job_id)) else None
+        pid = record.replicas[0].pid if record and record.replicas else None
+        if pid and pid not in killed:
+            try:
+                if "predict.batch_worker" in psutil.Process(pid).cmdline():
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            except psutil.Error:  # gone already: the supervisor saw it die
+                pass
+        time.sleep(0.02)
+    return killed
+
+
+def test_a_shard_whose_worker_dies_every_time_is_tried_exactly_the_limit(tmp_path, reaper):
+    """A worker that dies with its shard gives the shard back; after MAX_SHARD_ATTEMPTS
+    tries (not one more) the job fails naming the shard. Each worker is SIGKILLed as soon
+    as it is started, long before it would load the export (so none is needed)."""
+    from submit.prediction_job import MAX_SHARD_ATTEMPTS
+    assert MAX_SHARD_ATTEMPTS == 3  # as the messages below say
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "saved_model.pb").write_bytes(b"never loaded")
+    (tmp_path / "in.json").write_text(instance_lines(images(2)))
+    out = tmp_path / "out"
+    proc = _submit(reaper, flags(str(export), str(tmp_path / "in.json"), out))
+    killed = _kill_each_worker(proc, "j", JOB_TIMEOUT)
+    said = proc.stdout.read().decode()
+    assert proc.wait(60) == 1, said
+    assert ("error: job j failed: shard 0 failed 3 times; worker-replica-0 exited with "
+            "status 137") in said
+    assert len(killed) == 3
+    record = jobs.load("j")
+    assert record.state == jobs.FAILED and record.replicas[0].restarts == 2
+    assert not any(pid_alive(pid) for pid in killed)
+    log = open(os.path.join(record.log_dir, "service.log")).read()
+    assert [line.rsplit("(", 1)[1] for line in log.splitlines() if "goes back" in line] \
+        == ["try 2 of 3)", "try 3 of 3)"]
+    assert not _published(out)
+
+
 def test_cancel_then_resume_skips_published_shards(export_dir, tmp_path, reaper, capsys):
     inputs = tmp_path / "in"
     inputs.mkdir()
@@ -240,6 +291,50 @@ def test_cancel_then_resume_skips_published_shards(export_dir, tmp_path, reaper,
     assert record.prediction_output["predictionCount"] == "320"
     log = open(os.path.join(record.log_dir, "service.log")).read()
     assert f"resuming: {len(done)} of 8 shards already published are skipped" in log
+
+
+def _written(out) -> list[str]:
+    """Results files holding rows anywhere under the output folder (its scratch folders
+    included): where a worker writes a shard while it predicts it."""
+    return [os.path.join(folder, name) for folder, _, names in os.walk(out)
+            for name in names if name.startswith("prediction.results-")
+            and os.path.getsize(os.path.join(folder, name)) > 0]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_between_write_and_publish_leaves_nothing_resume_skips(
+        export_dir, tmp_path, reaper, capsys):
+    """A shard's results are visible in the output folder only once complete. The worker
+    is stopped once it has written rows of its shard, the folder is looked at, and then the
+    job's process and the worker are SIGKILLed (a crash: nothing retries); --resume must
+    predict that shard again, whole."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "a.json").write_text(instance_lines(images(600, seed=4), keys=range(600)))
+    out = tmp_path / "out"
+    argv = flags(export_dir, str(inputs / "a.json"), out, "text", "--batch-size", "1")
+    proc = _submit(reaper, argv)
+    written = wait_for(lambda: _written(out), JOB_TIMEOUT, "the first rows written")
+    worker = jobs.load("j").replicas[0].pid
+    assert "predict.batch_worker" in psutil.Process(worker).cmdline()
+    os.kill(worker, signal.SIGSTOP)  # mid-shard, and it stays there while looked at
+    try:
+        assert _published(out) == [], "a shard in the output folder before it is complete"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(60)
+    finally:
+        os.kill(worker, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(worker), 60, "the worker to die")
+    assert written and len(open(written[0]).readlines()) < 600  # it was killed mid-write
+    from predict.batch_worker import published
+    assert not published(str(out), 0, 1)  # what --resume asks of each shard
+    status, _, err = run(capsys, *argv, "--resume")
+    assert status == 0, err
+    assert [r["key"] for r in results(out)] == list(range(600))
+    assert not glob.glob(str(out / ".prediction-tmp-*"))
+    record = jobs.load("j")
+    assert record.state == jobs.SUCCEEDED
+    assert record.prediction_output["predictionCount"] == "600"
 
 
 def test_an_export_that_cannot_load_fails_the_job_at_once_in_one_line(tmp_path, capsys):

@@ -175,6 +175,16 @@ def test_second_submit_reuses_the_package_environment(capsys, tmp_path, pkg, mon
     assert os.stat(env).st_mtime_ns == before
     # the link and the folder it names: no half-built leftovers
     assert sorted(os.listdir(tmp_path / "envs")) == sorted([key, os.readlink(env)])
+    # the supervisor's events, those raised before the log folder existed included
+    status, streamed, err = submit_in_process(capsys, "jobs", "stream-logs", "second",
+                                              "--task-name", "service")
+    assert status == 0, err
+    events = [line.split("\t")[3] for line in streamed.splitlines() if "\tservice\t" in line]
+    expected = ["job PREPARING", f"package environment {key[:12]}: installing "
+                "fakejob-0.1.tar.gz", f"package environment {key[:12]} reused in ",
+                "master-replica-0 started (pid ", "job RUNNING"]
+    assert len(events) > 5 and all(map(str.startswith, events, expected)), events
+    assert events[-1] == "job SUCCEEDED"
 
 
 def test_chief_failure_fails_the_job_and_stops_everyone(capsys, tmp_path, pkg, monkeypatch):
@@ -232,6 +242,11 @@ def test_memory_job_dir_is_mirrored_before_success(capsys, pkg, memfs):
     assert any(f.startswith("/bucket/job01/packages/") for f in files)
     record = json.loads(memfs.cat_file("/bucket/job01/jobs/job01.json"))
     assert record["state"] == "SUCCEEDED"
+    # preparing empties the mirrored log folder: the events raised before it survive it
+    service = memfs.cat_file("/bucket/job01/logs/service.log").decode().splitlines()
+    events = [line.split("\t")[3] for line in service]
+    assert events[0] == "job PREPARING", events
+    assert events[1].startswith("package environment "), events
     assert_all_dead(records.load("job01"))
 
 
