@@ -125,7 +125,7 @@ def run_batch(export_dir: str, inputs: str, out: str, home: str) -> float:
     return time.perf_counter() - start
 
 
-SHARD_LINE = re.compile(r"shard \d+ published: .* \(from ([0-9.]+) to ([0-9.]+)\)")
+SHARD_LINE = re.compile(r"shard [0-9]+ published: .* \(from ([0-9.]+) to ([0-9.]+)\)")
 
 
 def run_job(export_dir: str, inputs: str, out: str, home: str, workers: int,

@@ -41,8 +41,8 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 REPLICA_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "GRPC_FAIL_FAST": "use_caller",
                "PYTHONUNBUFFERED": "1"}
 
-STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss=(\S+) accuracy=(\S+) examples/s=(\S+)")
-EVAL_LINE = re.compile(r"^eval step=(\d+) loss=(\S+) accuracy=(\S+)")
+STEP_LINE = re.compile(r"^step ([0-9]+)/([0-9]+) loss=(\S+) accuracy=(\S+) examples/s=(\S+)")
+EVAL_LINE = re.compile(r"^eval step=([0-9]+) loss=(\S+) accuracy=(\S+)")
 STARTED_LINE = re.compile(r"^training started: (.*)$")
 FINISHED_LINE = re.compile(r"^training finished: (.*)$")
 

@@ -24,7 +24,7 @@ OURS = ("throughput", "overhead", "scaling", "time_to_accuracy")
 
 
 def replica_kind(name: str) -> str:
-    return re.sub(r"-\d+$", "", name)
+    return re.sub(r"-[0-9]+$", "", name)
 
 
 def collect() -> list[dict]:

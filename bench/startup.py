@@ -161,7 +161,7 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
             label, text = (fields[2], fields[3]) if len(fields) >= 4 else ("cli", line)
             words = text.split()
             trial, _, replica = label.rpartition("/")
-            if trial.isdigit() and replica == "master-replica-0":
+            if trial.isascii() and trial.isdecimal() and replica == "master-replica-0":
                 mine = trials.setdefault(trial, {})
                 mine["last_line"] = now
                 if words[:1] == ["startup"] and len(words) == 3:
@@ -170,7 +170,7 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
                     mine["first_step"] = now
                     mine["cpu"] = _cpu_of(trial_pids.get(trial))  # type: ignore[assignment]
                 continue
-            started = re.match(r"(\d+)/master-replica-0 started \(pid (\d+)", text)
+            started = re.match(r"([0-9]+)/master-replica-0 started \(pid ([0-9]+)", text)
             if started:
                 trial_pids[started.group(1)] = int(started.group(2))
             if words[:1] == ["startup"] and len(words) == 3:

@@ -38,7 +38,7 @@ class _Timed(io.TextIOBase):
         self.steps: list[tuple[int, float]] = []
 
     def write(self, text: str) -> int:
-        for match in re.finditer(r"^step (\d+)/", text, re.M):
+        for match in re.finditer(r"^step ([0-9]+)/", text, re.M):
             self.steps.append((int(match.group(1)), time.monotonic()))
         return len(text)
 

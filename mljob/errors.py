@@ -46,6 +46,13 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     return type(exc).__name__
 
 
+def ascii_digits(text: str) -> bool:
+    """Whether int() can take text as it is written and every other reader reads it the
+    same: ASCII digits only. str.isdigit() also takes "²" (int() fails on it) and
+    isdecimal() "３" and "٣" (int() reads them, TensorFlow and HTTP do not)."""
+    return text.isascii() and text.isdecimal()
+
+
 def too_many_digits(exc: BaseException) -> str | None:
     """For Python's refusal to read an integer longer than its string conversion limit
     (a ValueError from json, yaml and int()), a message naming the problem; else None."""

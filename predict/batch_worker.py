@@ -25,7 +25,7 @@ import tempfile
 import time
 
 from mljob import storage
-from mljob.errors import first_line
+from mljob.errors import ascii_digits, first_line
 from predict import batch, shards
 from predict.errors import PredictError
 
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
                              "when set; else shard indexes are read from stdin).")
     args = parser.parse_args(argv)
     index = args.index
-    if index is None and os.environ.get("JOB_COMPLETION_INDEX", "").isdigit():
+    if index is None and ascii_digits(os.environ.get("JOB_COMPLETION_INDEX", "")):
         index = int(os.environ["JOB_COMPLETION_INDEX"])
     worker = None
     try:

@@ -26,6 +26,7 @@ import tempfile
 import uuid
 
 from mljob import contracts, storage
+from mljob.errors import ascii_digits
 from predict.errors import UsageError
 from predict.repository import MARKERS, MAX_VERSION, scan_versions
 
@@ -140,7 +141,7 @@ def _claimed(base_path: str) -> set[int]:
     except FileNotFoundError:
         return set()
     numbers = {n.split(".", 1)[0] for n in names}
-    return {int(n) for n in numbers if n.isdigit() and n.isascii() and len(n) <= 19
+    return {int(n) for n in numbers if ascii_digits(n) and len(n) <= 19
             and int(n) <= MAX_VERSION}
 
 
@@ -181,7 +182,7 @@ def _order(entry: dict) -> tuple:
     """A claim's place: the store's generation (gs://) or creation time, then its name."""
     generation = entry.get("generation")
     when = int(generation) if isinstance(generation, (int, str)) and \
-        str(generation).isdigit() else entry.get("created") or 0
+        ascii_digits(str(generation)) else entry.get("created") or 0
     if not isinstance(when, (int, float)):
         when = 0
     return when, entry["name"]

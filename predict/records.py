@@ -71,7 +71,7 @@ def write_tfrecords(f, payloads) -> None:
 def to_instance(record: bytes, sig: Signature):
     """One record -> an instance for `decode.decode_instance`."""
     head = record.lstrip()[:1]
-    if head and (head in b'{["-' or head.isdigit()):
+    if head and (head in b'{["-0123456789'):
         try:
             return json.loads(record.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mljob import contracts, model_meta, storage
-from mljob.errors import first_line
+from mljob.errors import ascii_digits, first_line
 from predict.errors import PredictError, UsageError
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ class ModelConfig:
 
 def parse_version(text) -> int:
     text = str(text).strip()
-    if not text.isdigit() or not text.isascii() or len(text) > 19 or int(text) > MAX_VERSION:
+    if not ascii_digits(text) or len(text) > 19 or int(text) > MAX_VERSION:
         raise ValueError(f"{text!r:.40} is not a version number")
     return int(text)
 
@@ -147,7 +147,7 @@ def scan_versions(base_path: str, known=()) -> dict:
     found = {}
     for entry in entries:
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-        if entry.get("type") != "directory" or not name.isdigit() or not name.isascii() \
+        if entry.get("type") != "directory" or not ascii_digits(name) \
                 or len(name) > 19:  # int() refuses 4,300 digits; int64 has 19
             continue
         version = int(name)

@@ -39,6 +39,7 @@ from predict.errors import InputError, InstanceError, UsageError, clip
 from predict.instances import parse_json_bytes
 from predict.rest_http import ClientDisconnect, Request, dumps
 from predict.repository import MAX_VERSION, NotFoundError, Repository, ServedModel
+from mljob.errors import ascii_digits
 
 log = logging.getLogger("predict.server")
 REST_HEALTH = "/healthz"
@@ -245,7 +246,7 @@ class PredictionService:
         declared = request.header(b"content-length")
         too_big = HTTPError(413, f"request body exceeds {limit} bytes (--max-body-bytes); "
                                  "send fewer instances a request")
-        if declared.isdigit() and int(declared) > DRAIN_LIMIT:
+        if ascii_digits(declared) and int(declared) > DRAIN_LIMIT:
             raise too_big
         chunks: list[bytes] | None = []
         size = 0
@@ -406,7 +407,7 @@ def signature_defs(model) -> dict:
 def _version(name: str, text: str | None) -> int | None:
     if text is None:
         return None
-    if not text.isdigit() or not text.isascii() or len(text) > 19 or \
+    if not ascii_digits(text) or len(text) > 19 or \
             int(text) > MAX_VERSION:  # int() refuses 4,300 digits: a 500 before
         raise HTTPError(404, f"model {name!r} has no version {text!r:.40}; versions are "
                              f"numbers from 0 to {MAX_VERSION}")

@@ -60,7 +60,7 @@ def dist_name(file_name: str) -> str:
         name = file_name.split("-", 1)[0]
     else:  # name-version.tar.gz: the version is what starts with a digit after a dash
         stem = re.sub(r"\.(tar\.gz|tgz|tar\.bz2|tar\.xz|tar|zip)$", "", file_name)
-        found = re.match(r"^(.+?)-v?\d[^-]*$", stem)
+        found = re.match(r"^(.+?)-v?[0-9][^-]*$", stem)
         name = found.group(1) if found else stem
     return re.sub(r"[-_.]+", "-", name).lower()
 

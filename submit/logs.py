@@ -25,6 +25,7 @@ from typing import TextIO
 from collections.abc import Callable, Iterator
 
 from mljob import contracts
+from mljob.errors import ascii_digits
 
 ERROR_LINE = re.compile(r"^(error:|Traceback|\w*Error\b)|\bERROR\b")
 SERVICE = "service"                 # the label of the supervisor's own lines
@@ -32,12 +33,12 @@ SERVICE_LOG = f"{SERVICE}.log"
 TF_LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 QUIET_TF_LOG_LEVEL = "1"            # warnings and errors only
 # absl's header: severity letter, date, time, thread id, then file:line]
-GLOG = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ (?=\S+:\d+\] )")
+GLOG = re.compile(r"^([IWEF])[0-9]{4} [0-9:.]+\s+[0-9]+ (?=\S+:[0-9]+\] )")
 PYTHON_LOG = re.compile(r"^(WARNING|ERROR|CRITICAL):[\w.]+:")
 GLOG_SEVERITY = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 STARTUP_NOISE = re.compile(
     r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
-    r"STDERR$|^I\d{4} [\d:.]+\s+\d+ port\.cc:\d+\] oneDNN custom operations are on\.")
+    r"STDERR$|^I[0-9]{4} [0-9:.]+\s+[0-9]+ port\.cc:[0-9]+\] oneDNN custom operations are on\.")
 REPEAT_MEMORY = 16      # distinct recent lines a repeat is looked for among
 REPEAT_WINDOW_S = 60.0  # a line not seen for this long is new again
 REPEAT_MIN_CHARS = 20   # short lines (blank, separators) are never collapsed
@@ -216,12 +217,12 @@ def names_a_task(task_name: str, labels: list[str]) -> bool:
     at least a replica label: `master-replica-0`, or a tuning trial's `3/master-replica-0`;
     `service` names the supervisor's events."""
     trial, _, label = task_name.rpartition("/")
-    if label == SERVICE and (not trial or trial.isascii() and trial.isdigit()):
+    if label == SERVICE and (not trial or ascii_digits(trial)):
         return True  # the supervisor's own lines (a trial's: `3/service`)
     if labels:
         return task_name in labels
     return contracts.parse_label(label) is not None and (
-        not trial or trial.isascii() and trial.isdigit())
+        not trial or ascii_digits(trial))
 
 
 def _log_names(log_dir: str) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from submit import spec as specs
 from submit.errors import UsageError
+from mljob.errors import ascii_digits
 
 DATA_FORMATS = {"text": "TEXT", "tf-record": "TF_RECORD", "tf-record-gzip": "TF_RECORD_GZIP"}
 DEFAULT_WORKERS = 10            # gcloud: "Defaults to 10 if not specified"
@@ -80,7 +81,7 @@ def resolve(job_id: str, *, model_dir=None, model=None, version=None, input_path
         if value is not None:
             specs.check_text(value, flag)
             if not re.fullmatch(NAME, value) and not (flag == "--model" and "/" in value) \
-                    and not (flag == "--version" and value.isdigit()):
+                    and not (flag == "--version" and ascii_digits(value)):
                 raise UsageError(f"{flag} {value!r:.60} is not a model or version name; "
                                  "use letters, digits and underscores, starting with a "
                                  "letter")

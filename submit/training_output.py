@@ -15,6 +15,7 @@ import math
 import os
 from collections.abc import Mapping
 from typing import Any
+from mljob.errors import ascii_digits
 
 # Trial states as Cloud ML's trainingOutput shows them.
 SUCCEEDED, FAILED, CANCELLED, RUNNING = "SUCCEEDED", "FAILED", "CANCELLED", "RUNNING"
@@ -31,7 +32,7 @@ def output_of(trials: list[dict], *, metric_tag: str, maximize: bool) -> dict:
         group = (0 if metric and not t.get("isTrialStoppedEarly") else 1 if metric else 2)
         trial_id = t["trialId"]
         return (group, sign * metric["objectiveValue"] if metric else 0.0,
-                int(trial_id) if trial_id.isdigit() else 0, trial_id)
+                int(trial_id) if ascii_digits(str(trial_id)) else 0, str(trial_id))
 
     trials = sorted(trials, key=rank)
     completed = sum(1 for t in trials if t["state"] == SUCCEEDED)

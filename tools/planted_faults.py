@@ -160,7 +160,7 @@ def pytest_run(tree: str, fault: Fault, timeout: float) -> tuple[str, str]:
 
 
 def _summary(out: str) -> str:
-    lines = [line for line in out.strip().splitlines() if re.search(r"\d+ passed", line)]
+    lines = [line for line in out.strip().splitlines() if re.search(r"[0-9]+ passed", line)]
     return lines[-1].strip("= ") if lines else ""
 
 

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from mljob.errors import first_line
+from mljob.errors import ascii_digits, first_line
 from submit import job_index, jobs, lifecycle, listing, logs
 from submit.console import assets, guard, pages
 from submit.errors import JobNotFoundError, SubmitError, UsageError
@@ -129,7 +129,8 @@ class Console:
                             f"use one of {', '.join(labels) or 'its replicas'}",
                             status_code=400, media_type="text/plain")
         resume = request.headers.get("last-event-id", "")
-        skip = int(resume) if resume.isdigit() and len(resume) < 12 else 0
+        # anything but a short ASCII number (`²`, `-1`, `1e3`) streams from the start
+        skip = int(resume) if ascii_digits(resume) and len(resume) < 12 else 0
         return StreamingResponse(self._events(record, task, skip),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store",

@@ -17,6 +17,7 @@ import yaml
 
 from submit import jobs, usage
 from submit.console.svg import chart
+from mljob.errors import ascii_digits
 
 MAX_POINTS = 300  # per series in a usage chart
 
@@ -180,7 +181,7 @@ def objective_charts(trials: Iterable[dict], params: Sequence[Mapping[str, Any]]
     for t in trials:
         value = (t.get("finalMetric") or {}).get("objectiveValue")
         trial_id = str(t.get("trialId", ""))
-        if isinstance(value, (int, float)) and trial_id.isdigit():
+        if isinstance(value, (int, float)) and ascii_digits(trial_id):
             scored.append((int(trial_id), float(value), t.get("hyperparameters") or {}))
     scored.sort(key=lambda s: s[0])
     best: list[tuple[float, float]] = []

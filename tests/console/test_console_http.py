@@ -135,6 +135,11 @@ def test_logs_as_server_sent_events(tmp_path, console):
     resumed = events(params={"task": "master-replica-0"}, headers={"Last-Event-ID": "2"})
     assert "line 1" not in resumed and "line 2" not in resumed
     assert "id: 3\ndata: INFO\t2026-11-25 12:00:03 +0000\tmaster-replica-0\tline 3" in resumed
+    # a Last-Event-ID that is no ASCII number streams from the start (`²` was a 500)
+    for bad in (b"\xb2", b"1\xb2", "\uff13".encode(), b"-1", b"1e3", b"9" * 12):
+        again = events(params={"task": "master-replica-0"}, headers={"Last-Event-ID": bad})
+        assert "id: 1\ndata: INFO\t2026-11-25 12:00:01 +0000\tmaster-replica-0\tline 1" \
+            in again, bad
     # a hand-edited log_dir outside the job's own folders is not read
     record = records.load("done01")
     record.log_dir = str(tmp_path / "done01" / "logs" / ".." / ".." / "elsewhere")
