@@ -147,8 +147,20 @@ def summary(job: dict) -> str:
 @jobs_group.command("stream-logs")
 @click.argument("job_id")
 @click.option("--task-name", help="Only this replica, e.g. master-replica-0.")
-def jobs_stream_logs(job_id, task_name):
+@click.option("--polling-interval", type=click.IntRange(1), metavar="SECONDS",
+              help="gcloud's seconds between log reads: taken; lines show as they are "
+                   "written here.")
+@click.option("--allow-multiline-logs", is_flag=True,
+              help="gcloud's multiline records: taken; a replica's lines (a traceback "
+                   "too) print whole, in order.")
+def jobs_stream_logs(job_id, task_name, polling_interval, allow_multiline_logs):
     """Print the job's logs and follow them until the job ends."""
+    if polling_interval is not None:
+        echo(f"--polling-interval {polling_interval}: no effect here, lines show as the "
+             "replicas write them (the runner reads them about every second)", err=True)
+    if allow_multiline_logs:
+        echo("--allow-multiline-logs: no effect here, each line of a replica's output "
+             "prints as written, so a multiline message prints whole", err=True)
     record = records.load(job_id)
     return lifecycle.follow(submission.runner_for(record), record, echo, task_name=task_name)
 
@@ -172,7 +184,9 @@ def jobs_cancel(job_id):
                    "ignored).")
 @click.option("--clear-labels", is_flag=True,
               help="Remove every label (before --update-labels).")
-def jobs_update(job_id, update_labels, remove_labels, clear_labels):
+@click.option("--etag", help="The job's etag as `jobs describe` printed it: the update is "
+                             "refused if the job changed since.")
+def jobs_update(job_id, update_labels, remove_labels, clear_labels, etag):
     """Change a job's labels, as `gcloud ai-platform jobs update`: on the engine where it
     keeps them (a Kubeflow TFJob's labels), and in the job's record."""
     if clear_labels and remove_labels:
@@ -181,6 +195,12 @@ def jobs_update(job_id, update_labels, remove_labels, clear_labels):
         raise UsageError("nothing to update; give --update-labels KEY=VALUE,..., "
                          "--remove-labels KEY,... or --clear-labels")
     record = records.load(job_id)
+    if etag is not None:
+        current = resource.job(record, state(record).rstrip("?"))["etag"]
+        if etag != current:
+            raise SubmitError(f"--etag {etag!r:.40} is not job {job_id}'s etag {current}: "
+                              "the job changed since it was read; describe it again and "
+                              "retry")
     old = resource.current_labels(record)
     labels = {} if clear_labels else dict(old)
     labels.update(specs.parse_labels_flag(update_labels) if update_labels else {})

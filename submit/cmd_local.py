@@ -77,5 +77,29 @@ def local_predict(ctx):
     predict local --help` lists them). Loaded only when asked for: TensorFlow's
     settings stay out of every other command's environment."""
     from predict import __main__ as predict_cli
-    return predict_cli.local.main(list(ctx.args), prog_name="python -m submit local predict",
+    return predict_cli.local.main(without_framework(list(ctx.args)),
+                                  prog_name="python -m submit local predict",
                                   standalone_mode=False)
+
+
+def without_framework(args: list[str]) -> list[str]:
+    """gcloud's `--framework tensorflow` taken (the others refused: the export is a
+    SavedModel), and left out of what `predict local` reads."""
+    from submit import version_config
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name == "--framework":
+            if not eq:
+                if i + 1 >= len(args):
+                    raise UsageError("--framework needs a value, e.g. --framework "
+                                     "tensorflow")
+                value, i = args[i + 1], i + 1
+            version_config.framework(value)
+        elif args[i] == "--":
+            return out + args[i:]
+        else:
+            out.append(args[i])
+        i += 1
+    return out

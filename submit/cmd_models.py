@@ -2,15 +2,32 @@
 set-default`, as `gcloud ai-platform models` and `versions` (see `submit.models`)."""
 from __future__ import annotations
 
+import functools
+
 import click
 
-from submit import formats, models, spec as specs
+from submit import formats, models, spec as specs, version_config
 from submit.cli_base import GcloudGroup, cli, echo
 from submit.errors import EXIT_OK
 
 MODEL_KEYS = [("name", "NAME"), ("defaultVersion.name", "DEFAULT_VERSION_NAME")]
 VERSION_KEYS = [("name", "NAME"), ("deploymentUri", "DEPLOYMENT_URI"), ("state", "STATE")]
 MODEL_OPTION = click.option("--model", required=True, help="The model's name.")
+REGION_OPTION = click.option("--region", metavar="REGION",
+                             help="gcloud's regional endpoint, e.g. us-central1: checked "
+                                  "and said to change nothing here (models are served "
+                                  "where `predict serve` runs).")
+
+
+def regional(command):
+    """gcloud's --region on a command that reads or changes what is here: checked, and
+    one line on stderr says it changes nothing."""
+    @functools.wraps(command)
+    def run(*args, region=None, **kwargs):
+        version_config.check_region(region)
+        version_config.region_note(region, echo)
+        return command(*args, **kwargs)
+    return REGION_OPTION(run)
 
 
 def _labels(values) -> dict[str, str]:
@@ -32,19 +49,38 @@ def models_group():
 @click.option("--regions", metavar="REGION,...",
               help="Recorded as Cloud ML's regions (the model is served where `predict "
                    "serve` runs).")
-def models_create(model, base_path, description, labels, regions):
+@click.option("--region", metavar="REGION",
+              help="gcloud's regional endpoint: recorded as the model's region when "
+                   "--regions is not given.")
+@click.option("--enable-logging", is_flag=True,
+              help="Recorded as Cloud ML's onlinePredictionLogging (a model config "
+                   "file's logging_config logs requests here).")
+@click.option("--enable-console-logging", is_flag=True,
+              help="Recorded as onlinePredictionConsoleLogging (the server logs to its "
+                   "stderr).")
+def models_create(model, base_path, description, labels, regions, region,
+                  enable_logging, enable_console_logging):
     """Create a model (a base path, and its record there)."""
     wanted = [r for r in (regions or "").split(",") if r]
-    for region in wanted:
-        if not specs.VERSIONS["region"].fullmatch(region):
-            raise click.UsageError(f"--regions {region!r:.40} is not a Google Cloud "
-                                   "region; write e.g. us-central1")
-    base = models.create_model(model, base_path, description, _labels(labels), wanted)
+    for each in wanted:
+        version_config.check_region(each, "--regions")
+    version_config.check_region(region)
+    if region and not wanted:
+        wanted = [region]
+    logging = {k: True for k, on in (("onlinePredictionLogging", enable_logging),
+                                     ("onlinePredictionConsoleLogging",
+                                      enable_console_logging)) if on}
+    base = models.create_model(model, base_path, description, _labels(labels), wanted,
+                               logging)
+    if logging:
+        echo(f"{' and '.join(logging)} recorded in the Model; `predict serve` logs "
+             "requests by its model config's logging_config and to its stderr", err=True)
     echo(f"Created model [{model}] at {base}.")
     return EXIT_OK
 
 
 @models_group.command("list")
+@regional
 @formats.FORMAT_OPTION
 def models_list(fmt):
     """Models in the local index."""
@@ -57,6 +93,7 @@ def models_list(fmt):
 
 
 @models_group.command("describe")
+@regional
 @click.argument("model")
 @formats.FORMAT_OPTION
 def models_describe(model, fmt):
@@ -68,6 +105,7 @@ def models_describe(model, fmt):
 
 
 @models_group.command("delete")
+@regional
 @click.argument("model")
 def models_delete(model):
     """Delete a model that has no versions left."""
@@ -85,19 +123,41 @@ def versions_group():
 @versions_group.command("create")
 @click.argument("version")
 @MODEL_OPTION
-@click.option("--origin", required=True, metavar="URL",
-              help="The export to publish: <job-dir>/model. Any path or URL.")
+@click.option("--origin", metavar="URL",
+              help="The export to publish: <job-dir>/model. Any path or URL [default: "
+                   "--config's deploymentUri].")
 @click.option("--description", help="The version's description.")
 @click.option("--labels", multiple=True, metavar="KEY=VALUE,...", help="Its labels.")
-def versions_create(version, model, origin, description, labels):
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="A YAML or JSON Version resource (deploymentUri, runtimeVersion, "
+                   "framework, machineType, autoScaling, ...); flags win over it.")
+@click.option("--framework", help="tensorflow (scikit-learn and xgboost are refused: "
+                                  "this server loads SavedModels).")
+@click.option("--runtime-version", help="Cloud ML's runtime version, recorded.")
+@click.option("--python-version", help="Cloud ML's Python version, recorded.")
+@click.option("--machine-type", help="Cloud ML's prediction machine, e.g. mls1-c1-m2, "
+                                     "recorded.")
+@REGION_OPTION
+def versions_create(version, model, origin, description, labels, config_path, framework,
+                    runtime_version, python_version, machine_type, region):
     """Publish an export as a new version (every file, then the marker last); the first
     version becomes the default."""
-    made = models.create_version(model, version, origin, description, _labels(labels))
+    version_config.check_region(region)
+    fields = version_config.version_fields(
+        config_path=config_path, origin=origin, description=description,
+        labels=_labels(labels), runtime_version=runtime_version,
+        python_version=python_version, machine_type=machine_type,
+        framework_text=framework)
+    version_config.region_note(region, echo)
+    made = models.create_version(model, version, fields["origin"], fields["description"],
+                                 fields["labels"], fields["settings"])
+    version_config.note_settings(fields["settings"], echo)
     echo(f"Created version [{version}] of model [{model}] as version {made['number']}.")
     return EXIT_OK
 
 
 @versions_group.command("list")
+@regional
 @MODEL_OPTION
 @formats.FORMAT_OPTION
 def versions_list(model, fmt):
@@ -111,6 +171,7 @@ def versions_list(model, fmt):
 
 
 @versions_group.command("describe")
+@regional
 @click.argument("version")
 @MODEL_OPTION
 @formats.FORMAT_OPTION
@@ -124,6 +185,7 @@ def versions_describe(version, model, fmt):
 
 
 @versions_group.command("delete")
+@regional
 @click.argument("version")
 @MODEL_OPTION
 def versions_delete(version, model):
@@ -134,6 +196,7 @@ def versions_delete(version, model):
 
 
 @versions_group.command("set-default")
+@regional
 @click.argument("version")
 @MODEL_OPTION
 def versions_set_default(version, model):

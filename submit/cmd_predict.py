@@ -118,10 +118,17 @@ def model_path(model: str, version: str | None) -> str:
                                        "serving_default].")
 @click.option("--endpoint", default=DEFAULT_ENDPOINT, show_default=True,
               help="The server's REST address.")
+@click.option("--region", metavar="REGION",
+              help="gcloud's regional endpoint: checked, and said to change nothing "
+                   "(the request goes to --endpoint).")
 @formats.FORMAT_OPTION
 def predict_command(model, version, json_instances, json_request, text_instances,
-                    signature_name, endpoint, fmt):
+                    signature_name, endpoint, region, fmt):
     """Online prediction against a running server, as `gcloud ai-platform predict`."""
+    from submit import version_config
+    if version_config.check_region(region):
+        echo(f"--region {region}: gcloud's regional endpoint; the request goes to "
+             f"--endpoint {endpoint}", err=True)
     given = [(f, v) for f, v in (("--json-instances", json_instances),
                                  ("--json-request", json_request),
                                  ("--text-instances", text_instances)) if v is not None]

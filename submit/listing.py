@@ -1,17 +1,18 @@
-"""`jobs list --filter --sort-by --limit`: gcloud's simple forms over the local index.
+"""`jobs list --filter --sort-by --limit`: gcloud's forms over the local index.
 
-A filter is terms joined by spaces or `AND`, each `KEY=VALUE` (equal; states compare
-without case) or `KEY:PATTERN` (`*` matches anything, as gcloud's `jobId:job1*`). Keys
-are the record's fields in gcloud's camelCase or as stored (`jobId`, `state`, `runner`,
-`scaleTier`, `jobDir`) and `labels.KEY`. `--sort-by FIELD` sorts by a field, `~FIELD`
+A filter is gcloud's expression language (`submit.filter_expr`): `KEY=VALUE` (states
+compare without case), `!=`, `<`, `<=`, `>`, `>=`, `KEY:PATTERN` (`*` matches
+anything, as gcloud's `jobId:job1*`; `labels.KEY:*` a label that is set), `~` regular
+expressions, joined by spaces, `AND`, `OR`, `NOT` and parentheses. Keys are the record's
+fields in gcloud's camelCase or as stored (`jobId`, `state`, `runner`, `scaleTier`,
+`jobDir`, `createTime`...) and `labels.KEY`. `--sort-by FIELD` sorts by a field, `~FIELD`
 in reverse (`createTime`, `jobId`, `state`, ...); several are comma-separated.
 """
 from __future__ import annotations
 
-import fnmatch
-import re
 from typing import Any
 
+from submit import filter_expr
 from submit.errors import UsageError
 from submit.jobs import JobRecord
 
@@ -19,7 +20,6 @@ FIELDS = {"jobId": "job_id", "state": "state", "runner": "runner", "scaleTier": 
           "jobDir": "job_dir", "createTime": "create_time", "startTime": "start_time",
           "endTime": "end_time", "module": "module"}
 FIELDS.update({stored: stored for stored in list(FIELDS.values())})
-_TERM = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:\.[a-z][a-z0-9_-]*)?)(=|:)(.*)")
 
 
 def _value(record: JobRecord, key: str, where: str) -> Any:
@@ -31,25 +31,11 @@ def _value(record: JobRecord, key: str, where: str) -> Any:
     return getattr(record, FIELDS[key])
 
 
-def _terms(text: str) -> list[tuple[str, str, str]]:
-    terms: list[tuple[str, str, str]] = []
-    for word in re.split(r"\s+(?:AND\s+)?", text.strip()):
-        match = _TERM.fullmatch(word)
-        if not match:
-            raise UsageError(f"--filter {word!r:.60} is not KEY=VALUE or KEY:PATTERN; write "
-                             "e.g. --filter 'state=RUNNING labels.team=vision'")
-        terms.append((match[1], match[2], match[3]))
-    return terms
-
-
-def _matches(record: JobRecord, key: str, op: str, wanted: str) -> bool:
-    value = _value(record, key, "--filter")
-    if value is None:
-        return False
-    value = str(value)
-    if key == "state":
-        value, wanted = value.upper(), wanted.upper()
-    return value == wanted if op == "=" else fnmatch.fnmatchcase(value, wanted)
+def _filter_value(record: JobRecord | None, key: str) -> Any:
+    if record is None:  # parse time: the key is checked
+        _value(JobRecord(""), key, "--filter")
+        return None
+    return _value(record, key, "--filter")
 
 
 def select(records: list[JobRecord], *, filter_text: str | None = None,
@@ -58,8 +44,8 @@ def select(records: list[JobRecord], *, filter_text: str | None = None,
     if limit is not None and limit < 1:
         raise UsageError(f"--limit {limit} must be 1 or more")
     if filter_text:
-        terms = _terms(filter_text)
-        records = [r for r in records if all(_matches(r, *t) for t in terms)]
+        wanted = filter_expr.parse(filter_text, _filter_value)
+        records = [r for r in records if wanted(r)]
     for key in reversed([k.strip() for k in (sort_by or "").split(",") if k.strip()]):
         field = key.lstrip("~")
         _value(JobRecord(""), field, "--sort-by")  # an unknown field is an error

@@ -114,7 +114,10 @@ def find_version(base: str, data: dict[str, Any], name: str, model: str) -> dict
 def model_resource(model: str, base: str, data: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"name": model, "description": data.get("description"),
                            "labels": data.get("labels") or {},
-                           "regions": data.get("regions") or None}
+                           "regions": data.get("regions") or None,
+                           "onlinePredictionLogging": data.get("onlinePredictionLogging"),
+                           "onlinePredictionConsoleLogging":
+                               data.get("onlinePredictionConsoleLogging")}
     default = data.get("defaultVersion")
     all_versions = versions(base, data)
     if default in all_versions:
@@ -135,6 +138,8 @@ def version_resource(model: str, base: str, data: dict[str, Any], name: str,
            f"the folder {storage.join(base, str(number))} is not published",
            "isDefault": data.get("defaultVersion") == name,
            "labels": version.get("labels") or {}, "framework": "TENSORFLOW",
+           **{k: v for k, v in (version.get("settings") or {}).items()
+              if k != "framework"},
            "mljob": {"model": model, "number": number, "origin": version.get("origin")}}
     return {k: v for k, v in out.items() if v is not None}
 
@@ -142,7 +147,8 @@ def version_resource(model: str, base: str, data: dict[str, Any], name: str,
 # --- changes --------------------------------------------------------------------------
 
 def create_model(model: str, base: str | None, description: str | None,
-                 labels: dict[str, str], regions: list[str]) -> str:
+                 labels: dict[str, str], regions: list[str],
+                 logging: dict[str, bool] | None = None) -> str:
     path = index_path(model)
     if os.path.exists(path):
         raise UsageError(f"model {model!r} already exists; pick another name, or delete "
@@ -157,7 +163,7 @@ def create_model(model: str, base: str | None, description: str | None,
         specs.check_text(description, "--description")
     model_meta.write(base, {"name": model, "description": description, "labels": labels,
                             "regions": regions, "createTime": _now(), "versions": {},
-                            "defaultVersion": None})
+                            "defaultVersion": None, **(logging or {})})
     storage.write_bytes(path, json.dumps({"name": model, "basePath": base}).encode())
     return base
 
@@ -173,7 +179,8 @@ def delete_model(model: str) -> None:
 
 
 def create_version(model: str, name: str, origin: str, description: str | None,
-                   labels: dict[str, str]) -> dict[str, Any]:
+                   labels: dict[str, str],
+                   settings: dict[str, Any] | None = None) -> dict[str, Any]:
     from predict import publish
     check_name(name, "version")
     base, data = record(model)
@@ -191,7 +198,7 @@ def create_version(model: str, name: str, origin: str, description: str | None,
                              else max(taken, default=0) + 1)
     data.setdefault("versions", {})[name] = {
         "number": number, "origin": origin, "createTime": _now(), "labels": labels,
-        "description": description}
+        "description": description, "settings": dict(settings or {})}
     if not data.get("defaultVersion"):
         data["defaultVersion"] = name  # Cloud ML: the first version is the default
     model_meta.write(base, data)

@@ -11,8 +11,10 @@ beside the index (`$MLJOB_HOME/labels/<job-id>.json`) and win over the record's.
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime
+import hashlib
 import json
 import os
 import re
@@ -108,8 +110,19 @@ def job(record: records.JobRecord, state: str | None = None) -> dict[str, Any]:
             output.setdefault("completedTrialCount", str(sum(
                 1 for t in output["trials"] if t.get("state") == "SUCCEEDED")))
         out["trainingOutput"] = output
+    out["etag"] = etag(out)
     out[OWN_KEY] = own_fields(record)
     return {k: v for k, v in out.items() if v is not None}
+
+
+def etag(job_fields: dict[str, Any]) -> str:
+    """Cloud ML's etag: base64 bytes that change whenever the job does (its state,
+    labels, end or error), so `jobs update --etag` can refuse to change a job that
+    changed since it was read."""
+    seen = {k: job_fields.get(k) for k in ("jobId", "state", "labels", "endTime",
+                                           "errorMessage", "createTime")}
+    digest = hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).digest()
+    return base64.b64encode(digest[:8]).decode()
 
 
 def own_fields(record: records.JobRecord) -> dict[str, Any]:

@@ -115,7 +115,7 @@ def test_a_folder_predict_publish_made_is_version_v_n(capsys, tmp_path, exports)
      "does not exist"),
     (["versions", "create", "v 1", "--model", "m1", "--origin", "{missing}"],
      "invalid version name 'v 1'"),
-    (["versions", "create", "v1", "--model", "m1"], "Missing option '--origin'"),
+    (["versions", "create", "v1", "--model", "m1"], "give the export to publish: --origin"),
     (["versions", "set-default", "v9", "--model", "m1"], "model 'm1' has no version 'v9'"),
     (["versions", "delete", "v9", "--model", "m1"], "model 'm1' has no version 'v9'"),
     (["predict", "--model", "m1", "--json-instances", "{lines}", "--endpoint",
