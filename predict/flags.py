@@ -41,6 +41,8 @@ from mljob import procs
 from predict.errors import UsageError
 
 MAX_INT32 = 2 ** 31 - 1
+MAX_PORT = 65535
+PORT_FLAGS = ("port", "rest_api_port", "grpc_port")  # TF Serving took 65537 as port 1
 
 
 @dataclass
@@ -237,6 +239,11 @@ def _int(name: str, text: str, low) -> int:
     except ValueError:
         raise UsageError(f"--{name}={text}: not an integer") from None
     top = 2 ** 63 - 1 if name == "load_retry_interval_micros" else MAX_INT32
+    if name.split()[0] in PORT_FLAGS:
+        top = MAX_PORT
+        if not (low or 0) <= value <= top:
+            raise UsageError(f"--{name}={text}: not a port; use {low or 0}..{top}"
+                             f"{' (0 picks a free one)' if not low else ''}")
     if (low is not None and value < low) or value > top:
         raise UsageError(f"--{name}={text}: must lie in {low}..{top}")
     return value

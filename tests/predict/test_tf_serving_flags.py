@@ -58,7 +58,12 @@ def test_booleans_take_tf_servings_forms():
     (["--enable_cors_support"], "unknown flag --enable_cors_support"),  # not TF Serving's
     (["--enable_per_model_batching_parameters"], "needs --enable_batching"),
     (["--port=abc"], "--port=abc: not an integer"),
-    (["--port=-1"], "--port=-1: must lie in 0..2147483647"),
+    (["--port=-1"], "--port=-1: not a port; use 0..65535 (0 picks a free one)"),
+    (["--port=65536"], "--port=65536: not a port; use 0..65535"),
+    (["--port=65537"], "--port=65537: not a port; use 0..65535"),  # was port 1
+    (["--port=99999"], "--port=99999: not a port; use 0..65535"),  # was port 34463
+    (["--rest_api_port=65536"], "--rest_api_port=65536: not a port; use 0..65535"),
+    (["--grpc_port=70000"], "--grpc_port=70000: not a port; use 0..65535"),
     (["--rest_api_num_threads=0"], "must lie in 1.."),
     (["--file_system_poll_wait_seconds=nan"], "must lie in 0.."),
     (["--model_config_file_poll_wait_seconds=5"], "needs --model_config_file"),
@@ -104,6 +109,10 @@ def test_vertex_ais_variables():
     assert (o.model_base_path, o.model_dir) == ("/b", "")
     with pytest.raises(UsageError, match="AIP_HTTP_PORT"):
         parse(env={"AIP_HTTP_PORT": "http", "AIP_STORAGE_URI": "/m"})
+    for bad in ("99999", "65536", "0", "-1"):  # 99999 was a traceback
+        with pytest.raises(UsageError, match=r"--rest_api_port \(AIP_HTTP_PORT\)="
+                                             f"{bad}: not a port; use 1..65535"):
+            parse(env={"AIP_HTTP_PORT": bad, "AIP_STORAGE_URI": "/m"})
 
 
 def test_help_lists_every_flag_and_says_which_are_ours():
