@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -146,3 +147,38 @@ def test_gzip_tfrecords(export_dir, tmp_path, capsys):
     assert capsys.readouterr().out.strip() == "3 instances: 3 predicted, 0 failed"
     rows = read_jsonl(tmp_path / "out" / "prediction.results-00000-of-00001")
     assert [r["key"] for r in rows] == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_a_batch_killed_mid_write_leaves_nothing_in_the_output(export_dir, tmp_path, reaper):
+    """`predict batch` writes beside the output folder and publishes at the end: stopped
+    once rows are written, then SIGKILLed, it leaves no `prediction.*` file there, so the
+    same command again is not refused as an output that holds predictions."""
+    import signal
+
+    from tests.support.common import ROOT
+    (tmp_path / "a.json").write_text(instance_lines(images(600, seed=5), keys=range(600)))
+    out = tmp_path / "out"
+    argv = ["batch", "--model-dir", export_dir, "--input-paths", str(tmp_path / "a.json"),
+            "--data-format", "text", "--output-path", str(out), "--batch-size", "1"]
+    proc = reaper.python("-m", "predict", *argv, cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": ROOT})
+
+    def written():
+        return [os.path.join(d, n) for d, _, names in os.walk(out) for n in names
+                if n.startswith("prediction.results-")
+                and os.path.getsize(os.path.join(d, n)) > 0]
+    deadline = time.monotonic() + 240
+    while not written():
+        assert proc.poll() is None and time.monotonic() < deadline, "no rows written"
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGSTOP)  # mid-shard, and it stays there while looked at
+    try:
+        assert not [n for n in os.listdir(out) if n.startswith("prediction.")]
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(60)
+    assert len(open(written()[0]).readlines()) < 600  # it was killed mid-write
+    assert main(argv) == 0
+    assert [r["key"] for r in read_jsonl(out / "prediction.results-00000-of-00001")] == \
+        list(range(600))
