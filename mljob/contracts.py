@@ -15,6 +15,11 @@ from typing import NamedTuple
 CHIEF, WORKER, PS, EVALUATOR = "chief", "worker", "ps", "evaluator"
 MASTER = "master"  # legacy name of chief (Cloud ML before runtime 2.1)
 ROLES = (CHIEF, MASTER, WORKER, PS, EVALUATOR)
+# The order a job's replicas are stopped in (cancel, deadline, a failure, an early-stopped
+# trial): the chief first, while the ps still serve, so it can save its newest steps; then
+# workers and evaluators; the ps last. Stopped all at once, a chief under ps lost the steps
+# since its last checkpoint (`ps-replica-0 stopped answering`, exit 200).
+STOP_ORDER = ((CHIEF, MASTER), (WORKER, EVALUATOR), (PS,))
 
 # --- replica labels: `master-replica-0`, `worker-replica-3` (Cloud ML's log labels) -----
 LABEL_KINDS = {CHIEF: "master", MASTER: "master", WORKER: "worker", PS: "ps",
@@ -95,6 +100,10 @@ CLUSTER_SPEC = "CLUSTER_SPEC"            # Vertex AI's worker pools
 JOB_ID_ENV = "CLOUD_ML_JOB_ID"           # Cloud ML's, set by the local runner and Kubeflow
 MLJOB_JOB_ID_ENV = "MLJOB_JOB_ID"        # on Vertex AI, which sets CLOUD_ML_JOB_ID itself
 PARENT_PID_ENV = "MLJOB_PARENT_PID"      # the supervising process a replica dies with
+# A replica asked to stop that has not exited this many seconds later ends itself
+# (mljob.training.signals); launchers give a stopping chief this long to save.
+STOP_DEADLINE_ENV = "MLJOB_STOP_DEADLINE"
+STOP_DEADLINE_SECONDS = 60.0
 AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, AIP_TENSORBOARD_LOG_DIR = (
     "AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR")
 AIP_DIRS = (AIP_MODEL_DIR, AIP_CHECKPOINT_DIR, AIP_TENSORBOARD_LOG_DIR)

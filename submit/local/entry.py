@@ -23,7 +23,9 @@ from submit.local.plan import JobPlan
 from submit.local.supervisor import Supervisor
 from submit.spec import JobSpec
 
-CANCEL_WAIT_S = 60.0       # `jobs cancel`: how long the supervisor gets to stop the job
+# `jobs cancel`: how long the supervisor gets to stop the job (a stopping chief gets its
+# stop deadline to save, 60 s by default, then workers and ps their grace)
+CANCEL_WAIT_S = 90.0
 MAX_PARALLEL_TRIALS = 16   # tuning trials at once, each a job of its own on this machine
 
 

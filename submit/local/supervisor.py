@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -50,7 +51,8 @@ from submit.local.prestart import Pool
 from submit.package import Package, ensure_environment
 
 log = logging.getLogger(__name__)
-STOP_GRACE_S = 5.0         # SIGTERM to SIGKILL
+STOP_GRACE_S = 5.0         # SIGTERM to SIGKILL (the chief: its stop deadline, below)
+CHIEF_EXIT_S = 5.0         # beyond the chief's own stop deadline, for it to exit
 EVALUATOR_DRAIN_S = 60.0   # evaluators may finish their last evaluation after the chief
 MIRROR_EVERY_S = 5.0
 POLL_S = 0.2
@@ -188,6 +190,29 @@ def die_with_parent(parent_pid: int) -> Callable[[], None]:
     return preexec
 
 
+def stop_stages(replicas: list[Replica]) -> list[list[Replica]]:
+    """The replicas in the order they are stopped (contracts.STOP_ORDER), stage by stage."""
+    stages = [[r for r in replicas if r.plan.task_type in types]
+              for types in contracts.STOP_ORDER]
+    return [stage for stage in stages if stage]
+
+
+def chief_deadline(stage: list[Replica]) -> float:
+    """How long a stage holding a running chief may take: the chief's own stop deadline
+    (MLJOB_STOP_DEADLINE, after which it exits by itself) and a little for its exit; 0
+    for any other stage."""
+    chief = next((r for r in stage if r.plan.is_chief and r.running), None)
+    if chief is None:
+        return 0.0
+    text = {**os.environ, **chief.plan.env}.get(contracts.STOP_DEADLINE_ENV, "")
+    try:  # as the chief reads it: a value that is not a positive number is the default
+        seconds = float(text) if text else 0.0
+    except ValueError:
+        seconds = 0.0
+    ok = math.isfinite(seconds) and seconds > 0
+    return (seconds if ok else contracts.STOP_DEADLINE_SECONDS) + CHIEF_EXIT_S
+
+
 class Supervisor(JobLife):
     """Runs a JobPlan to its end; `publish(record)` is called after each change."""
 
@@ -295,30 +320,51 @@ class Supervisor(JobLife):
             time.sleep(POLL_S)
 
     def _stop(self, replicas: list[Replica]) -> None:
-        """SIGTERM each group, wait the grace period, then SIGKILL the groups and reap."""
+        """Stop in contracts.STOP_ORDER, one stage after the other: SIGTERM the stage's
+        groups, wait (the chief its stop deadline while its peers serve, the others the
+        grace period), SIGKILL the stage's groups and reap; then the next stage."""
         live = [r for r in replicas if r.proc is not None and not r.reaped]
         stopped = [r for r in live if r.running]  # the others ended by themselves
-        for r in stopped:
-            r.signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + self.grace
-        while any(r.running for r in live) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for r in live:
-            proc = r.proc
-            assert proc is not None  # live replicas have a process
-            r.signal_group(signal.SIGKILL)
-            try:
-                proc.wait(timeout=10)
-                r.reaped = True
-            except subprocess.TimeoutExpired:
-                log.error("%s (pid %d) did not die after SIGKILL", r.plan.label, proc.pid)
-            r.restart_at = None
-            rec = self.record.replica(r.plan.label)
-            if rec.state == "RUNNING":  # a RESTARTING one's last run is counted already
-                rec.exit_codes.append(exit_status(proc.returncode))
-            if rec.state in ("RUNNING", "RESTARTING"):
-                rec.state = "STOPPED" if r in stopped else "EXITED"
-                rec.exit_code = exit_status(proc.returncode)
+        for stage in stop_stages(live):
+            running = [r for r in stage if r.running]
+            if running:  # a service line per stage: the order shows in stream-logs
+                self._event(f"stopping {', '.join(r.plan.label for r in running)} (SIGTERM)")
+            for r in running:
+                r.signal_group(signal.SIGTERM)
+            started = time.monotonic()
+            chief_wait = max(self.grace, chief_deadline(stage))
+            while any(r.running for r in stage):
+                waited = time.monotonic() - started
+                if waited >= chief_wait or (waited >= self.grace and not self._peers_up()):
+                    break
+                time.sleep(0.05)
+            for r in stage:
+                self._kill_and_reap(r, stopped)
+                if r in running and r.proc is not None:
+                    self._event(f"{r.plan.label} stopped with status "
+                                f"{exit_status(r.proc.returncode)}")
+
+    def _peers_up(self) -> bool:
+        """Whether every ps and worker still runs: a chief can save only with them."""
+        return all(r.running for r in self.replicas
+                   if r.plan.task_type in (contracts.PS, contracts.WORKER))
+
+    def _kill_and_reap(self, r: Replica, stopped: list[Replica]) -> None:
+        proc = r.proc
+        assert proc is not None  # live replicas have a process
+        r.signal_group(signal.SIGKILL)
+        try:
+            proc.wait(timeout=10)
+            r.reaped = True
+        except subprocess.TimeoutExpired:
+            log.error("%s (pid %d) did not die after SIGKILL", r.plan.label, proc.pid)
+        r.restart_at = None
+        rec = self.record.replica(r.plan.label)
+        if rec.state == "RUNNING":  # a RESTARTING one's last run is counted already
+            rec.exit_codes.append(exit_status(proc.returncode))
+        if rec.state in ("RUNNING", "RESTARTING"):
+            rec.state = "STOPPED" if r in stopped else "EXITED"
+            rec.exit_code = exit_status(proc.returncode)
 
     def _stop_everything(self) -> None:
         if self.pool is not None:

@@ -18,8 +18,11 @@ Decisions:
 - `successPolicy: ""` is the operator's default: the job succeeds when the chief does.
   The operator then deletes the running evaluator, which may not yet have seen the
   chief's final checkpoint: its pod gets `terminationGracePeriodSeconds`
-  (EVALUATOR_GRACE_SECONDS) and mljob's evaluator, on SIGTERM, evaluates the newest
+  (STOP_GRACE_SECONDS) and mljob's evaluator, on SIGTERM, evaluates the newest
   checkpoint once more before it exits (mljob/training/evaluator.py).
+- A cancelled (deleted) job's pods are all signalled at once. Every pod gets the same
+  grace period, so the chief can save; ps and worker pods wait in a preStop hook while
+  the chief still answers (WAIT_FOR_CHIEF), so they serve its save and go after it.
 - The job's labels (config.yaml's and --labels) label the TFJob and its pods, beside
   mljob's own. `scheduling.maxRunningTime` is `runPolicy.activeDeadlineSeconds`;
   `maxWaitTime` is `runPolicy.schedulingPolicy.scheduleTimeoutSeconds`, which the
@@ -49,7 +52,6 @@ from typing import Any
 import yaml
 
 from mljob import contracts, machines
-from mljob.training.signals import STOP_DEADLINE_SECONDS
 from submit import containers, spec as specs
 from submit.errors import UsageError
 from submit.package import Package, mljob_home
@@ -57,10 +59,26 @@ from submit.package import Package, mljob_home
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "tfjobs"
 CONTAINER, PORT_NAME, PORT = "tensorflow", "tfjob-port", 2222  # what the operator expects
 BASE_IMAGE, BASE_IMAGE_GPU = "tensorflow/tensorflow:2.21.0", "tensorflow/tensorflow:2.21.0-gpu"
-# Long enough for the evaluator's last look at the checkpoints after SIGTERM: the stop
-# watchdog ends it after STOP_DEADLINE_SECONDS, so the kubelet's SIGKILL never cuts an
-# evaluation short (Kubernetes' default is 30 s).
-EVALUATOR_GRACE_SECONDS = math.ceil(STOP_DEADLINE_SECONDS) + 30
+# Every pod's grace period: long enough for the chief to save after SIGTERM and for the
+# evaluator's last look at the checkpoints (the stop watchdog ends either after
+# STOP_DEADLINE_SECONDS), and for the ps' and workers' preStop wait below, so the
+# kubelet's SIGKILL never cuts them short (Kubernetes' default is 30 s).
+EVALUATOR_GRACE_SECONDS = STOP_GRACE_SECONDS = math.ceil(contracts.STOP_DEADLINE_SECONDS) + 30
+# A deleted job's pods are all signalled at once; a ps or worker gone first would leave
+# the chief unable to save (`ps-replica-0 stopped answering`). So the ps' and workers'
+# preStop hook (run by the kubelet before the container's SIGTERM) waits while the chief
+# still answers at its TF_CONFIG address, at most the chief's stop deadline.
+WAIT_FOR_CHIEF = (
+    "import json, os, socket, time\n"
+    "c = json.loads(os.environ.get('TF_CONFIG') or '{}').get('cluster', {})\n"
+    "host, _, port = ((c.get('chief') or c.get('master') or [''])[0]).rpartition(':')\n"
+    f"end = time.monotonic() + {math.ceil(contracts.STOP_DEADLINE_SECONDS) + 5}\n"
+    "while host and time.monotonic() < end:\n"
+    "    try:\n"
+    "        socket.create_connection((host, int(port)), 2).close()\n"
+    "    except (OSError, ValueError):\n"
+    "        break\n"
+    "    time.sleep(1)\n")
 MAX_NAME = 50   # pods are <name>-<type>-<index>; their services must stay DNS labels (63)
 REPLICA_TYPES = {specs.CHIEF: "Chief", specs.WORKER: "Worker", specs.PS: "PS",
                  specs.EVALUATOR: "Evaluator"}
@@ -223,9 +241,12 @@ def replica_spec(spec: specs.JobSpec, group: specs.ReplicaGroup, image: str,
         if group.container_command:
             container["command"] = list(group.container_command)
     container["resources"] = resources(group, group.accelerator_count)
-    pod: dict[str, Any] = {"containers": [container]}
-    if group.task_type == specs.EVALUATOR:
-        pod["terminationGracePeriodSeconds"] = EVALUATOR_GRACE_SECONDS
+    if group.task_type in (specs.PS, specs.WORKER) and not group.image_uri:
+        # (a custom image may hold no `python`: its pods stop as Kubernetes stops them)
+        container["lifecycle"] = {"preStop": {"exec": {
+            "command": ["python", "-c", WAIT_FOR_CHIEF]}}}
+    pod: dict[str, Any] = {"containers": [container],
+                           "terminationGracePeriodSeconds": STOP_GRACE_SECONDS}
     if service_account:
         pod["serviceAccountName"] = service_account
     accelerator = group.accelerator_type

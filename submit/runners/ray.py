@@ -59,7 +59,7 @@ from submit.runners.engine import ClusterEngine, EngineStatus, Rendered, Replica
 ADDRESS_ENV = "RAY_ADDRESS"
 CONNECT_TIMEOUT_S = 5.0
 POLL_S = 1.0
-CANCEL_WAIT_S = 30.0
+CANCEL_WAIT_S = 90.0  # the driver's ordered stop: the chief saves first
 FOLLOW_OUTAGE_S = 120.0  # how long a followed job's dashboard may not answer
 DRIVER_FILE = "ray_driver.py"
 JOB_FILE = "job.json"
@@ -144,9 +144,13 @@ class RayEngine(ClusterEngine):
                             "error": logfmt.ERROR_LINE.pattern,
                             **({"quiet": logfmt.STARTUP_NOISE.pattern}
                                if env.get(logfmt.TF_LOG_LEVEL_ENV) else {})}}
+        # `ray job stop` SIGKILLs the driver after RAY_JOB_STOP_WAIT_TIME_S (3 s by
+        # default): long enough here for the driver's ordered stop (chief saving first)
+        stop_wait = ray_driver.stop_deadline(env) + 4 * ray_driver.STOP_GRACE_S
         runtime_env = {"working_dir": "(a folder: the driver, job.json and the archives)",
                        "pip": {"packages": [_pip_path(a) for a in archives],
-                               "pip_check": False}}
+                               "pip_check": False},
+                       "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": f"{stop_wait:g}"}}
         body = {"address": address, "entrypoint": f"python {DRIVER_FILE} {JOB_FILE}",
                 "runtime_env": runtime_env, "metadata": _metadata(spec),
                 "archives": archives, "job": job}

@@ -24,7 +24,8 @@ What it does:
    (Ray re-places a lost node's bundles); the new actor takes the replica's old port,
    and if its address is still not the old one (another node), every replica restarts
    with the new TF_CONFIG;
-5. SIGTERM (`ray job stop`) stops every replica process before the driver exits;
+5. SIGTERM (`ray job stop`) stops every replica process before the driver exits, in
+   STOP_ORDER (the chief first, saving while the ps serve; the ps last);
 6. in a tuning trial (`hp_metric_file` in job.json), each replica writes its
    cloudml-hypertune reports to that file under its own folder on its node
    (CLOUD_ML_HP_METRIC_FILE), and every new report line is printed as a service line
@@ -53,6 +54,9 @@ RESULT = "job "             # `job SUCCEEDED` / `job FAILED: why`
 METRIC = "hypertune "       # `hypertune LABEL {"global_step": ..., "<tag>": ...}`
 HP_METRIC_FILE_ENV = "CLOUD_ML_HP_METRIC_FILE"  # mljob.contracts' (this file imports none)
 STOP_GRACE_S = 5.0
+# mljob.contracts' (this file imports none; tests/submit/test_runner_ray.py compares them)
+STOP_ORDER = (("chief", "master"), ("worker", "evaluator"), ("ps",))
+STOP_DEADLINE_ENV, STOP_DEADLINE_SECONDS = "MLJOB_STOP_DEADLINE", 60.0
 POLL_S = 0.5
 PLACEMENT_WAIT_S = 120.0    # a placement group that fits the cluster but waits for room
 LOST_STATUS = 137           # a replica whose actor died with its node, as a SIGKILL
@@ -272,6 +276,15 @@ class ReplicaActor:
         return None if code is None else (128 - code if code < 0 else code)
 
 
+def stop_deadline(env: dict) -> float:
+    """MLJOB_STOP_DEADLINE as a replica reads it: the chief's time to save when stopped."""
+    try:
+        seconds = float(env.get(STOP_DEADLINE_ENV) or 0)
+    except ValueError:
+        seconds = 0.0
+    return seconds if 0 < seconds < float("inf") else STOP_DEADLINE_SECONDS
+
+
 def should_restart(policy: str, status: int) -> bool:
     """`submit.local.supervisor.should_restart`, the same rule, copied: this driver runs
     on the cluster with the standard library and Ray only (tests/submit/test_runner_ray.py
@@ -312,6 +325,7 @@ class Driver:
         self.restarts = [0] * len(self.replicas)
         self.pids: list[int | None] = [None] * len(self.replicas)
         self.ended: set[int] = set()   # exited for good or stopped: never signalled again
+        self.peer_lost = False         # a replica failed for good: the chief cannot save
         self.relayed: list[set[str]] = [set() for _ in self.replicas]  # report lines
 
     def event(self, text: str) -> None:
@@ -380,17 +394,23 @@ class Driver:
         self.note(i, "RUNNING")
 
     def stop(self, which, final: bool = True) -> None:
-        """Stop the replicas' processes (SIGTERM, grace, SIGKILL), all at once."""
-        refs = [(i, self.actors[i].stop.remote()) for i in which
-                if self.actors[i] is not None and i not in self.ended]
-        for i, ref in refs:
-            try:
-                status = self.ray.get(ref, timeout=STOP_GRACE_S * 3)
-            except Exception:  # a lost actor has nothing to stop
-                status = None
-            if final:
-                self.ended.add(i)
-                self.note(i, "STOPPED", status)
+        """Stop the replicas' processes (SIGTERM, grace, SIGKILL) stage by stage in
+        STOP_ORDER: the chief first, with its stop deadline unless a peer was lost (it
+        saves while the ps serve), then workers and evaluators, then the ps."""
+        which = [i for i in which if self.actors[i] is not None and i not in self.ended]
+        for types in STOP_ORDER:
+            stage = [i for i in which if self.replicas[i]["task_type"] in types]
+            saving = "chief" in types and not self.peer_lost
+            grace = STOP_GRACE_S + (stop_deadline(self.job["env"]) if saving else 0)
+            refs = [(i, self.actors[i].stop.remote(grace)) for i in stage]
+            for i, ref in refs:
+                try:
+                    status = self.ray.get(ref, timeout=grace * 2 + STOP_GRACE_S)
+                except Exception:  # a lost actor has nothing to stop
+                    status = None
+                if final:
+                    self.ended.add(i)
+                    self.note(i, "STOPPED", status)
 
     def run(self) -> tuple[str, str | None]:
         for i in range(len(self.replicas)):
@@ -436,6 +456,7 @@ class Driver:
                 self.note(i, "EXITED", status)
                 done.add(i)
                 self.ended.add(i)
+                self.peer_lost = status != 0
                 if status != 0:
                     return "FAILED", (f"The replica {r['label']} exited with a non-zero "
                                       f"status of {status}.")

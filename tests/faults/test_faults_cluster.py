@@ -24,8 +24,8 @@ import signal
 
 import pytest
 
-from tests.support.common import Reaper
-from tests.support.trainer_runs import export_accuracy, read, wait_for
+from tests.support.common import ROOT, Reaper, pid_alive
+from tests.support.trainer_runs import export_accuracy, read, wait_exit, wait_for
 
 from tests.support.faults import ACCURACY_POINTS, ARGS, CONFIG, DATA, JOB_TIMEOUT, \
     STEP_TIMEOUT, TOTAL, Job, check_restorable, checkpoint_steps  # noqa: F401
@@ -164,3 +164,47 @@ def test_chief_preempted_then_killed_resumes_without_losing_a_step(reaper, tmp_p
     assert restarts(record) == {"master-replica-0": 2, "worker-replica-0": 0,
                                 "worker-replica-1": 0, "ps-replica-0": 0}
     check_accuracy(job, baseline)
+
+
+ONE_WORKER = ("trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"
+              "  workerCount: 1\n  parameterServerCount: 1\n")
+
+
+@pytest.mark.slow  # a chief, a worker and a ps started, trained briefly and cancelled
+def test_a_cancelled_ps_job_keeps_every_step_it_logged(reaper, tmp_path):
+    """`jobs cancel` (as the console's Cancel, maxRunningTime and an early-stopped trial,
+    through the same stop) stops the chief first, while the ps still serves: it saves the
+    step it reached and exits 143. Stopped all at once, the chief lost the steps since its
+    last checkpoint (`ps-replica-0 stopped answering`, exit 200)."""
+    import subprocess
+    import sys
+    # no periodic checkpoint after the first: only the save on the stop can hold the
+    # steps logged
+    job = Job(reaper, tmp_path, "cancelled", cluster=ONE_WORKER,
+              extra=("--checkpoint-every", "100000"))
+    job.wait_step(100)
+    pids = {r["label"]: r["pid"] for r in job.record()["replicas"]}
+    cancel = subprocess.run([sys.executable, "-m", "submit", "jobs", "cancel", "cancelled"],
+                            capture_output=True, text=True, timeout=120, env=job.env,
+                            cwd=ROOT)
+    assert cancel.returncode == 0 and "Job [cancelled] CANCELLED." in cancel.stdout, \
+        cancel.stderr
+    assert wait_exit(job.proc, 60, job.out) == 130   # the streaming submit: cancelled
+    record = job.record()
+    assert record["state"] == "CANCELLED"
+    exits = {r["label"]: r["exit_codes"] for r in record["replicas"]}
+    assert exits["master-replica-0"] == [143], (exits, read(job.out)[-3000:])
+    logged = job.last_step()
+    newest = checkpoint_steps(job.job_dir)[-1]
+    print(f"last step logged {logged}, newest checkpoint {newest}")
+    assert newest >= logged >= 100
+    assert not [t for t in job.chief_lines("error:") if "stopped answering" in t]
+    # the order, as the job's service lines tell it: the chief had stopped before the
+    # worker and the ps were asked to
+    service = read(os.path.join(job.job_dir, "logs", "service.log"))
+    events = [line.split("\t", 3)[-1] for line in service.splitlines()]
+    order = ["stopping master-replica-0 (SIGTERM)", "master-replica-0 stopped with status 143",
+             "stopping worker-replica-0 (SIGTERM)", "stopping ps-replica-0 (SIGTERM)"]
+    assert [e for e in events if e in order] == order, events
+    check_restorable(job.job_dir)
+    assert [p for p in {*pids.values(), *job.pids} if pid_alive(p)] == []

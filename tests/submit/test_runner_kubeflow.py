@@ -92,16 +92,49 @@ def test_rendered_tfjob_matches_golden_and_the_sdk_models(case):
     assert sdk_round_trip(rendered.body) == rendered.body
 
 
-def test_the_evaluator_pod_has_time_for_its_last_look():
-    """The operator deletes the running evaluator when the chief succeeds; its pod's grace
-    period outlasts the evaluator's stop watchdog (docs/engine-kubeflow.md)."""
-    from mljob.training.signals import STOP_DEADLINE_SECONDS
+def test_pods_stop_in_the_order_that_keeps_the_chiefs_work():
+    """The operator deletes the running evaluator when the chief succeeds, and a cancel
+    deletes every pod at once: each pod's grace period outlasts the stop watchdog (the
+    chief saves, the evaluator has its last look), and the ps and workers wait in a
+    preStop hook while the chief still answers at its TF_CONFIG address
+    (docs/engines.md)."""
+    from mljob.contracts import STOP_DEADLINE_SECONDS
     replicas = engine(namespace="ml").render(resolve("custom_evaluator"), PACKAGE).body[
         "spec"]["tfReplicaSpecs"]
     grace = {kind: r["template"]["spec"].get("terminationGracePeriodSeconds")
              for kind, r in replicas.items()}
-    assert grace == {"Master": None, "Worker": None, "PS": None, "Evaluator": 90}
+    assert grace == {"Master": 90, "Worker": 90, "PS": 90, "Evaluator": 90}
     assert grace["Evaluator"] > STOP_DEADLINE_SECONDS
+    hooks = {kind: r["template"]["spec"]["containers"][0].get("lifecycle")
+             for kind, r in replicas.items()}
+    assert hooks["Master"] is None and hooks["Evaluator"] is None
+    assert hooks["Worker"] == hooks["PS"]
+    command = hooks["PS"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["python", "-c"]
+    # the hook itself, run as the kubelet would: it waits while the chief answers and
+    # returns once the chief has gone
+    import socket
+    import subprocess
+    import sys
+    import time
+    chief = socket.socket()
+    chief.bind(("127.0.0.1", 0))
+    chief.listen(8)
+    port = chief.getsockname()[1]
+    env = {**os.environ, "TF_CONFIG": json.dumps(
+        {"cluster": {"master": [f"127.0.0.1:{port}"], "ps": ["127.0.0.1:1"]},
+         "task": {"type": "ps", "index": 0}})}
+    hook = subprocess.Popen([sys.executable, "-c", command[2]], env=env)
+    try:
+        time.sleep(1.5)
+        assert hook.poll() is None            # the chief still answers: the ps waits
+        chief.close()
+        started = time.monotonic()
+        assert hook.wait(10) == 0 and time.monotonic() - started < 5
+    finally:
+        hook.kill()
+        hook.wait()
+        chief.close()
 
 
 def test_the_sdk_check_catches_a_misspelt_field():

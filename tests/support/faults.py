@@ -30,13 +30,14 @@ class Job:
     """One submitted job: the launcher's process, and its record and chief log on disk."""
 
     def __init__(self, reaper: Reaper, folder, job_id: str, policy: str = "ExitCode",
-                 max_restarts: int = 3, env: dict | None = None, extra: tuple = ()):
+                 max_restarts: int = 3, env: dict | None = None, extra: tuple = (),
+                 cluster: str = CONFIG):
         folder.mkdir(parents=True, exist_ok=True)
         config = folder / "config.yaml"
-        config.write_text(CONFIG)
+        config.write_text(cluster)
         self.job_id, self.job_dir = job_id, str(folder / "job")
         self.out = folder / "submit.out"
-        env = {**os.environ, "MLJOB_HOME": str(folder / "home"), **(env or {})}
+        self.env = env = {**os.environ, "MLJOB_HOME": str(folder / "home"), **(env or {})}
         with open(self.out, "wb") as out:
             self.proc = reaper.python(
                 "-m", "submit", job_id, "--scale-tier", "CUSTOM", "--config", str(config),
