@@ -171,7 +171,7 @@ def test_a_batch_killed_mid_write_leaves_nothing_in_the_output(export_dir, tmp_p
     deadline = time.monotonic() + 240
     while not written():
         assert proc.poll() is None and time.monotonic() < deadline, "no rows written"
-        time.sleep(0.02)
+        time.sleep(0.01)
     os.kill(proc.pid, signal.SIGSTOP)  # mid-shard, and it stays there while looked at
     try:
         assert not [n for n in os.listdir(out) if n.startswith("prediction.")]

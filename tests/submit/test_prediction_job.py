@@ -314,7 +314,8 @@ def test_a_worker_killed_between_write_and_publish_leaves_nothing_resume_skips(
     out = tmp_path / "out"
     argv = flags(export_dir, str(inputs / "a.json"), out, "text", "--batch-size", "1")
     proc = _submit(reaper, argv)
-    written = wait_for(lambda: _written(out), JOB_TIMEOUT, "the first rows written")
+    written = wait_for(lambda: _written(out), JOB_TIMEOUT, "the first rows written",
+                       interval=0.01)
     worker = jobs.load("j").replicas[0].pid
     assert "predict.batch_worker" in psutil.Process(worker).cmdline()
     os.kill(worker, signal.SIGSTOP)  # mid-shard, and it stays there while looked at
