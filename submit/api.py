@@ -1,0 +1,303 @@
+"""mljob's Python API: jobs, batch prediction jobs, models and versions from a notebook
+or a pipeline, with the command line's behaviour (it is the same code underneath).
+
+    from submit import api
+
+    job = api.submit("job01", package_path="trainer", module_name="trainer.task",
+                     job_dir="jobs/job01", scale_tier="BASIC", args=["--train-steps", "100"])
+    job.wait()                      # to its end; JobFailed / JobCancelled if it did not succeed
+    job.state                       # "SUCCEEDED": read again at every access
+    for line in job.logs():         # follow=True: until the job ends
+        print(line)
+    job.describe()["trainingOutput"]   # Cloud ML's Job resource, as `jobs describe` prints it
+    api.list_jobs(filter="state=RUNNING OR labels.team=vision")
+
+Every job is started detached (the CLI's `--async`): `submit` returns once the job is
+recorded and its supervisor runs, so a notebook is never tied to it; `wait`, `logs`,
+`cancel` and `describe` work from any process, later. Errors are exceptions:
+`UsageError` (a mistake in what was asked: the CLI's exit 2, the same one-line
+message), `JobNotFoundError`, `JobFailed`, `JobCancelled`, all `SubmitError`s.
+
+The API lives in `submit` (the launcher), not in `mljob`: `mljob` is the core that job
+images install alone, and it imports nothing of the launcher.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from mljob import storage
+from submit import jobs as records
+from submit import lifecycle, listing, models, resource, spec as specs, submission
+from submit.errors import (JobCancelled, JobFailed, JobNotFoundError, SubmitError,
+                           UsageError)
+from submit.runners import kubeflow_options
+
+__all__ = ["Job", "Model", "submit", "submit_prediction", "get_job", "list_jobs",
+           "create_model", "get_model", "list_models", "SubmitError", "UsageError",
+           "JobFailed", "JobCancelled", "JobNotFoundError"]
+POLL_S = 0.5
+
+
+class Job:
+    """A submitted job (training, tuning or batch prediction), by its id."""
+
+    def __init__(self, job_id: str, *, notes: Sequence[str] = ()):
+        records.load(job_id)  # JobNotFoundError (a UsageError) when there is none
+        self.job_id = job_id
+        self.notes = list(notes)  # what the submission said (stderr's lines in the CLI)
+
+    def __repr__(self) -> str:
+        return f"Job({self.job_id!r}, state={self.state!r})"
+
+    def _record(self) -> records.JobRecord:
+        record = records.load(self.job_id)
+        return lifecycle.refresh(submission.runner_for(record), record)
+
+    @property
+    def state(self) -> str:
+        """QUEUED, PREPARING, RUNNING, SUCCEEDED, FAILED, CANCELLING or CANCELLED, as
+        it is now."""
+        return self._record().state
+
+    @property
+    def done(self) -> bool:
+        return self._record().done
+
+    def describe(self) -> dict[str, Any]:
+        """Cloud ML's Job resource, as `jobs describe --format json` prints it."""
+        return resource.job(self._record())
+
+    def wait(self, timeout: float | None = None) -> Job:
+        """Block until the job ends; itself when it SUCCEEDED. JobFailed (with the
+        job's error message) or JobCancelled otherwise; TimeoutError past `timeout`
+        seconds (the job goes on)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            record = self._record()
+            if record.done:
+                lifecycle.ended(record, f"; see {record.log_dir}" if record.log_dir else "")
+                return self
+            if record.runner == "local" and not record.running():
+                raise SubmitError(f"job {self.job_id}'s supervisor is gone and the job "
+                                  f"never ended; cancel it with Job.cancel()")
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.job_id} is still {record.state} after "
+                                   f"{timeout} s")
+            time.sleep(POLL_S)
+
+    def logs(self, *, follow: bool = False, task_name: str | None = None) -> Iterator[str]:
+        """The job's log lines (`task_name`: one replica's, e.g. master-replica-0);
+        with `follow`, new lines as they are written until the job ends."""
+        record = records.load(self.job_id)
+        runner = submission.runner_for(record)
+        yield from runner.logs(lifecycle.handle(record), task_name=task_name,
+                               follow=follow)
+
+    def cancel(self) -> Job:
+        """Stop every replica (or worker); the job ends CANCELLED. UsageError when it
+        has already ended."""
+        record = records.load(self.job_id)
+        lifecycle.cancel(submission.runner_for(record), record)
+        return self
+
+
+def submit(job_id: str, *, package_path: str | None = None,
+           module_name: str | None = None, job_dir: str | None = None,
+           args: Sequence[str] = (), scale_tier: str | None = None,
+           config: str | Mapping[str, Any] | None = None,
+           labels: Mapping[str, str] | None = None, runner: str = "local",
+           resume: bool = False, **options: Any) -> Job:
+    """Submit a training (or, with `trainingInput.hyperparameters` in `config`, a
+    tuning) job, as `python -m submit jobs submit training JOB_ID --async`; the Job.
+
+    `config` is a config.yaml path or the same document as a dict (Cloud ML's Job:
+    `{"trainingInput": {...}, "labels": {...}}`). Every other keyword is the flag of the
+    same name (`worker_count=2`, `region="us-central1"`, `image=...` for kubeflow,
+    `project=...` for vertex, `ray_address=...`)."""
+    engine = {k: options.pop(k) for k in list(options) if k in _ENGINE_KEYS}
+    if "region" in engine:  # every runner records it in trainingInput; vertex runs there
+        options["region"] = engine["region"]
+    flags = specs.Flags(job_id, scale_tier=scale_tier, job_dir=job_dir,
+                        package_path=package_path, module_name=module_name,
+                        args=tuple(args), labels=dict(labels) if labels else None,
+                        **_flag_fields(options))
+    notes: list[str] = []
+
+    def echo(text: str, err: bool = False) -> None:
+        notes.append(text)
+    engine_options = kubeflow_options.KubeflowOptions(**engine)
+    engine_options.check_for(runner)
+    with _config_file(config) as path:
+        submission.submit(submission.Submission(
+            flags, runner=runner, options=engine_options, config_path=path,
+            stream=False, resume=resume), echo)
+    return Job(job_id, notes=notes)
+
+
+_ENGINE_KEYS = ("image", "namespace", "context", "project", "region", "service_account",
+                "api", "queue", "ray_address")
+
+
+def _flag_fields(options: dict[str, Any]) -> dict[str, Any]:
+    known = {f.name for f in dataclasses.fields(specs.Flags)} - {"job_id", "staged"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UsageError(f"submit() got unknown option {unknown[0]!r}; use the flags' "
+                         "names (worker_count, region, runtime_version, ...)")
+    return options
+
+
+class _config_file:
+    """A config given as a dict, written to a temporary YAML file for the reader that
+    checks every config (anchors, sizes, the schema)."""
+
+    def __init__(self, config: str | Mapping[str, Any] | None):
+        self.config = config
+        self.path: str | None = None
+
+    def __enter__(self) -> str | None:
+        if self.config is None or isinstance(self.config, str):
+            return self.config
+        import tempfile
+
+        import yaml
+        fd, self.path = tempfile.mkstemp(prefix="mljob-config-", suffix=".yaml")
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(dict(self.config), f)
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        if self.path:
+            os.unlink(self.path)
+
+
+def submit_prediction(job_id: str, *, model_dir: str | None = None,
+                      model: str | None = None, version: str | None = None,
+                      input_paths: str | Sequence[str], output_path: str,
+                      data_format: str = "text", region: str = "us-central1",
+                      max_worker_count: int | None = None, batch_size: int | None = None,
+                      signature_name: str | None = None,
+                      labels: Mapping[str, str] | None = None,
+                      resume: bool = False) -> Job:
+    """Submit a batch prediction job on this machine, as `python -m submit jobs submit
+    prediction JOB_ID --async`; the Job. `input_paths`: globs (a list, or
+    comma-separated)."""
+    from submit import cmd_prediction, prediction_spec
+    from submit.prediction_plan import build_plan
+    paths = input_paths if isinstance(input_paths, str) else ",".join(input_paths)
+    spec = prediction_spec.resolve(
+        job_id, model_dir=model_dir, model=model, version=version, input_paths=paths,
+        output_path=output_path, data_format=data_format, region=region,
+        max_worker_count=max_worker_count, batch_size=batch_size,
+        signature_name=signature_name,
+        labels=(",".join(f"{k}={v}" for k, v in labels.items()),) if labels else ())
+    plan = build_plan(spec, resume=resume)
+    record = cmd_prediction.new_record(spec, plan)
+    os.makedirs(plan.run_dir, exist_ok=True)
+    storage.write_bytes(plan.job_file, plan.to_json().encode())
+    records.save(record)
+    record.adopt_supervisor(cmd_prediction._detach(plan))  # the CLI's --async
+    records.save(record)
+    return Job(job_id)
+
+
+def get_job(job_id: str) -> Job:
+    """The job of this id (JobNotFoundError when the index has none)."""
+    return Job(job_id)
+
+
+def list_jobs(filter: str | None = None, *, sort_by: str | None = None,
+              limit: int | None = None) -> list[Job]:
+    """Jobs in the local index, oldest first; `filter` is gcloud's expression language
+    (`state=RUNNING OR labels.team:*`), as `jobs list --filter`."""
+    from submit import job_index
+    chosen = listing.select(job_index.summaries(), filter_text=filter, sort_by=sort_by,
+                            limit=limit)
+    out = []
+    for light in chosen:
+        try:
+            out.append(Job(light.job_id))
+        except SubmitError:  # removed meanwhile
+            continue
+    return out
+
+
+class Model:
+    """A model (a served base path) and its versions, as `models` / `versions`."""
+
+    def __init__(self, name: str):
+        models.base_path(name)  # UsageError when the index has no such model
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Model({self.name!r})"
+
+    def describe(self) -> dict[str, Any]:
+        """Cloud ML's Model resource."""
+        base, data = models.record(self.name)
+        return models.model_resource(self.name, base, data)
+
+    def create_version(self, name: str, origin: str, *, description: str | None = None,
+                       labels: Mapping[str, str] | None = None,
+                       **settings: str) -> dict[str, Any]:
+        """Publish an export as version `name` (the first becomes the default); its
+        Version resource. `settings`: runtime_version, python_version, machine_type,
+        framework, recorded as `versions create`'s flags."""
+        from submit import version_config
+        fields = version_config.version_fields(
+            config_path=None, origin=origin, description=description,
+            labels=dict(labels or {}), runtime_version=settings.pop("runtime_version", None),
+            python_version=settings.pop("python_version", None),
+            machine_type=settings.pop("machine_type", None),
+            framework_text=settings.pop("framework", None))
+        if settings:
+            raise UsageError(f"create_version() got unknown option {sorted(settings)[0]!r}")
+        models.create_version(self.name, name, fields["origin"], fields["description"],
+                              fields["labels"], fields["settings"])
+        return self.version(name)
+
+    def version(self, name: str) -> dict[str, Any]:
+        """Version `name`'s resource."""
+        base, data = models.record(self.name)
+        found = models.find_version(base, data, name, self.name)
+        return models.version_resource(self.name, base, data, name, found)
+
+    def versions(self) -> list[dict[str, Any]]:
+        """Every version's resource, oldest first."""
+        base, data = models.record(self.name)
+        found = sorted(models.versions(base, data).items(), key=lambda kv: kv[1]["number"])
+        return [models.version_resource(self.name, base, data, n, v) for n, v in found]
+
+    def set_default(self, name: str) -> None:
+        models.set_default(self.name, name)
+
+    def delete_version(self, name: str) -> None:
+        models.delete_version(self.name, name)
+
+    def delete(self) -> None:
+        """Delete the model (it must have no versions left, as Cloud ML requires)."""
+        models.delete_model(self.name)
+
+
+def create_model(name: str, *, base_path: str | None = None,
+                 description: str | None = None,
+                 labels: Mapping[str, str] | None = None,
+                 regions: Sequence[str] = ()) -> Model:
+    """Create a model: a base path `predict serve --model_base_path` watches."""
+    from submit import version_config
+    for region in regions:
+        version_config.check_region(region, "regions")
+    models.create_model(name, base_path, description, dict(labels or {}), list(regions))
+    return Model(name)
+
+
+def get_model(name: str) -> Model:
+    return Model(name)
+
+
+def list_models() -> list[Model]:
+    return [Model(name) for name in models.names()]
