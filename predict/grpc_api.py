@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from predict import decode, inference
+from predict import decode, inference, tensors
 from predict.batching import Unavailable
 from predict.errors import InputError, InstanceError, UsageError, clip, shown
 from predict.repository import NotFoundError
@@ -275,13 +275,12 @@ def _many(n: int) -> str:
 def predict_response(predict_pb2, model, request, check_count, max_elements: int):
     """A PredictRequest run on a loaded model -> PredictResponse (its model_spec names
     only the signature; the caller adds model and version)."""
-    import tensorflow as tf
     sig = model.signature(request.model_spec.signature_name or None)
     arrays = {}
     for key, proto in request.inputs.items():
         _check_elements(key, proto, max_elements)
         try:
-            arrays[key] = tf.make_ndarray(proto)
+            arrays[key] = tensors.to_array(proto)
         except Exception as exc:  # a malformed TensorProto
             raise InputError(f"input {shown(key)}",
                              f"not a valid tensor: {exc}") from None
@@ -299,7 +298,7 @@ def predict_response(predict_pb2, model, request, check_count, max_elements: int
     response = predict_pb2.PredictResponse()
     response.model_spec.signature_name = sig.name
     for name in wanted:
-        response.outputs[name].CopyFrom(tf.make_tensor_proto(outputs[name]))
+        tensors.fill(response.outputs[name], outputs[name])
     return response
 
 
