@@ -25,7 +25,12 @@ setup(
         "setuptools>=61",  # the build backend of setup.py projects (and the generated one)
         "build>=1.2",      # the launcher builds sdists with `python -m build --sdist`
         "starlette>=0.37",
-        "uvicorn>=0.29",
+        # predict.rest_http subclasses uvicorn's HTTP protocols (private classes): the
+        # range is the one tested; tests/predict/test_uvicorn_private_api.py fails
+        # loudly when a release moves what they override
+        "uvicorn>=0.54,<0.55",
+        "h11>=0.14",             # predict.rest_http writes h11's events itself
+        "google-crc32c>=1.5",    # predict.records: TFRecord checksums
         # `predict serve`'s REST path at one client: httptools' parser and uvloop under
         # uvicorn, orjson for the bodies (predict.rest_http)
         "httptools>=0.6",

@@ -122,17 +122,10 @@ def summary(job: dict) -> str:
     parts = ["Job Overview", formats.table(overview)]
     if job.get("errorMessage"):
         parts.append(f"Error: {job['errorMessage']}")
-    ti = job.get("trainingInput") or {}
-    keys = [k for k in ("scaleTier", "masterType", "workerCount", "parameterServerCount",
-                        "evaluatorCount", "region", "runtimeVersion", "pythonModule",
-                        "jobDir") if k in ti]
-    parts += ["", "Training Input Summary",
-              formats.table([[formats.heading(k) for k in keys],
-                             [formats.cell(ti[k]) for k in keys]])]
-    out = job.get("trainingOutput") or {}
-    if out.get("trials"):
-        parts += ["", f"Training Output Summary ({out.get('completedTrialCount', '0')} "
-                  "trials completed; best first)", training_output.trials_table(out)]
+    if "predictionInput" in job:  # a batch prediction job: no training sections
+        parts += _prediction_summary(job)
+    else:
+        parts += _training_summary(job)
     own = job.get(resource.OWN_KEY, {})
     replicas = own.get("replicas") or []
     if replicas:
@@ -142,6 +135,38 @@ def summary(job: dict) -> str:
                                 [[formats.cell(r.get(f)) for f in fields]
                                  for r in replicas])]
     return "\n".join(parts)
+
+
+def _training_summary(job: dict) -> list[str]:
+    ti = job.get("trainingInput") or {}
+    keys = [k for k in ("scaleTier", "masterType", "workerCount", "parameterServerCount",
+                        "evaluatorCount", "region", "runtimeVersion", "pythonModule",
+                        "jobDir") if k in ti]
+    parts = ["", "Training Input Summary",
+             formats.table([[formats.heading(k) for k in keys],
+                            [formats.cell(ti[k]) for k in keys]])]
+    out = job.get("trainingOutput") or {}
+    if out.get("trials"):
+        parts += ["", f"Training Output Summary ({out.get('completedTrialCount', '0')} "
+                  "trials completed; best first)", training_output.trials_table(out)]
+    return parts
+
+
+def _prediction_summary(job: dict) -> list[str]:
+    """Cloud ML's prediction sections: the input (model, data, output path) and, once
+    counted, the output (predictions, errors)."""
+    parts = []
+    for title, section, keys in (
+            ("Prediction Input Summary", job.get("predictionInput") or {},
+             ("modelName", "versionName", "uri", "dataFormat", "inputPaths", "outputPath",
+              "region", "maxWorkerCount", "batchSize")),
+            ("Prediction Output Summary", job.get("predictionOutput") or {},
+             ("predictionCount", "errorCount", "nodeHours", "outputPath"))):
+        shown = [k for k in keys if k in section]
+        if shown:
+            parts += ["", title, formats.table([[formats.heading(k) for k in shown],
+                                                [formats.cell(section[k]) for k in shown]])]
+    return parts
 
 
 @jobs_group.command("stream-logs")
