@@ -16,6 +16,7 @@ from typing import Any
 
 import psutil
 
+from submit import record_values
 from submit.errors import JobNotFoundError, SubmitError
 from submit.package import mljob_home
 from submit.spec import check_job_id
@@ -127,7 +128,10 @@ class JobRecord:
     def from_json(cls, text: str | bytes) -> "JobRecord":
         """The record, or ValueError saying what is wrong with a hand-edited or foreign
         one (the commands that read every record use the fields unchecked)."""
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except RecursionError:  # json's parser recurses per level
+            raise ValueError("it is nested too deep to be a job record") from None
         check_record(data)
         data["replicas"] = [ReplicaRecord(**{k: v for k, v in r.items() if k in _REPLICA})
                             for r in data.get("replicas", [])]
@@ -184,6 +188,7 @@ def check_record(data: Any) -> None:
             and isinstance(t.get("hyperparameters", {}), dict)
             and isinstance(t.get("finalMetric") or {}, dict) for t in trials):
         raise ValueError("its trainingOutput.trials are not trial objects")
+    record_values.check_values(data)  # then the values: times, counts, trials
 
 
 def index_path(job_id: str) -> str:

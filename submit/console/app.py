@@ -255,5 +255,7 @@ def _one_line(text: str) -> str:
 
 
 def _not_found(exc: SubmitError) -> Response:
-    status = 404 if isinstance(exc, (JobNotFoundError, UsageError)) else 500
-    return _html(pages.message_page("No such job", str(exc)), status)
+    """404 for an id the index does not hold; 422 for a record it holds damaged."""
+    if isinstance(exc, (JobNotFoundError, UsageError)):
+        return _html(pages.message_page("No such job", str(exc)), 404)
+    return _html(pages.message_page("Damaged job record", str(exc)), 422)

@@ -20,6 +20,8 @@ def _ticks(low: float, high: float, n: int = 5) -> list[float]:
     if high <= low:
         return [low]
     raw = (high - low) / n
+    if not (math.isfinite(raw) and raw > 1e-300):  # no round steps that fine: the ends
+        return [low, high]
     step = 10 ** math.floor(math.log10(raw))
     for m in (1, 2, 5, 10):
         if raw <= m * step:
@@ -27,6 +29,27 @@ def _ticks(low: float, high: float, n: int = 5) -> list[float]:
             break
     first = math.ceil(low / step) * step
     return [first + i * step for i in range(int((high - first) / step + 1e-9) + 1)]
+
+
+def _scale(values: Sequence[float]) -> float:
+    """A power of two that brings values whose differences overflow (1e308 and -1e308)
+    within range; 1 for the rest. Exact: only exponents change."""
+    top = max((abs(v) for v in values), default=0.0)
+    return 2.0 ** -16 if top > 1e300 else 1.0
+
+
+def _span(low: float, high: float) -> tuple[float, float]:
+    """An axis that shows [low, high]: widened when too narrow to draw (one value, or two
+    a few ulps apart, as 0 and 5e-324), by a tenth of the value or 0.5."""
+    if high - low > max(abs(low), abs(high)) * 1e-12 and high - low > 1e-290:
+        return low, high
+    mid = low / 2 + high / 2
+    half = abs(mid) * 0.1 if abs(mid) > 1e-290 else 0.5
+    return mid - half, mid + half
+
+
+def _unlog(t: float) -> float:
+    return 10.0 ** t
 
 
 def _fmt(v: float) -> str:
@@ -50,39 +73,51 @@ def chart(series: Mapping[str, Sequence[tuple[float, float]]], *, title: str,
     def fx(x: float) -> float:
         return math.log10(x) if log_x else x
 
-    xs, ys = [fx(x) for x, _ in points], [y for _, y in points]
+    # Values are drawn scaled (kx, ky: powers of two) so that no span overflows.
+    kx, ky = _scale([fx(x) for x, _ in points]), _scale([y for _, y in points])
+    xs, ys = [fx(x) * kx for x, _ in points], [y * ky for _, y in points]
     x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
     if x_labels:  # categories sit half a step in from the edges
         x0, x1 = min(x_labels) - 0.5, max(x_labels) + 0.5
     elif x1 == x0:
-        x0, x1 = x0 - 0.5, x1 + 0.5
-    elif dots:
-        x0, x1 = x0 - (x1 - x0) * 0.04, x1 + (x1 - x0) * 0.04
-    if y1 == y0:
-        y0, y1 = y0 - (abs(y0) * 0.1 or 0.5), y1 + (abs(y1) * 0.1 or 0.5)
+        x0, x1 = (x0 - 0.5, x1 + 0.5) if x0 - 0.5 < x0 < x1 + 0.5 else _span(x0, x1)
+    else:
+        x0, x1 = _span(x0, x1)
+        if dots:
+            x0, x1 = x0 - (x1 - x0) * 0.04, x1 + (x1 - x0) * 0.04
+    y0, y1 = _span(y0, y1)
     pad = (y1 - y0) * 0.05
     y0, y1 = y0 - pad, y1 + pad * (2 + 3 * len(series))  # room for the legend
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
+    def sx(s: float) -> float:  # a scaled x (a log for log_x) to its place
+        return LEFT + (s - x0) / (x1 - x0) * plot_w
+
+    def sy(s: float) -> float:
+        return TOP + (1 - (s - y0) / (y1 - y0)) * plot_h
+
     def px(x: float) -> float:
-        return LEFT + (fx(x) - x0) / (x1 - x0) * plot_w
+        return sx(fx(x) * kx)
 
     def py(y: float) -> float:
-        return TOP + (1 - (y - y0) / (y1 - y0)) * plot_h
+        return sy(y * ky)
 
     out = [head, f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" '
                  'fill="#fff" stroke="#bbb"/>']
     for t in _ticks(y0, y1):
-        out.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{py(t):.1f}" '
-                   f'y2="{py(t):.1f}" stroke="#eee"/><text x="{LEFT - 4}" '
-                   f'y="{py(t) + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>')
+        if math.isfinite(t / ky):  # a tick in the legend's room may lie past float's end
+            out.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{sy(t):.1f}" '
+                       f'y2="{sy(t):.1f}" stroke="#eee"/><text x="{LEFT - 4}" '
+                       f'y="{sy(t) + 4:.1f}" text-anchor="end" font-size="11">'
+                       f'{_fmt(t / ky)}</text>')
     if x_labels:
-        x_ticks = [(x, label) for x, label in x_labels.items()]
+        x_ticks = [(fx(x) * kx, label) for x, label in x_labels.items()]
     else:
-        x_ticks = [(10 ** t if log_x else t, _fmt(10 ** t if log_x else t))
-                   for t in _ticks(x0, x1)]
-    for x, label in x_ticks:
-        out.append(f'<text x="{px(x):.1f}" y="{TOP + plot_h + 15}" text-anchor="middle" '
+        x_ticks = [(t, _fmt(_unlog(t / kx) if log_x else t / kx))
+                   for t in _ticks(x0, x1) if math.isfinite(t / kx)
+                   and (not log_x or t / kx < 308)]
+    for at, label in x_ticks:
+        out.append(f'<text x="{sx(at):.1f}" y="{TOP + plot_h + 15}" text-anchor="middle" '
                    f'font-size="11">{escape(label)}</text>')
     out.append(f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 6}" text-anchor="middle" '
                f'font-size="12">{escape(x_title)}</text>')

@@ -148,14 +148,16 @@ def test_a_studys_logs_name_its_trials_replicas(tmp_path):
     trials' replicas is one line naming the trial/replica form."""
     from submit.errors import UsageError
     from submit.runners import ray_tuning
-    folder = tmp_path / "logs" / "1"
-    folder.mkdir(parents=True)
-    (folder / "master-replica-0.log").write_text("INFO\tt\t1/master-replica-0\thello\n")
+    logs = os.path.join(os.environ["MLJOB_HOME"], "runs", "study01", "logs")  # its own
+    folder = os.path.join(logs, "1")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "master-replica-0.log"), "w") as f:
+        f.write("INFO\tt\t1/master-replica-0\thello\n")
     index = os.path.join(os.environ["MLJOB_HOME"], "jobs")
     os.makedirs(index, exist_ok=True)
     with open(os.path.join(index, "study01.json"), "w") as f:
         json.dump({"job_id": "study01", "state": "SUCCEEDED",
-                   "log_dir": str(tmp_path / "logs"),
+                   "log_dir": logs,
                    "replicas": [{"label": "1/master-replica-0", "state": "EXITED"}]}, f)
     from submit.runners.engine import EngineOptions
     runner = ray_tuning.RayTuningEngine(EngineOptions())

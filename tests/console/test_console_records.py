@@ -1,0 +1,60 @@
+"""The console on damaged and extreme records (`python -m submit console` over real HTTP):
+a record whose values are out of range is left out of the list and its page answers 422
+in one line (both were 500), and a tuning job whose trials reported finite but extreme
+objectives (1e308 with -1e308; 0 with 5e-324) is drawn (was 500)."""
+from __future__ import annotations
+
+import json
+import os
+
+from submit import jobs as records
+from submit.console import svg
+from tests.console.test_console_http import console  # noqa: F401 (the fixture)
+from tests.submit.test_hardening_round4 import DAMAGED, _good
+
+
+def _tuning(job_id: str, *values: float) -> None:
+    trials = [{"trialId": str(i + 1), "state": "SUCCEEDED",
+               "hyperparameters": {"x": v, "opt": "adam"},
+               "finalMetric": {"trainingStep": "1", "objectiveValue": v}}
+              for i, v in enumerate(values)]
+    records.save(records.JobRecord(
+        job_id, state=records.SUCCEEDED, start_time=5.0, end_time=9.0,
+        training_input={"hyperparameters": {"goal": "MAXIMIZE", "params": [
+            {"parameterName": "x", "type": "DOUBLE", "minValue": -1e308,
+             "maxValue": 1e308}]}},
+        training_output={"isHyperparameterTuningJob": True, "trials": trials}))
+
+
+def test_damaged_records_are_4xx_and_extreme_charts_are_drawn(console):  # noqa: F811
+    _, client = console
+    folder = os.path.join(os.environ["MLJOB_HOME"], "jobs")
+    os.makedirs(folder, exist_ok=True)
+    bad = ["create time 1e20", "end time Infinity", "objective a string", "trial id ²",
+           "spec hyperparameters a list"]
+    for n, case in enumerate(bad):
+        with open(os.path.join(folder, f"bad{n:02d}.json"), "w") as f:
+            json.dump(_good(f"bad{n:02d}", **DAMAGED[case]), f)
+    _tuning("wide01", 1e308, -1e308)
+    _tuning("tiny01", 0.0, 5e-324)
+    for path in ("/", "/rows"):
+        page = client.get(path)
+        assert page.status_code == 200, path
+        assert 'data-job="wide01"' in page.text and "bad0" not in page.text
+    for n, case in enumerate(bad):
+        page = client.get(f"/jobs/bad{n:02d}")
+        assert page.status_code == 422, case
+        assert "is damaged (its " in page.text and "Traceback" not in page.text
+    for job_id in ("wide01", "tiny01"):
+        page = client.get(f"/jobs/{job_id}")
+        assert page.status_code == 200, job_id
+        per_trial = page.text.split('class="chart per-trial"', 1)[1].split("</svg>", 1)[0]
+        assert per_trial.count("<circle") == 2 and "nan" not in per_trial
+        assert "inf" not in per_trial.replace("info", "")
+        if job_id == "tiny01":  # two values 5e-324 apart: an axis widened to be read
+            assert 'font-size="11">0.5</text>' in per_trial
+
+
+def test_ticks_of_spans_too_narrow_or_too_wide_are_the_ends():
+    assert svg._ticks(0.0, 5e-324) == [0.0, 5e-324]
+    assert svg._ticks(-1e308, 1.7e308) == [-1e308, 1.7e308]
