@@ -34,10 +34,67 @@ def read(base_path: str) -> dict[str, Any] | None:
         data = storage.read_bytes(url(base_path), limit=MAX_BYTES)
     except FileNotFoundError:
         return None
-    record = json.loads(data)
-    if not isinstance(record, dict) or not isinstance(record.get("versions", {}), dict):
-        raise ValueError(f"{url(base_path)} is not a model record")
+    try:
+        record = json.loads(data)
+    except RecursionError:
+        raise ValueError(f"{url(base_path)} is nested too deep to be a model record") \
+            from None
+    try:
+        check(record)
+    except ValueError as exc:
+        raise ValueError(f"{url(base_path)} is not a model record ({exc})") from None
     return record
+
+
+_TEXT = (str, type(None))
+_FIELDS: dict[str, tuple] = {"name": _TEXT, "description": _TEXT, "createTime": _TEXT,
+                             "defaultVersion": _TEXT, "labels": (dict, type(None)),
+                             "regions": (list, type(None)), "versions": (dict,),
+                             "onlinePredictionLogging": (bool, type(None)),
+                             "onlinePredictionConsoleLogging": (bool, type(None))}
+_VERSION_FIELDS: dict[str, tuple] = {"createTime": _TEXT, "origin": _TEXT,
+                                     "description": _TEXT, "labels": (dict, type(None)),
+                                     "settings": (dict, type(None))}
+MAX_VERSION = 2 ** 63 - 1  # TF Serving's versions are int64
+
+
+def check(record: Any) -> None:
+    """ValueError naming the first field of a model record that is not what the
+    commands and the server read: a record edited by hand, or written by something
+    else, is refused in one line, never a traceback in `versions list`."""
+    if not isinstance(record, dict):
+        raise ValueError(f"it holds a JSON {type(record).__name__}, not an object")
+    _fields(record, _FIELDS, "its")
+    _labels(record.get("labels"), "its labels")
+    if not all(isinstance(r, str) for r in record.get("regions") or []):
+        raise ValueError("its regions are not all text")
+    for name, version in record.get("versions", {}).items():
+        where = f"version {name[:40]!r}"
+        if not isinstance(version, dict):
+            raise ValueError(f"its {where} is not an object")
+        number = version.get("number")
+        if not (isinstance(number, int) and not isinstance(number, bool)
+                and 0 < number <= MAX_VERSION):
+            raise ValueError(f"its {where} number {json.dumps(number)[:40]} is not a "
+                             f"version number (1..{MAX_VERSION})")
+        _fields(version, _VERSION_FIELDS, f"its {where}")
+        _labels(version.get("labels"), f"its {where} labels")
+        if not all(isinstance(k, str) for k in (version.get("settings") or {})):
+            raise ValueError(f"its {where} settings are not named")
+
+
+def _fields(data: dict, types: dict[str, tuple], where: str) -> None:
+    for key, allowed in types.items():
+        value = data.get(key)
+        if key in data and (not isinstance(value, allowed)
+                            or isinstance(value, bool) and bool not in allowed):
+            raise ValueError(f"{where} {key} is {json.dumps(value)[:40]}")
+
+
+def _labels(labels: Any, where: str) -> None:
+    if labels and not all(isinstance(k, str) and isinstance(v, str)
+                          for k, v in labels.items()):
+        raise ValueError(f"{where} are not text")
 
 
 def write(base_path: str, record: dict[str, Any]) -> None:

@@ -51,7 +51,9 @@ def base_path(model: str) -> str:
     """The model's base path, from the local index."""
     try:  # storage's reader: a named pipe or device here is refused, never opened
         entry = json.loads(storage.read_bytes(index_path(model), limit=64 * 1024))
-        return str(entry["basePath"])
+        if not isinstance(entry["basePath"], str) or not entry["basePath"]:
+            raise ValueError("basePath is not a URL")
+        return entry["basePath"]
     except FileNotFoundError:
         raise UsageError(f"no model {model!r} in the local index; create it with "
                          f"`python -m submit models create {model}` or see `models "
@@ -72,9 +74,14 @@ def record(model: str) -> tuple[str, dict[str, Any]]:
     base = base_path(model)
     try:
         data = model_meta.read(base)
-    except (ValueError, UnicodeDecodeError):
-        raise SubmitError(f"{model_meta.url(base)} is damaged; restore or remove it") \
-            from None
+    except UnicodeDecodeError:
+        raise SubmitError(f"{model_meta.url(base)} is damaged (not UTF-8); restore or "
+                          "remove it") from None
+    except ValueError as exc:  # names the file, and its first field that is wrong
+        text = " ".join(str(exc).split())[:300]
+        if model_meta.url(base) not in text:
+            text = f"{model_meta.url(base)} is damaged ({text})"
+        raise SubmitError(f"{text}; restore or remove it") from None
     if data is None:
         raise SubmitError(f"model {model!r}'s record {model_meta.url(base)} is missing; "
                           "delete the model and create it again")
