@@ -92,6 +92,8 @@ def trial_output(t, running) -> dict:
     out = {"trialId": trial_id, "hyperparameters": dict(attrs.get("hyperparameters", {})),
            "allMetrics": list(attrs.get("allMetrics", [])),
            "isTrialStoppedEarly": bool(attrs.get("isTrialStoppedEarly", False))}
+    if attrs.get("reusedFromTrialId"):  # ours: Cloud ML's Trial has no such field
+        out["mljobReusedFromTrialId"] = attrs["reusedFromTrialId"]
     name = t.state.name
     if name == "COMPLETE":
         out["state"] = SUCCEEDED
@@ -112,6 +114,32 @@ def trial_output(t, running) -> dict:
         if attrs.get(key):
             out[key] = attrs[key]
     return out
+
+
+def same_parameters(trials, trial):
+    """A finished trial (succeeded, or stopped early) with exactly `trial`'s parameters,
+    or None."""
+    return next((t for t in trials if t.number != trial.number and
+                 t.state.name in ("COMPLETE", "PRUNED") and t.params == trial.params),
+                None)
+
+
+def reuse(tell, trial, earlier) -> str:
+    """Record `trial` with `earlier`'s result, without running it again (as Vizier does
+    with a repeated suggestion); `tell` is the tuner's. The outcome, for its event line."""
+    import optuna
+    earlier_id = earlier.user_attrs.get("trialId", str(earlier.number + 1))
+    trial.set_user_attr("reusedFromTrialId", earlier_id)
+    for key in ("trainingStep", "allMetrics", "isTrialStoppedEarly"):
+        if key in earlier.user_attrs:
+            trial.set_user_attr(key, earlier.user_attrs[key])
+    trial.set_user_attr("endTime", trial.user_attrs.get("startTime"))
+    same = f"the parameters of trial {earlier_id}, not run again"
+    if earlier.state.name == "PRUNED":
+        tell(trial, state=optuna.trial.TrialState.PRUNED)
+        return f"stopped early as trial {earlier_id} was ({same})"
+    tell(trial, earlier.value)
+    return f"SUCCEEDED {earlier.value:g}, trial {earlier_id}'s result ({same})"
 
 
 def iso(timestamp: float) -> str:

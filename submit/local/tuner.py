@@ -293,6 +293,9 @@ class Tuner(JobLife):
         optuna_trial.set_user_attr("hyperparameters", {k: format_value(v)
                                                        for k, v in params.items()})
         optuna_trial.set_user_attr("startTime", iso(time.time()))
+        if (earlier := studies.same_parameters(self._trials(), optuna_trial)) is not None:
+            self._event(f"trial {trial_id} " + studies.reuse(self._tell, optuna_trial, earlier))
+            return self._publish_output()
         metric_file = os.path.join(self.plan.run_dir, "trials", trial_id,
                                    "output.metrics")
         if os.path.exists(metric_file):

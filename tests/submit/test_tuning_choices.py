@@ -183,3 +183,40 @@ def test_most_at_once_counts_overlaps():
     assert most_at_once([{"start": 0, "end": 5}, {"start": 1, "end": 3},
                          {"start": 2, "end": 4}]) == 3
     assert most_at_once([{"start": 0, "end": 1}, {"start": 1, "end": 2}]) == 1
+
+
+def test_a_parameter_set_already_run_is_never_run_again(tmp_path, monkeypatch):
+    """Five trials over two categorical values: a suggestion repeating a finished
+    trial's parameters gets that trial's result (as Vizier does), and only two trials
+    ever run."""
+    from submit import lifecycle
+    from submit.local import plan as plans, tuner
+    from submit.runners.engine import EngineOptions
+    from submit.runners.local import LocalEngine
+    monkeypatch.setenv("TUNE_STEPS", "1")
+    monkeypatch.setenv("TUNE_SLEEP", "0")
+    hp = _hp(maxTrials=5, maxParallelTrials=1, algorithm="RANDOM_SEARCH",
+             params=[{"parameterName": "x", "type": "CATEGORICAL",
+                      "categoricalValues": ["0.1", "0.5"]}])
+    spec = spec_of("same01", {"hyperparameters": hp}, job_dir=str(tmp_path / "j"),
+                   module_name="fakejob.task", args=[], staged=False)
+    engine = LocalEngine(EngineOptions(), source_dir=write_package(tmp_path / "pkg", TASK))
+    rendered = engine.render(spec, None)
+    record = lifecycle.new_record(engine, spec, None, rendered)
+    assert tuner.Tuner(plans.JobPlan.from_dict(rendered.body), record,
+                       seed=5).run() == records.SUCCEEDED
+    trials = record.training_output["trials"]
+    assert len(trials) == 5 and all(t["state"] == "SUCCEEDED" for t in trials)
+    ran = {t["trialId"] for t in trials if (tmp_path / "j" / t["trialId"] /
+                                            "times.json").exists()}
+    by_x: dict = {}
+    for t in trials:
+        by_x.setdefault(t["hyperparameters"]["x"], []).append(t)
+    assert len(ran) == len(by_x) <= 2  # each value ran once
+    for same in by_x.values():
+        assert {t["finalMetric"]["objectiveValue"] for t in same} == {
+            same[0]["finalMetric"]["objectiveValue"]}
+        reused = [t for t in same if t["trialId"] not in ran]
+        assert all(t["mljobReusedFromTrialId"] in ran for t in reused)
+    log = open(f"{record.log_dir}/service.log").read()
+    assert log.count("not run again") == 5 - len(ran)
