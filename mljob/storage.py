@@ -233,6 +233,28 @@ def download_tree(url: str, local_dir: str) -> None:
         retry(functools.partial(fs.get_file, remote, target), f"download {url}")
 
 
+def links_leaving(local_dir: str, limit: int = 1) -> list[tuple[str, str]]:
+    """(relative path, target) of the symbolic links in local_dir that lead out of it
+    (or to a folder holding them: a loop), at most `limit`. A copy follows links, so an
+    export or package holding `passwd -> /etc/passwd` would carry that file along."""
+    root = os.path.realpath(local_dir)
+    found: list[tuple[str, str]] = []
+    for dirpath, dirnames, filenames in os.walk(local_dir):  # links to folders: not entered
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                continue
+            target = os.path.realpath(path)
+            inside = target == root or target.startswith(root + os.sep)
+            loop = os.path.isdir(target) and (
+                os.path.realpath(dirpath) + os.sep).startswith(target.rstrip(os.sep) + os.sep)
+            if not inside or loop:
+                found.append((os.path.relpath(path, local_dir), os.readlink(path)))
+                if len(found) >= limit:
+                    return found
+    return found
+
+
 def upload_tree(local_dir: str, url: str, *, last: Iterable[str] = (),
                 skip_existing: bool = False) -> None:
     """Upload local_dir's files under URL; files named in `last` (relative paths) go last.

@@ -56,6 +56,10 @@ def publish(model_dir: str, base_path: str, version: int | None = None, *,
         local = _local_export(model_dir)
         if not storage.is_local(model_dir):
             scratch = local
+        for rel, target in storage.links_leaving(local):
+            raise UsageError(f"{model_dir} holds the link {rel} -> {target}, which leads "
+                             "out of the export; copy what it names into the export (or "
+                             "remove the link): nothing is published")
         marker = next((m for m in MARKERS if os.path.isfile(os.path.join(local, m))), None)
         if marker is None:
             raise UsageError(f"{model_dir} holds no export: looked for "

@@ -161,6 +161,7 @@ def _cached_sdist(folder: str, name: str | None, recipe: dict, out_dir: str,
     """The sdist of `folder` (copied as the package `name` beside a generated setup.py
     when `recipe` says so, else as it is): the one kept from an earlier build of the
     same files, else built in a temporary copy and kept (keyed by that copy)."""
+    _check_links(folder)  # before a kept sdist could be taken
     looked_up = sdist_cache.key(folder, recipe, _ignore(exclude))
     kept = sdist_cache.lookup(looked_up, out_dir)
     if kept is not None:
@@ -191,6 +192,16 @@ def _ignore(exclude: tuple[str, ...]):
                           if os.path.realpath(os.path.join(where, n)) in excluded}
 
     return ignore
+
+
+def _check_links(folder: str) -> None:
+    """A package folder's links may not lead out of it: the sdist build follows links,
+    and would carry what one names (`/etc/passwd`) to every replica."""
+    for rel, target in storage.links_leaving(folder):
+        raise PackageUsageError(f"--package-path {folder} holds the link {rel} -> "
+                                f"{target}, which leads out of the package; copy what it "
+                                "names into the package (or remove the link): nothing is "
+                                "staged")
 
 
 def _copy(folder: str, dest: str, exclude: tuple[str, ...]) -> None:
