@@ -34,7 +34,10 @@ from submit.prediction_spec import PredictionSpec
 
 VERTEX_FORMATS = {"text": "jsonl", "tf-record": "tf-record", "tf-record-gzip": "tf-record-gzip"}
 # Vertex's prebuilt TensorFlow prediction images (CPU), per registry.
+# the newest TensorFlow prediction image aiplatform's SDK lists
+# (google.cloud.aiplatform.constants.prediction): older than the TensorFlow that trains
 PREDICTION_IMAGE = "{registry}-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.2-15:latest"
+PREDICTION_IMAGE_TF = "2.15"
 VERTEX_MACHINE = "n1-standard-4"
 K8S_IMAGE_HINT = "an image with mljob installed (see `python -m submit JOB --runner " \
                  "kubeflow --dry-run`'s Dockerfile)"
@@ -78,6 +81,25 @@ def vertex_request(spec: PredictionSpec, project: str, image: str | None = None)
             container_spec=v1.ModelContainerSpec(
                 image_uri=image or PREDICTION_IMAGE.format(registry=registry)))
     return v1.CreateBatchPredictionJobRequest(parent=parent, batch_prediction_job=job)
+
+
+def prebuilt_note() -> str:
+    """What serving with Vertex's prebuilt image means for an export made here."""
+    made = next((v for v in (_version(n) for n in ("tensorflow", "tensorflow-cpu")) if v),
+                "this machine's")
+    return (f"note: Vertex's prebuilt image serves with TensorFlow {PREDICTION_IMAGE_TF}; "
+            f"an export made with TensorFlow {made} loads there only if it uses no op "
+            f"newer than {PREDICTION_IMAGE_TF}. To serve it with the TensorFlow that made "
+            "it, pass --image with an image running mljob's tensorflow_model_server "
+            "(docs/predict.md, Vertex AI)")
+
+
+def _version(name: str) -> str | None:
+    from importlib import metadata
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _require_gs(spec: PredictionSpec) -> None:
@@ -197,6 +219,8 @@ def _submit_vertex(spec, project, image, dry_run, echo) -> int:
         specs.check_text(image, "--image")
     request = vertex_request(spec, project, image)
     text = json_format.MessageToJson(type(request).pb(request), sort_keys=True, indent=2)
+    if spec.model_dir and image is None:
+        echo(prebuilt_note(), err=True)
     if dry_run:
         echo(text)
         return 0

@@ -58,6 +58,9 @@ def test_vertex_request_parses_back_through_aiplatform_types(capsys):
     assert job.unmanaged_container_model.artifact_uri == "gs://mljob-test/job/model"
     assert job.unmanaged_container_model.container_spec.image_uri.startswith(
         "europe-docker.pkg.dev/vertex-ai/prediction/tf2-cpu.")
+    # the prebuilt image's TensorFlow is older than this one's: said, on stderr
+    assert "Vertex's prebuilt image serves with TensorFlow 2.15" in err
+    assert "export made with TensorFlow 2.21" in err and "--image" in err
     assert dict(job.labels) == {"team": "vision", "mljob-job-id": "job_01"}
     assert not job.model
     body = json.loads(out)["batchPredictionJob"]
