@@ -85,6 +85,13 @@ def with_images(groups: tuple, ti: Mapping[str, Any], config_keys: Mapping[str, 
     return tuple(out)
 
 
+def kubelet_literal(text: str) -> str:
+    """text as a pod's command, args or env value must hold it to reach the container
+    unchanged: the kubelet expands `$(VAR)` there and turns `$$` into `$`, so every `$`
+    is written `$$` (`--w=$(CLOUD_ML_JOB_ID)` stays literal, as on the local runner)."""
+    return text.replace("$", "$$")
+
+
 def args_for(group, trainer_args: tuple[str, ...]) -> list[str]:
     """The container's arguments: containerArgs, else the trainer args."""
     return list(group.container_args if group.container_args is not None else trainer_args)

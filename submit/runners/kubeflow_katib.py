@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mljob import contracts
-from submit import tuning_spec
+from submit import containers, tuning_spec
 from submit.runners.kubeflow_render import CONTAINER, GROUP
 
 KATIB_VERSION, EXPERIMENTS = "v1beta1", "experiments"
@@ -37,7 +37,9 @@ def experiment(tfjob: Mapping[str, Any], tuning: tuning_spec.TuningSpec,
         args = list(container["args"])
         if len(args) >= 2 and args[-2] == "--job-dir":
             args = args[:-2]
-        container["args"] = args + flags + ["--job-dir", f"{job_dir}/${{trialSpec.Name}}"]
+        # Katib fills its `${...}` in before the kubelet reads `$$` as `$`
+        container["args"] = args + flags + [
+            "--job-dir", f"{containers.kubelet_literal(job_dir)}/${{trialSpec.Name}}"]
         container["env"] = container["env"] + trial_env
     parameters = []
     for p in tuning.params:

@@ -232,14 +232,18 @@ def replica_spec(spec: specs.JobSpec, group: specs.ReplicaGroup, image: str,
     container: dict[str, Any] = {
         "name": CONTAINER, "image": group.image_uri or image,
         "command": ["python", "-m", spec.module_name],
-        "args": containers.args_for(group, spec.trainer_args),
-        "env": [{"name": contracts.JOB_ID_ENV, "value": spec.job_id},
+        # every string the kubelet expands `$(VAR)` in is escaped (TF_CONFIG's too)
+        "args": [containers.kubelet_literal(a)
+                 for a in containers.args_for(group, spec.trainer_args)],
+        "env": [{"name": contracts.JOB_ID_ENV,
+                 "value": containers.kubelet_literal(spec.job_id)},
                 {"name": "PYTHONUNBUFFERED", "value": "1"}],
         "ports": [{"name": PORT_NAME, "containerPort": PORT}]}
     if group.image_uri:  # the image's own entrypoint unless containerCommand names one
         container.pop("command")
         if group.container_command:
-            container["command"] = list(group.container_command)
+            container["command"] = [containers.kubelet_literal(c)
+                                    for c in group.container_command]
     container["resources"] = resources(group, group.accelerator_count)
     if group.task_type in (specs.PS, specs.WORKER) and not group.image_uri:
         # (a custom image may hold no `python`: its pods stop as Kubernetes stops them)
