@@ -155,8 +155,11 @@ class _Worker:
     def _stderr(self, proc: subprocess.Popen) -> None:
         assert proc.stderr is not None
         with open(self.log_file, "a", encoding="utf-8", buffering=1) as out:
+            quiet = logs.TF_LOG_LEVEL_ENV not in os.environ  # as training replicas
             for raw in iter(proc.stderr.readline, b""):
                 text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                if quiet and logs.startup_noise(text):
+                    continue  # TensorFlow's start-up lines its log level does not silence
                 if logs.ERROR_LINE.search(text):
                     self.last_words = text  # the reason a worker gives when it fails
                 line = logs.format_line(self.label, text, logs.severity(text, "stderr"))

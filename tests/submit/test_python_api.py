@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from submit import api
+from submit import api, logs
 from submit import jobs as records
 from tests.support.submit_cli import write_package
 
@@ -105,7 +105,8 @@ def test_readmes_example_runs_as_written(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_a_tuning_job_and_a_batch_prediction_job_on_a_model_version(tmp_path):
+def test_a_tuning_job_and_a_batch_prediction_job_on_a_model_version(tmp_path,
+                                                                   monkeypatch):
     """A tuning job (a config given as a dict) and a batch prediction job over a version
     created with the API, each waited for and read back as the commands read it."""
     import json
@@ -123,6 +124,7 @@ def test_a_tuning_job_and_a_batch_prediction_job_on_a_model_version(tmp_path):
     model = api.create_model("api_fashion", base_path=str(tmp_path / "served"))
     model.create_version("v1", export)
     (tmp_path / "in.json").write_text(instance_lines(images(6, seed=3), keys=range(6)))
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)  # a user's default: quiet
     predicted = api.submit_prediction(
         "api_predict", model="api_fashion", version="v1",
         input_paths=[str(tmp_path / "in.json")], output_path=str(tmp_path / "out"))
@@ -133,6 +135,10 @@ def test_a_tuning_job_and_a_batch_prediction_job_on_a_model_version(tmp_path):
     rows = [json.loads(line) for f in sorted((tmp_path / "out").glob(
         "prediction.results-*")) for line in f.read_text().splitlines()]
     assert sorted(r["key"] for r in rows) == list(range(6))
+    # its workers' logs keep TensorFlow's start-up lines out, as training replicas' do
+    worker_lines = [line for line in predicted.logs() if "worker-replica-0" in line]
+    assert worker_lines and not [line for line in worker_lines
+                                 if logs.startup_noise(line.split("\t")[-1])]
 
     tune.wait(timeout=300)
     trials = tune.describe()["trainingOutput"]["trials"]
