@@ -174,8 +174,8 @@ def _model_type(entry: dict, where: str, name: str) -> None:
 
 
 def _policy(value, where: str, name: str) -> VersionPolicy:
-    if value is None:
-        return VersionPolicy()
+    if value is None:  # a base path with a model's record: its READY versions
+        return VersionPolicy(registry=True)
     bad = UsageError(f"{where} ({name}): model_version_policy must be one of "
                      "{latest: {num_versions: N}}, {all: {}}, {specific: {versions: [...]}}")
     if not isinstance(value, dict) or len(value) != 1:

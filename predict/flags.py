@@ -108,7 +108,8 @@ OURS = [
     Flag("grpc_port", int, None, "ours: the same as --port (an older spelling)",
          ours=True),
     Flag("model_version_policy", str, "latest:1", "ours: latest:N, all or specific:V1,V2 "
-         "for --model_base_path", ours=True),
+         "for --model_base_path (not given: every READY version of a model's record "
+         "there)", ours=True),
     Flag("version_label", list, [], "ours: LABEL=VERSION for --model_base_path "
          "(repeatable)", ours=True),
     Flag("max_body_bytes", int, 1572864, "ours: largest REST body and gRPC message",

@@ -8,7 +8,9 @@ every base path each `poll_seconds` and follows these rules:
   `export.meta` for a TF1 export): the trainer writes that file last (or renames the
   whole folder into place), so a folder without it is half-published and never loaded;
 - the version policy picks which of the found versions to serve: the latest N
-  (default 1), all, or specific ones;
+  (default 1), all, or specific ones; with none given, a base path holding a model's
+  record (`BASE/mljob-model.json`, `submit models`) serves every READY version, the
+  default through its label, and a version deleted there is unloaded at once;
 - a new version is loaded beside the old ones and takes traffic only once loaded; a
   version no longer wanted is unloaded only when a wanted one is available
   (availability first, TF Serving's default), and closed when the last request using
@@ -68,11 +70,13 @@ class NotFoundError(PredictError):
 
 @dataclass(frozen=True)
 class VersionPolicy:
-    """TF Serving's model_version_policy: `latest` N, `all`, or `specific` versions."""
+    """TF Serving's model_version_policy: `latest` N, `all`, or `specific` versions;
+    `registry` (none given): with a model's record (mljob.model_meta) every READY one."""
 
     kind: str = "latest"
     count: int = 1
     versions: frozenset = frozenset()
+    registry: bool = False
 
     def choose(self, found) -> set:
         found = sorted(found)
@@ -192,6 +196,7 @@ class ServedModel:
         self._lock = threading.Lock()
         self._versions: dict = {}  # number -> _Version (loading, available, ended)
         self._file_labels: dict = {}  # BASE/mljob-model.json's (`versions set-default`)
+        self._registered = False      # whether BASE holds that record (last read)
 
     # --- the watcher's side ---------------------------------------------------------
     def poll(self) -> None:
@@ -204,25 +209,28 @@ class ServedModel:
                 known = {n for n, v in self._versions.items() if v.state != "END"}
             found = scan_versions(self.config.base_path, known)
             self._read_file_labels(self.config.base_path)
-        wanted = self.config.policy.choose(found)
+        registry = self.config.policy.registry and self._registered
+        # a model's record: every READY (published) version, the deleted ones unloaded
+        wanted = set(found) if registry else self.config.policy.choose(found)
         for number in sorted(wanted):
             with self._lock:
                 if number in self._versions:
                     continue
                 version = self._versions[number] = _Version(number, found[number])
             self._load_version(version)
-        self._unload_unwanted(wanted)
+        self._unload_unwanted(wanted, force=registry)
 
     def _read_file_labels(self, base_path: str) -> None:
         """The model record's labels, read at every poll (a bad record changes nothing)."""
         try:
-            labels = model_meta.version_labels(model_meta.read(base_path))
+            record = model_meta.read(base_path)
+            labels = model_meta.version_labels(record)
         except (ValueError, OSError, storage.StorageError) as exc:
             log.warning("model %s: %s unreadable: %s", self.name, model_meta.MODEL_FILE,
                         first_line(exc))
             return
         with self._lock:
-            self._file_labels = labels
+            self._file_labels, self._registered = labels, record is not None
 
     @property
     def labels(self) -> dict:

@@ -169,7 +169,9 @@ def _configs(options) -> list:
     if options.model_base_path:
         return [repository.ModelConfig(
             name=options.model_name, base_path=options.model_base_path,
-            policy=repository.VersionPolicy.parse(options.model_version_policy),
+            policy=repository.VersionPolicy.parse(options.model_version_policy)
+            if "model_version_policy" in options.given else
+            repository.VersionPolicy(registry=True),
             labels=model_config.parse_labels(options.version_label))]
     return [repository.ModelConfig(name=options.model_name, model_dir=options.model_dir)]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -159,14 +160,18 @@ def which(exports, index: int, scores) -> int | None:
 
 
 def test_online_predict_follows_set_default_live(capsys, tmp_path, exports, reaper):
+    """The server started as docs/predict.md says (no version policy) serves every
+    READY version of a model, the default through its label: v1 stays the default after
+    v2 is created and answers, as Cloud ML served every version it created; set-default
+    and delete are followed at the next poll of the base path."""
+    import httpx
+    from tests.support.predict_models import states
     base = tmp_path / "base"
     ok(capsys, "models", "create", "fashion", "--base-path", str(base))
     ok(capsys, "versions", "create", "v1", "--model", "fashion", "--origin", exports[1][0])
     ok(capsys, "versions", "create", "v2", "--model", "fashion", "--origin", exports[2][0])
     proc, url = start_server(reaper.popen, str(base), "--model-name", "fashion",
-                             "--model-version-policy", "all",
-                             "--file-system-poll-wait-seconds", "0.2",
-                             flag="--model-base-path")
+                             flag="--model-base-path")   # polls every second (default)
     instances = tmp_path / "instances.json"
     instances.write_text("".join(json.dumps({"image": img.tolist(), "key": i}) + "\n"
                                  for i, img in enumerate(IMAGES)))
@@ -179,9 +184,9 @@ def test_online_predict_follows_set_default_live(capsys, tmp_path, exports, reap
         return [which(exports, i, p["scores"]) for i, p in enumerate(predictions)]
 
     assert predict() == [1, 1]                 # the default: v1, though v2 is newer
+    assert predict("--version", "v1") == [1, 1]
     assert predict("--version", "v2") == [2, 2]
     ok(capsys, "versions", "set-default", "v2", "--model", "fashion")
-    import time
     deadline = time.monotonic() + 60
     while predict() != [2, 2]:                 # moved live, at the server's next poll
         assert time.monotonic() < deadline, "the default never moved"
@@ -190,9 +195,36 @@ def test_online_predict_follows_set_default_live(capsys, tmp_path, exports, reap
     out = ok(capsys, "predict", "--model", "fashion", "--json-instances", str(instances),
              "--endpoint", url, "--format", "value(key)")
     assert out == "0\n1\n"
+
+    def served_after(what: str) -> dict:
+        """{version: state} once the change shows: within one poll (1 s), and slack."""
+        started, before = time.monotonic(), states(client.get(
+            "/v1/models/fashion").json()["model_version_status"])
+        while True:
+            now = states(client.get("/v1/models/fashion").json()["model_version_status"])
+            if now != before:
+                took[what] = round(time.monotonic() - started, 2)
+                return now
+            assert time.monotonic() - started < 6, f"{what} never followed: {now}"
+            time.sleep(0.05)
+
+    took: dict[str, float] = {}
+    with httpx.Client(base_url=url, timeout=30) as client:
+        ok(capsys, "versions", "delete", "v1", "--model", "fashion")
+        assert served_after("delete v1") == {2: "AVAILABLE", 1: "END"}
+        assert client.post("/v1/models/fashion/versions/1:predict", json={
+            "instances": [{"image": IMAGES[0].tolist(), "key": 0}]}).status_code == 404
+        assert predict() == [2, 2]
+        ok(capsys, "versions", "delete", "v2", "--model", "fashion")  # the only one
+        assert served_after("delete v2") == {2: "END", 1: "END"}
+    status, _, err = run(capsys, "predict", "--model", "fashion", "--json-instances",
+                         str(instances), "--endpoint", url)
+    assert status == 1 and "answered HTTP 404" in one_error_line(err)
     status, _, err = run(capsys, "predict", "--model", "nosuch", "--json-instances",
                          str(instances), "--endpoint", url)
     assert status == 1 and "answered HTTP 404" in one_error_line(err)
+    with capsys.disabled():
+        print(f"served set followed in: {took}")
     proc.terminate()
     proc.wait(30)
     status, _, err = run(capsys, "predict", "--model", "fashion", "--json-instances",
