@@ -35,6 +35,7 @@ from submit.errors import JobNotFoundError, SubmitError, UsageError
 from submit.submission import runner_for
 
 KEEPALIVE_S = 15.0
+QUEUE_BYTES = 1 << 20  # of log lines read ahead of what the browser has taken
 MAX_FORM_BYTES = 4096
 HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
                                       "frame-ancestors 'none'; form-action 'self'",
@@ -139,24 +140,37 @@ class Console:
     async def _events(self, record: jobs.JobRecord, task: str | None, skip: int):
         """Each log line as an event numbered from 1 (a reconnecting browser sends the
         last number it saw), `note` events for a runner's error, and `end` with the
-        job's final state. The reading thread stops when the browser goes away."""
+        job's final state. The reading thread stops when the browser goes away, and
+        waits while QUEUE_BYTES of lines are not yet sent (a slow browser and a 400 MB
+        log never put the log in memory)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         stop = threading.Event()
+        room = threading.Condition()
+        pending = [0]  # bytes of lines queued and not yet sent
 
-        def put(item) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+        def put(item) -> bool:
+            """Queue item once there is room; False once the browser has gone."""
+            with room:
+                while pending[0] > QUEUE_BYTES and not stop.is_set():
+                    room.wait(0.5)
+                if stop.is_set():
+                    return False
+                pending[0] += len(item[1] or "")
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is closed
+                return False
+            return True
 
         def read() -> None:
             try:
                 for line in _lines(record, task, stop):
-                    put(("line", line))
-                    if stop.is_set():
+                    if not put(("line", line)):
                         return
             except Exception as exc:  # a runner that cannot read logs: say why
                 put(("note", f"cannot read the logs: {first_line(exc)}"))
-            finally:
-                put(("end", None))
+            put(("end", None))
 
         threading.Thread(target=read, daemon=True, name="console-logs").start()
         count = 0
@@ -171,6 +185,9 @@ class Console:
                     count += 1
                     if count > skip:
                         yield f"id: {count}\ndata: {_one_line(value)}\n\n"
+                    with room:  # sent: room for as much more
+                        pending[0] -= len(value)
+                        room.notify()
                 elif kind == "note":
                     yield f"event: note\ndata: {_one_line(value)}\n\n"
                 else:
@@ -179,6 +196,8 @@ class Console:
                     return
         finally:
             stop.set()
+            with room:
+                room.notify_all()
 
     # --- cancel ----------------------------------------------------------------------
 

@@ -58,3 +58,33 @@ def test_damaged_records_are_4xx_and_extreme_charts_are_drawn(console):  # noqa:
 def test_ticks_of_spans_too_narrow_or_too_wide_are_the_ends():
     assert svg._ticks(0.0, 5e-324) == [0.0, 5e-324]
     assert svg._ticks(-1e308, 1.7e308) == [-1e308, 1.7e308]
+
+
+def test_a_slow_browser_on_a_big_log_keeps_the_console_small(tmp_path, reaper):
+    """The event stream reads ahead at most QUEUE_BYTES of a 48 MB log of long lines
+    while the browser takes none (before: the whole log in memory, twice)."""
+    import socket
+    import time
+
+    import psutil
+
+    from tests.console.test_console_http import stored_job
+    from tests.support.browser import start_console
+    record = stored_job(tmp_path, job_id="big01", state=records.SUCCEEDED)
+    line = "INFO\t2026-11-28 12:00:00 +0000\tmaster-replica-0\t" + "z" * 250_000 + "\n"
+    with open(os.path.join(record.log_dir, "master-replica-0.log"), "a") as f:
+        for _ in range(200):
+            f.write(line)
+    url = start_console(reaper, tmp_path / "console.log")
+    port = int(url.rsplit(":", 1)[1])
+    (server,) = [p for p in psutil.Process().children(recursive=True)
+                 if str(port) in " ".join(p.cmdline())]
+    before = server.memory_info().rss
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(f"GET /jobs/big01/logs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                     "\r\n".encode())
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        time.sleep(3)  # the browser reads nothing more
+        grown = (server.memory_info().rss - before) / (1 << 20)
+    assert grown < 25, f"the console grew by {grown:.0f} MiB"
