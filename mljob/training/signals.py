@@ -141,7 +141,8 @@ def _parse_seconds(text: str | None, default: float) -> float:
         value = float(text) if text else default
     except ValueError:
         return default
-    return value if value > 0 else default
+    # inf (`1e400` too) would make the watchdog's sleep raise and the deadline vanish
+    return value if 0 < value < float("inf") else default
 
 
 def _parse_pid(text: str | None) -> int | None:

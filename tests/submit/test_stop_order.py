@@ -9,11 +9,14 @@ import os
 import sys
 import threading
 import time
+from types import SimpleNamespace
+
+import pytest
 
 from mljob import contracts
 from submit import jobs
 from submit.local.plan import JobPlan, ReplicaPlan
-from submit.local.supervisor import Supervisor
+from submit.local.supervisor import CHIEF_EXIT_S, Supervisor, chief_deadline
 from tests.support.common import pid_alive
 
 # A replica that notes each event with the time; on SIGTERM the chief "saves", which
@@ -188,3 +191,19 @@ def test_the_ray_driver_stops_in_the_same_order():
     driver.ended, driver.peer_lost = set(), True          # a failed job: no save to wait for
     driver.stop([0])
     assert calls[0] == ("stop", "chief-0", ray_driver.STOP_GRACE_S)
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("30", 30.0), ("0.5", 0.5), ("", 60.0), ("soon", 60.0), ("0", 60.0), ("-5", 60.0),
+    ("nan", 60.0), ("inf", 60.0), ("1e400", 60.0), ("\u00b2", 60.0)])
+def test_the_chiefs_deadline_is_read_as_the_chief_reads_it(text, seconds):
+    """How long the supervisor waits for a stopping chief follows the chief's own stop
+    deadline (MLJOB_STOP_DEADLINE), bad values falling back to the same 60 s; never
+    unbounded (`inf` once left the chief's watchdog without a deadline at all)."""
+    from mljob.training.signals import StopSignal
+    env = {contracts.STOP_DEADLINE_ENV: text}
+    chief = SimpleNamespace(plan=SimpleNamespace(is_chief=True, env=env), running=True)
+    assert chief_deadline([chief]) == seconds + CHIEF_EXIT_S
+    assert StopSignal(environ=env)._deadline == seconds
+    assert chief_deadline([SimpleNamespace(plan=SimpleNamespace(is_chief=False, env=env),
+                                           running=True)]) == 0
