@@ -11,6 +11,7 @@ routes by itself), and JSON through orjson when it is installed (predict.instanc
 from __future__ import annotations
 
 import json
+import re
 import socket
 from typing import Any, cast
 
@@ -38,6 +39,8 @@ except ImportError:  # pragma: no cover - an install without it
 
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 JSON_TYPE = b"application/json"
+# a request line as RFC 9112 has it, with a method of capitals: what a 405 may name
+REQUEST_LINE = re.compile(rb"([A-Z]{1,20}) [!-~]+ HTTP/[0-9]\.[0-9]\r?\n")
 MALFORMED = ("malformed HTTP request (request line, headers or chunked body); send "
              "valid HTTP/1.1")
 
@@ -192,7 +195,11 @@ if httptools is not None:
             try:
                 self._parser.feed_data(data)
             except httptools.HttpParserInvalidMethodError:
-                self.refused_method = data.split(b" ", 1)[0][:32]
+                # 405 only for a well-formed request line whose method no route takes;
+                # bytes that are no request line at all (a TLS hello, `FOO` alone) are
+                # malformed HTTP: 400, as the docs say
+                line = REQUEST_LINE.match(data)
+                self.refused_method = line[1] if line else None
                 raise
 
         def __getattr__(self, name):
@@ -219,10 +226,9 @@ if httptools is not None:
         def send_400_response(self, msg: str) -> None:
             method = self._methods.refused_method
             if method is not None:
-                shown = method.decode("ascii", "replace") if method.isalpha() else \
-                    "the request's method"
                 answer = _error_response(405, b"Method Not Allowed",
-                                         f"{shown} is not allowed; use GET or POST")
+                                         f"{method.decode()} is not allowed; use GET or "
+                                         "POST")
             else:
                 answer = _error_response(400, b"Bad Request", MALFORMED)
             self.transport.write(answer)

@@ -85,8 +85,12 @@ def _raw(client, request: bytes) -> tuple[int, dict]:
     (b"POST /v1/models/default:predict HTTP/1.1\r\nHost: x\r\n"
      b"Transfer-Encoding: chunked\r\n\r\n-2\r\n{}\r\n0\r\n\r\n", 400),
     (b"GET /v1/models/default HTTP/1.1 extra\r\nHost: x\r\n\r\n", 400),
+    (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40, 400),  # was 405
+    (b"FOO\r\nHost: x\r\n\r\n", 400),                                      # was 405
+    (b"F@O /v1/models/default HTTP/1.1\r\nHost: x\r\n\r\n", 400),
 ], ids=["unknown method", "unknown method on predict", "negative Content-Length",
-        "chunk size not hex", "negative chunk size", "malformed request line"])
+        "chunk size not hex", "negative chunk size", "malformed request line",
+        "a TLS hello", "a method alone", "a method of no letters"])
 def test_malformed_http_is_answered_in_json(server, request_bytes, status):
     """Before: uvicorn and Starlette answered these in plain text."""
     proc, client = server
