@@ -37,6 +37,7 @@ import os
 import yaml
 
 from mljob import storage
+from mljob.errors import ascii_digits
 from predict import request_log
 from predict.errors import UsageError
 from predict.repository import ModelConfig, VersionPolicy, parse_version
@@ -181,13 +182,15 @@ def _policy(value, where: str, name: str) -> VersionPolicy:
     if not isinstance(value, dict) or len(value) != 1:
         raise bad
     (kind, body), = value.items()
-    body = body or {}
+    body = {} if body is None else body  # `latest:` alone; `latest: 0` is no policy
     if not isinstance(body, dict):
         raise bad
     try:  # OverflowError: num_versions .inf
         if kind == "latest" and set(body) <= {"num_versions"}:
-            count = int(body.get("num_versions", 1))
-            if count >= 1:
+            count = body.get("num_versions", 1)
+            if isinstance(count, str) and ascii_digits(count):  # protobuf's JSON form
+                count = int(count)
+            if isinstance(count, int) and not isinstance(count, bool) and count >= 1:
                 return VersionPolicy("latest", count=count)
         if kind == "all" and not body:
             return VersionPolicy("all")

@@ -65,6 +65,12 @@ def _check_job_id(spec: prediction_spec.PredictionSpec, resume: bool) -> None:
                  if earlier_output and old.state != jobs.SUCCEEDED else "")
         raise UsageError(f"job id {spec.job_id!r} already exists ({old.state}); pick "
                          f"another job id{again}")
+    earlier_inputs = old.prediction_input.get("inputPaths")
+    if isinstance(earlier_inputs, list) and earlier_inputs != list(spec.input_paths):
+        # its shards were planned over those files: others would be silently ignored
+        raise UsageError(f"--resume finishes job {spec.job_id} over the --input-paths it "
+                         f"recorded, {','.join(map(str, earlier_inputs))[:300]}; give "
+                         "those, or pick a new job id for other inputs")
 
 
 def _check_model(model_dir: str) -> None:

@@ -22,10 +22,12 @@ import yaml
 from submit.errors import ConfigError, UsageError
 
 JOB_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")  # whole string: fullmatch
-# gcloud ai-platform's command groups: never a job id, so that `python -m submit models`
-# is never a training job named "models".
+# gcloud ai-platform's command groups and ours (`console`): never a job id, so that
+# `python -m submit models` is never a training job named "models", and every job id can
+# be submitted with the short form `python -m submit JOB_ID`.
 RESERVED_WORDS = frozenset({"jobs", "local", "models", "versions", "predict", "explain",
-                            "operations", "submit", "help", "training", "prediction"})
+                            "operations", "submit", "help", "training", "prediction",
+                            "console"})
 # trainingInput's int64 counts (the REST API writes int64 as a JSON string)
 INT64_KEYS = ("workerCount", "parameterServerCount", "evaluatorCount")
 MAX_EXPANDED_VALUES = 10_000   # a job config holds tens; anchors may repeat some

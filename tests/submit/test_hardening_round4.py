@@ -92,3 +92,34 @@ def test_extreme_but_finite_values_are_kept():
                            trialId=3, hyperparameters={"lr": 5e-324, "opt": "adam",
                                                         "bn": True}))
     records.check_record(data)
+
+
+def test_resume_with_other_input_paths_is_refused_naming_the_recorded_ones(capsys,
+                                                                          tmp_path):
+    """Before: the earlier shard plan was kept and the new --input-paths ignored."""
+    out = str(tmp_path / "out")
+    records.save(records.JobRecord("pred01", state=records.CANCELLED, mode="prediction",
+                                   prediction_input={"inputPaths": ["/data/a-*.json"],
+                                                     "outputPath": out}))
+    argv = ["jobs", "submit", "prediction", "pred01", "--model-dir", str(tmp_path / "m"),
+            "--output-path", out, "--data-format", "text", "--region", "us-central1",
+            "--resume"]
+    status, _, err = run(capsys, *argv, "--input-paths", "/data/b-*.json")
+    assert status == 2 and one_error_line(err).endswith(
+        "--resume finishes job pred01 over the --input-paths it recorded, "
+        "/data/a-*.json; give those, or pick a new job id for other inputs")
+    status, _, err = run(capsys, *argv, "--input-paths", "/data/a-*.json")
+    assert status == 2 and "--input-paths it recorded" not in err  # on to the next check
+
+
+def test_every_commands_name_is_reserved_as_a_job_id(capsys, tmp_path):
+    """`console` was a valid job id that `python -m submit console` could never submit."""
+    from submit.__main__ import cli
+    from submit.spellings import JOB_ID, RESERVED_WORDS
+    names = [n for n in cli.commands if JOB_ID.fullmatch(n)]
+    assert "console" in names and set(names) <= RESERVED_WORDS
+    status, _, err = run(capsys, "jobs", "submit", "training", "console", "--job-dir",
+                         str(tmp_path / "job"))
+    assert status == 2 and "'console' is a command's name, never a job id; pick " \
+        "another, e.g. console_1" in one_error_line(err)
+    assert not os.path.exists(tmp_path / "job")
