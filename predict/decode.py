@@ -14,7 +14,9 @@ Rules (docs/predict.md lists them for users):
   output of the same name (`key`, shape [None]) may be left out, and then its output is
   left out of that instance's answer (TF Serving's clients send no key);
 - a value of the right size but another shape is flattened when the signature wants a
-  flat vector (a 28x28 image for a 784 input); any other shape mismatch is an error;
+  flat vector (a 28x28 image for a 784 input), and a scalar where it wants one value
+  (`{"age": 60}` for a [None, 1] input, as Keras takes it); any other shape mismatch is
+  an error;
 - `{"b64": "..."}` is binary: decoded bytes for string inputs, raw little-endian values
   of the input's dtype for numeric inputs (784 float32 = 3,136 bytes for an image);
 - nesting deeper than MAX_DEPTH is refused before numpy or anything recursive sees it.
@@ -245,6 +247,10 @@ def _b64_bytes(text, name: str) -> bytes:
 def _fit_shape(arr: np.ndarray, want, name: str) -> np.ndarray:
     if want is None or _matches(arr.shape, want):
         return arr
+    # A [None, 1] input takes a scalar a row ({"age": 60}), as Keras takes one: the last
+    # axis of one is added.
+    if want and want[-1] == 1 and _matches(arr.shape + (1,), want):
+        return arr[..., np.newaxis]
     # A flat vector input accepts any nesting of the same values (28x28 for 784), per
     # instance or per batch (N x 28 x 28 for N x 784).
     flat = want[-1] if want and want[-1] is not None else None

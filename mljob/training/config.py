@@ -108,7 +108,12 @@ class Serving:
     match answers to instances
     (None: no key); key_dtype its dtype. keyless_signature: also export a signature of
     that name without the key. model_fn: the model the export is built from when it
-    differs from the training one (e.g. float32 where training ran in bfloat16).
+    differs from the training one (e.g. float32 where training ran in bfloat16, or
+    keras.io's FeatureSpace inference model around the trained one): the trained
+    variables go into it by their paths, what only it holds keeps its own state.
+    inference_signature: also export TF Serving's Classify or Regress signature,
+    `{"classify": [label, ...]}` (one label per output column) or `{"regress": True}`;
+    their scores are what `outputs` gives (probabilities, not logits).
     """
 
     inputs: Mapping[str, Any] | None = None
@@ -117,6 +122,7 @@ class Serving:
     key_dtype: str = "int64"
     keyless_signature: str | None = None
     model_fn: Callable[[], Any] | None = None
+    inference_signature: Mapping[str, Any] | None = None
 
     def __post_init__(self):
         if self.inputs is not None and not self.inputs:

@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from mljob.errors import EXIT_OK, first_line
+from mljob.training import own_steps
 from mljob.training.checkpoints import CheckpointStore
 from mljob.training.config import Program, RunConfig
 from mljob.training.losses import Objective, unpack
@@ -35,11 +36,14 @@ POLL_SECONDS = 1.0
 _eval_steps: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def evaluate(model, dataset, objective: Objective) -> tuple[float, dict[str, float]]:
+def evaluate(model, dataset, objective: Objective | None,
+             strategy=None) -> tuple[float, dict[str, float]]:
     """Loss and metrics of `model` over every example of `dataset` (finite, of
     (features, labels[, sample_weight]) batches) as Keras's `evaluate` gives them: each
     metric object updated batch by batch, the loss the batches' mean weighted by their
-    sizes."""
+    sizes. objective None: the model's own test_step (own_steps), in `strategy`."""
+    if objective is None:
+        return own_steps.evaluate(model, dataset, strategy)
     objective.build(model, dataset.element_spec)
     step = _eval_steps.get(model)
     if step is None:
@@ -68,7 +72,7 @@ def run(program: Program, config: RunConfig, stop: StopSignal,
         return EXIT_OK
     program.description()  # the user's own set-up (the trainer reads its data here)
     model = program.model_fn()
-    objective = program.objective(model)
+    objective = None if own_steps.uses_own_steps(model) else program.objective(model)
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
     checkpoint = tf.train.Checkpoint(model={w.path: w.value for w in model.weights},
                                      step=step_var)

@@ -25,7 +25,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -37,10 +37,12 @@ from mljob.training.errors import TrainingError, UsageError
 MARKER = contracts.SAVED_MODEL_MARKER  # what a reader looks for; published last
 
 
-def export(model_fn, weights: Sequence[np.ndarray], url: str, serving: Serving, *,
-           inference_signature: dict | None = None) -> str:
-    """Write the SavedModel of `model_fn()` with `weights` (in `get_weights()` order) to
-    URL, replacing any previous export there whole. Returns URL.
+def export(model_fn, weights: Sequence[np.ndarray] | Mapping[str, np.ndarray], url: str,
+           serving: Serving, *, inference_signature: dict | None = None) -> str:
+    """Write the SavedModel of `model_fn()` with `weights` to URL, replacing any previous
+    export there whole. Returns URL. `weights`: {variable path: value} (the trained
+    model's), matched into the serving model by path (`assign_by_path`), or a list in
+    `get_weights()` order.
 
     inference_signature: also export TF Serving's tf.Example signature, either
     `{"classify": ["label 0", "label 1", ...]}` (one label per output column) or
@@ -49,8 +51,9 @@ def export(model_fn, weights: Sequence[np.ndarray], url: str, serving: Serving, 
     tmp = tempfile.mkdtemp(prefix="mljob-export-")
     try:
         saved = os.path.join(tmp, "model")
-        _on_clean_thread(lambda: _save(model_fn, [np.asarray(w) for w in weights],
-                                       serving, saved, extra))
+        values = {k: np.asarray(v) for k, v in weights.items()} \
+            if isinstance(weights, Mapping) else [np.asarray(w) for w in weights]
+        _on_clean_thread(lambda: _save(model_fn, values, serving, saved, extra))
         storage.publish_dir(saved, url, marker=MARKER)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -86,6 +89,8 @@ def _example_function(keras_model, serving: Serving, kind: str, labels):
     def run(examples):
         parsed = tf.io.parse_example(examples, features)
         value = keras_model(parsed[names[0]] if len(names) == 1 else parsed, training=False)
+        if serving.outputs is not None:  # what :predict answers (probabilities, not logits)
+            value = _answer_of(serving.outputs(value), kind, labels)
         if not isinstance(value, tf.Tensor):
             raise UsageError("inference_signature needs a model with one output tensor")
         value = tf.cast(value, tf.float32)
@@ -100,6 +105,26 @@ def _example_function(keras_model, serving: Serving, kind: str, labels):
 
     fn = tf.function(run, input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
     return fn.get_concrete_function()
+
+
+def _answer_of(outputs, kind: str, labels):
+    """The tensor of Serving.outputs' dict that Classify's scores (or Regress's outputs)
+    are: `scores` or `probabilities` by name, else the one float tensor of the right
+    shape (one column per label; one value per example)."""
+    if not isinstance(outputs, dict):
+        return outputs
+    for name in ("scores", "probabilities", "outputs", "predictions"):
+        if name in outputs:
+            return outputs[name]
+    width = len(labels) if kind == "classify" else 1
+    fits = [v for v in outputs.values() if isinstance(v, tf.Tensor) and v.dtype.is_floating
+            and (v.shape.rank == 1 and kind == "regress" or
+                 v.shape.rank == 2 and v.shape[-1] == width)]
+    if len(fits) != 1:
+        raise UsageError(f"inference_signature: Serving.outputs gives {sorted(outputs)}; "
+                         "name the tensor Classify/Regress answers 'scores' (or "
+                         "'probabilities')")
+    return fits[0]
 
 
 def _with_method(path: str, name: str, method: str) -> None:
@@ -117,16 +142,58 @@ def _with_method(path: str, name: str, method: str) -> None:
         f.write(proto.SerializeToString())
 
 
-def _save(model_fn, weights: list[np.ndarray], serving: Serving, path: str,
-          extra=None) -> None:
+def assign_by_path(keras_model, weights: Mapping[str, np.ndarray], *,
+                   check_only: bool = False) -> None:
+    """Give the serving model the trained values: each trained variable into the serving
+    model's variable of the same path (as checkpoints match them); what only the serving
+    model holds (adapted preprocessing layers, tables) keeps its own state. Models of the
+    same layers whose paths differ (built after other models in one thread) match by
+    position. TrainingError naming what does not match."""
+    mine = {w.path: w for w in keras_model.weights}
+    missing = [p for p in weights if p not in mine]
+    if missing:
+        if [tuple(w.shape) for w in keras_model.weights] == \
+                [tuple(np.shape(v)) for v in weights.values()]:
+            if not check_only:
+                keras_model.set_weights(list(weights.values()))
+            return
+        raise TrainingError(
+            f"the serving model {keras_model.name!r} has no variable for {len(missing)} of "
+            f"the {len(weights)} trained ones ({', '.join(missing[:4])}"
+            f"{', ...' if len(missing) > 4 else ''}): Serving.model_fn must return a model "
+            "that contains the trained model's layers (e.g. "
+            "keras.Model(raw_inputs, model_fn()(preprocess(raw_inputs))))")
+    wrong = [f"{p} {tuple(np.shape(v))} against {tuple(mine[p].shape)}"
+             for p, v in weights.items() if tuple(np.shape(v)) != tuple(mine[p].shape)]
+    if wrong:
+        raise TrainingError(f"the serving model {keras_model.name!r}'s variables do not "
+                            f"have the trained shapes: {'; '.join(wrong[:3])}")
+    if not check_only:
+        for p, value in weights.items():
+            mine[p].assign(value)
+
+
+def check_serving_model(model_fn, shapes: Mapping[str, tuple]) -> None:
+    """Build the serving model (on a clean thread, as the export will) and check that
+    every trained variable has its place in it: a run fails here, before its first
+    step, rather than after its last."""
+    _on_clean_thread(lambda: assign_by_path(
+        model_fn(), {p: np.zeros(s, np.float32) for p, s in shapes.items()},
+        check_only=True))
+
+
+def _save(model_fn, weights, serving: Serving, path: str, extra=None) -> None:
     keras_model = model_fn()
-    expected = [tuple(w.shape) for w in keras_model.weights]
-    got = [tuple(w.shape) for w in weights]
-    if expected != got:
-        raise TrainingError(f"the weights do not fit model {keras_model.name!r} (shapes "
-                            f"{got}, expected {expected}); export the weights of the same "
-                            "model")
-    keras_model.set_weights(weights)
+    if isinstance(weights, Mapping):
+        assign_by_path(keras_model, weights)
+    else:
+        expected = [tuple(w.shape) for w in keras_model.weights]
+        got = [tuple(w.shape) for w in weights]
+        if expected != got:
+            raise TrainingError(f"the weights do not fit model {keras_model.name!r} "
+                                f"(shapes {got}, expected {expected}); export the "
+                                "weights of the same model")
+        keras_model.set_weights(weights)
     module = ServingModule(keras_model, serving)
     # experimental_io_device=None and no device scope: the graph names no devices, so it
     # loads on any machine and in TensorFlow Serving.
@@ -300,4 +367,4 @@ def _on_clean_thread(fn) -> None:
         raise errors[0]
 
 
-__all__ = ["export", "load", "ServingModule", "MARKER"]
+__all__ = ["export", "assign_by_path", "check_serving_model", "load", "ServingModule", "MARKER"]

@@ -38,9 +38,14 @@ import numpy as np
 import tensorflow as tf
 from keras.src import tree
 
-from mljob.training.config import Program, RunConfig
+from keras.src.losses.loss import scale_loss_for_distribution, unscale_loss_for_distribution
+
+from mljob.training import own_steps
+from mljob.training.config import STEPS_PER_EXECUTION, Program, RunConfig
 from mljob.training.errors import UsageError
-from mljob.training.losses import compiled_optimizer, one_replica, unpack
+from mljob.training.losses import compiled_optimizer, merge_rule, one_replica, unpack
+from mljob.training.shared_state import add_change, atomic_iterations, keeping_state, \
+    tf_variable as _tf_variable
 from mljob.training.strategies import weight_parts
 from mljob.training.updates import adam_step, apply_adam, fusable
 
@@ -94,28 +99,41 @@ class Replica:
             if not self.model.built or not self.model.weights:
                 raise UsageError("model_fn's model has no weights yet; build it (give "
                                  "its Input shapes, or call model.build) before returning")
+            # A model's own train_step/test_step is run as Keras runs it (own_steps).
+            self.own_steps = own_steps.uses_own_steps(self.model)
+            if self.own_steps:
+                own_steps.check(self.model, program, parameter_servers=coordinator is not None,
+                                replicas=strategy.num_replicas_in_sync)
             self.optimizer = make_optimizer(program.optimizer) \
                 if program.optimizer is not None else compiled_optimizer(self.model)
             self.parts = [p for w in self.model.trainable_weights for p in weight_parts(w)]
-            self.optimizer.build(self.parts)
+            if not self.optimizer.built:
+                self.optimizer.build(self.parts)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         # What compile was given, unless the arguments say otherwise (Objective.of); its
-        # metrics made here, outside the scope: only their states travel.
-        self.objective = program.objective(self.model)
-        # The loss of a step is its batch's mean; under synchronous replicas each adds
-        # its share, so their sum is the global batch's mean (Keras does the same).
-        self.loss_scale = 1.0 if coordinator is not None else \
-            1.0 / strategy.num_replicas_in_sync
+        # metrics made here, outside the scope: only their states travel. A model with
+        # its own steps has its own loss and metrics.
+        self.objective = None if self.own_steps else program.objective(self.model)
+        # compile(steps_per_execution=N) is honoured unless the run's config sets its own.
+        self.steps_per_execution = steps_per_execution(self.model, config)
         # The model's variables by their Keras path, not the Keras objects: a Keras
         # variable holding a ShardedVariable cannot be saved, the ShardedVariable can,
         # and it restores into unsharded variables (the evaluator, a single-node resume).
+        optimizer_variables = [v for o in (own_steps.optimizers(self.model)
+                                           if self.own_steps else [self.optimizer])
+                               for v in o.variables]
         self.checkpoint = tf.train.Checkpoint(
             model={w.path: w.value for w in self.model.weights},
-            optimizer=list(self.optimizer.variables), step=self.step)
+            optimizer=optimizer_variables, step=self.step)
         # autograph=False, as Keras's fit traces its steps: the loops are TensorFlow's
         # own (tf.while_loop), and converting this code and everything it calls took
         # two thirds of the first chunk's tracing (seconds before the first step).
-        self._chunk = tf.function(self._train_chunk, autograph=False)
+        self._chunk = tf.function(self._own_chunk if self.own_steps else self._train_chunk,
+                                  autograph=False)
+        # A model's own first step alone: an optimizer it builds on first use (one node)
+        # makes its variables there, not inside the chunk's loop.
+        self._first = tf.function(self._own_first, autograph=False) if self.own_steps \
+            else None
         self._iterator = None
         # One process, one replica: Adam's update fused by XLA (mljob.training.updates)
         # where it is exactly Keras's; synchronous replicas keep Keras's update, which
@@ -123,14 +141,20 @@ class Replica:
         self.fused_update = coordinator is None and strategy.num_replicas_in_sync == 1 \
             and strategy is tf.distribute.get_strategy() \
             and fusable(self.optimizer, self.parts)
-        # Under ps, local steps are on unless turned off, for Adam (whose update they
-        # run on the workers); asked for with another optimizer, they are an error.
-        adam = type(self.optimizer) is keras.optimizers.Adam and not self.optimizer.amsgrad
-        if config.ps_local_steps and not adam and coordinator is not None:
-            raise UsageError("ps_local_steps runs Adam's update on the workers: give "
-                             "keras.optimizers.Adam (without amsgrad), or turn it off")
+        # Under ps, local steps are on unless turned off, where the update they run on
+        # the workers is exactly Keras's (plain Adam, the single node's `fusable`); any
+        # other optimizer, or Adam with one of its options, steps one at a time through
+        # the optimizer's own apply. Asked for where they are not exact, they are an error.
+        exact = fusable(self.optimizer, self.parts)
+        if config.ps_local_steps and not exact and coordinator is not None:
+            raise UsageError(f"ps_local_steps runs plain Adam's update on the workers, "
+                             f"not {_optimizer_text(self.optimizer)}'s: give "
+                             "keras.optimizers.Adam without amsgrad, clipping, weight "
+                             "decay, EMA, accumulation or loss scaling, or turn it off")
         self.local_steps = coordinator is not None and config.ps_local_steps is not False \
-            and adam
+            and exact
+        if coordinator is not None and not self.local_steps:
+            atomic_iterations(self.optimizer)
         # What each read of the ps's weights and write of their change carries on the
         # wire: bfloat16 with local steps unless told (wire_dtype None: float32).
         wire = config.ps_wire_dtype or ("bfloat16" if self.local_steps else "float32")
@@ -155,7 +179,7 @@ class Replica:
         workers = f"{self.num_workers} worker{'' if self.num_workers == 1 else 's'}"
         weights = {"sqrt": f"summed / sqrt({self.num_workers})", "mean": "averaged"}[
             self.merge]
-        return (f"local steps ({self.config.steps_per_execution} a function, {workers}: "
+        return (f"local steps ({self.steps_per_execution} a function, {workers}: "
                 f"weight changes {weights}, moments averaged, {wire} on the wire)")
 
     def shards(self) -> dict[str, int]:
@@ -181,6 +205,7 @@ class Replica:
                                                      global_batch_size=batch, seed=seed))
 
             per_worker = self.coordinator.create_per_worker_dataset(dataset_fn)
+            assert self.objective is not None  # own steps are refused under ps
             self.objective.build(self.model, per_worker.element_spec)
             self._iterator = iter(per_worker)
             return
@@ -189,28 +214,66 @@ class Replica:
             return train_dataset_fn(InputContext.from_tf(context, batch, seed))
 
         distributed = self.strategy.distribute_datasets_from_function(replica_fn)
-        self.objective.build(self.model, one_replica(distributed.element_spec))
+        if self.objective is not None:
+            self.objective.build(self.model, one_replica(distributed.element_spec))
         self._iterator = iter(distributed)
 
     def _train_step(self, *data):
+        """One step as Keras's `fit` takes it: Keras's losses are their batch's mean
+        already scaled by 1/replicas in a replica context (so the replicas' gradients sum
+        to the global batch's), the layers' losses scaled the same, the optimizer's own
+        apply with every option it has. Under ps the layers' state (BatchNormalization's
+        moving statistics, counters) is added to the ps as this step's change, never
+        overwritten (`_keeping_state`)."""
         features, labels, weights = unpack(data)
+        state = self.model.non_trainable_variables if self.coordinator is not None else []
         with tf.GradientTape() as tape:
-            outputs = self.model(features, training=True)
+            with keeping_state(state) as kept:
+                outputs = self.model(features, training=True)
+            extra = kept.losses if state else self.model.losses
             if self.objective.class_weight is not None:
                 weights = self.objective.class_weights(tree.flatten(labels)[0])
             loss, each = self.objective.loss(labels, outputs, weights)
-            # config.batch_size examples a step: split over the replicas under multiworker
-            # and mirrored (whose SUM of these is the mean), one worker's batch under ps.
-            if self.model.losses:  # the layers' regularizers, in the loss as in Keras
-                loss += tf.add_n([tf.cast(x, tf.float32) for x in self.model.losses])
-            scaled = loss * self.loss_scale
-            scaled_for_grads = self.optimizer.scale_loss(scaled)
+            if extra:  # the layers' regularizers, in the loss as in Keras
+                loss += scale_loss_for_distribution(
+                    tf.add_n([tf.cast(x, tf.float32) for x in extra]))
+            scaled_for_grads = self.optimizer.scale_loss(loss)
         grads = tape.gradient(scaled_for_grads, self.parts)
         if not (self.fused_update and apply_adam(self.optimizer, self.parts, grads)):
             self.optimizer.apply_gradients(zip(grads, self.parts, strict=True))
+        kept.add_changes()
+        # The metrics see the losses unscaled, as Keras's loss tracker does.
         state = self.objective.update(self.objective.zero_state(), labels, outputs,
-                                      weights, each, loss)
-        return scaled, state
+                                      weights, [unscale_loss_for_distribution(e)
+                                                for e in each],
+                                      unscale_loss_for_distribution(loss))
+        return loss, state
+
+    def _own_first(self, iterator, num_steps, stop_flag):
+        del num_steps  # always one
+        return self._own_result(self.strategy.run(self.model.train_step,
+                                                  args=(next(iterator),)), stop_flag)
+
+    def _own_chunk(self, iterator, num_steps, stop_flag):
+        """num_steps of the model's own train_step (own_steps)."""
+        def step(i):
+            self.strategy.run(self.model.train_step, args=(next(iterator),))
+            return i + 1
+
+        tf.while_loop(lambda i: i < num_steps - 1, step, [tf.constant(0)])
+        logs = self.strategy.run(self.model.train_step, args=(next(iterator),))
+        return self._own_result(logs, stop_flag)
+
+    def _own_result(self, logs, stop_flag):
+        return tf.constant(0.0), own_steps.reduce_logs(logs, self.strategy), \
+            self._agreed_stops(stop_flag)
+
+    def _agreed_stops(self, stop_flag):
+        if not self.agree_on_stop:
+            return stop_flag
+        # How many replicas were asked to stop, the same on all.
+        stops = self.strategy.run(_all_replicas_sum, args=(stop_flag,))
+        return self.strategy.experimental_local_results(stops)[0]
 
     def _read(self, var):
         """A variable's value on this worker; with ps_wire_dtype bfloat16 it is rounded
@@ -241,16 +304,18 @@ class Replica:
 
         tf.while_loop(lambda i: i < num_steps - 1, step, [tf.constant(0)])
         loss, state = self.strategy.run(self._train_step, args=next(iterator))
-        sum_, mean = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
-        stops = stop_flag
-        if self.agree_on_stop:  # how many replicas were asked to stop, the same on all
-            stops = self.strategy.run(_all_replicas_sum, args=(stop_flag,))
-            stops = self.strategy.experimental_local_results(stops)[0]
-        # The replicas' metric states merged by each variable's aggregation.
-        merged = [self.strategy.reduce(sum_ if how.endswith("sum") else mean, value,
-                                       axis=None)
+        # The replicas' metric states merged by each variable's aggregation (the one
+        # table, losses.MERGE_RULES, that also merges the chunks' states).
+        merged = [self._reduce(merge_rule(how), value)
                   for how, value in zip(self.objective.aggregations, state, strict=True)]
-        return self.strategy.reduce(sum_, loss, axis=None), merged, stops
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None), merged, \
+            self._agreed_stops(stop_flag)
+
+    def _reduce(self, rule: str, value):
+        if rule == "first":
+            return self.strategy.experimental_local_results(value)[0]
+        op = tf.distribute.ReduceOp.SUM if rule == "sum" else tf.distribute.ReduceOp.MEAN
+        return self.strategy.reduce(op, value, axis=None)
 
     def _local_chunk(self, iterator, num_steps, stop_flag):
         """ps_local_steps: the scheduled function reads the weights and Adam's state
@@ -313,9 +378,11 @@ class Replica:
                                                start, end, strict=False):
             for var, old, new in zip(group, before, after, strict=True):
                 self._merge(var, (new - old) * share)
-        for var, new in zip(state, end[3], strict=True):
-            var.assign(new)
-        opt.iterations.assign_add(tf.cast(num_steps, opt.iterations.dtype))
+        # The layers' state and the step count as this function's change, added on the
+        # ps: another worker's change made meanwhile is kept, not overwritten.
+        for var, old, new in zip(state, start[3], end[3], strict=True):
+            add_change(var, old, new)
+        _tf_variable(opt.iterations).assign_add(tf.cast(num_steps, opt.iterations.dtype))
         return loss, metric_state, stop_flag
 
     def _stateless_forward(self, features, weights, state_values):
@@ -342,6 +409,8 @@ class Replica:
         flag = tf.constant(1.0 if stop else 0.0)
         if self.coordinator is not None:
             return self.coordinator.schedule(self._chunk, args=(self._iterator, n, flag))
+        if self._first is not None and num_steps == 1:
+            return self._first(self._iterator, n, flag)
         return self._chunk(self._iterator, n, flag)
 
     def result(self, handles) -> tuple[float, dict[str, float]]:
@@ -349,6 +418,8 @@ class Replica:
         replica's, every worker's) merged, then Keras's result of the merged state; the
         loss is the mean loss of the same batches."""
         fetched = [h.fetch() if self.coordinator is not None else h for h in handles]
+        if self.objective is None:  # own steps: the trackers' values since the last line
+            return own_steps.results(self.model, fetched[-1][1])
         states = [[np.asarray(v) for v in state] for _, state, _ in fetched]
         return self.objective.results(self.objective.merge(states))
 
@@ -363,9 +434,25 @@ class Replica:
             self.coordinator.join()
 
 
-def _tf_variable(var):
-    """The tf.Variable behind a Keras variable (a shard already is one)."""
-    return var.value if isinstance(var, keras.Variable) else var
+def steps_per_execution(model, config: RunConfig) -> int:
+    """The run's steps per function: the config's, unless it is the default and the
+    model was compiled with steps_per_execution > 1 (as Keras's fit would take it)."""
+    compiled = int(getattr(model, "steps_per_execution", 1) or 1)
+    if config.steps_per_execution == STEPS_PER_EXECUTION and compiled > 1:
+        return compiled
+    return config.steps_per_execution
+
+
+def _optimizer_text(optimizer) -> str:
+    """An optimizer as the refusal names it: Adam(clipnorm=1.0), SGD..."""
+    options = [f"{name}={getattr(optimizer, name)}" for name in (
+        "clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "loss_scale_factor",
+        "gradient_accumulation_steps") if getattr(optimizer, name, None) is not None]
+    if getattr(optimizer, "use_ema", False):
+        options.append("use_ema=True")
+    if getattr(optimizer, "amsgrad", False):
+        options.append("amsgrad=True")
+    return f"{type(optimizer).__name__}({', '.join(options)})"
 
 
 def _all_replicas_sum(value):

@@ -39,6 +39,16 @@ from keras.src.trainers import compile_utils
 from mljob.training.errors import UsageError
 
 PerExample = Callable[[Any, Any], Any]
+# How the metric states of several replicas (in a chunk) or chunks (at a log line) merge,
+# by each state variable's Keras aggregation: the one table every path uses. Sums add
+# (counts, totals, confusion matrices), means average, a first replica's value is kept.
+MERGE_RULES = {"sum": "sum", "mean": "mean", "only_first_replica": "first",
+               "none": "first"}
+
+
+def merge_rule(aggregation: str) -> str:
+    """MERGE_RULES' rule for an aggregation ("VariableAggregation.SUM" or "sum")."""
+    return MERGE_RULES.get(str(aggregation).rsplit(".", 1)[-1].lower(), "first")
 _BINARY_CE = (keras.losses.BinaryCrossentropy, keras.losses.BinaryFocalCrossentropy)
 
 
@@ -396,18 +406,15 @@ class Objective:
 
     def merge(self, states: Sequence[Sequence]) -> list[np.ndarray]:
         """Several states (of replicas' or functions' batches) as one, by each
-        variable's aggregation: sums added, means averaged, others the last."""
+        variable's aggregation (MERGE_RULES)."""
         merged = []
         for i, how in enumerate(self.aggregations):
             values = [np.asarray(s[i]) for s in states]
-            if how.endswith("sum"):
-                merged.append(np.sum(values, axis=0))
-            elif how.endswith("mean"):
-                merged.append(np.mean(values, axis=0))
-            else:
-                merged.append(values[-1])
+            rule = merge_rule(how)
+            merged.append(np.sum(values, axis=0) if rule == "sum" else
+                          np.mean(values, axis=0) if rule == "mean" else values[0])
         return merged
 
 
-__all__ = ["Objective", "compiled_config", "compiled_optimizer", "one_replica", "unpack",
-           "PerExample"]
+__all__ = ["MERGE_RULES", "merge_rule", "Objective", "compiled_config", "compiled_optimizer",
+           "one_replica", "unpack", "PerExample"]

@@ -56,6 +56,12 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
     replica = Replica(strategy, coordinator, program, config, num_workers=info.num_workers,
                       agree_on_stop=kind == "multiworker")
     startup.mark("model")
+    if chief and program.serving is not None and program.serving.model_fn is not None:
+        # The serving model is built now, so that a model the trained weights do not fit
+        # fails before the first step, not after the last.
+        from mljob.training import export as export_lib
+        export_lib.check_serving_model(program.serving.model_fn, {
+            w.path: tuple(w.shape) for w in replica.model.weights})
     store = CheckpointStore(config.checkpoint_url, keep=config.keep_checkpoints,
                             writer=chief)
     writers = SummaryWriters(config.summary_url, enabled=chief)
@@ -68,7 +74,7 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
             f"training started: strategy={kind} step={start} train_steps="
             f"{config.train_steps} " + (f"{head} " if head else "")
             + f"replicas={replicas} batch_size={config.batch_size} steps_per_execution="
-            f"{config.steps_per_execution} " + (f"{rest} " if rest else "")
+            f"{replica.steps_per_execution} " + (f"{rest} " if rest else "")
             + f"job_dir={config.job_dir}")
         if kind == "ps":
             progress.line(f"ps updates: {replica.ps_updates()}")
@@ -107,8 +113,15 @@ def replica_export(replica: Replica, program: Program, config: RunConfig) -> str
     from mljob.training import export as export_lib
     serving = program.serving
     assert serving is not None  # the callers export only a program with a Serving
-    return export_lib.export(serving.model_fn or program.model_fn,
-                             weights_numpy(replica.model), config.export_url, serving)
+    paths = [w.path for w in replica.model.weights]
+    values = weights_numpy(replica.model)
+    # By path (export.assign_by_path); by position where the model repeats a path.
+    weights = dict(zip(paths, values, strict=True)) if len(set(paths)) == len(paths) \
+        else values
+    return export_lib.export(serving.model_fn or program.model_fn, weights,
+                             config.export_url, serving,
+                             inference_signature=dict(serving.inference_signature)
+                             if serving.inference_signature is not None else None)
 
 
 def _already_done(replica: Replica, program: Program, config: RunConfig, step: int,
@@ -150,7 +163,7 @@ class _Loop:
             # after the chunk whose all-reduce first carries a stop flag (below).
             if not agree and stop.requested():
                 break
-            num = 1 if step == start else min(cfg.steps_per_execution,
+            num = 1 if step == start else min(self.replica.steps_per_execution,
                                               self._next_boundary(step) - step)
             handle = self.replica.run_chunk(num, stop=agree and stop.requested())
             if step == start:
@@ -219,7 +232,7 @@ class _Loop:
             return
         self.replica.sync()
         loss, metrics = evaluate(self.replica.model, self.program.eval_dataset_fn(),
-                                 self.replica.objective)
+                                 self.replica.objective, self.replica.strategy)
         self.progress.eval(step, loss, metrics)
         self.writers.eval(step, loss=loss, **metrics)
         self.writers.sync()

@@ -196,3 +196,27 @@ def test_records_hold_json_or_examples():
     assert as_json["key"] == 5
     with pytest.raises(InstanceError, match="neither a JSON instance nor"):
         records.to_instance(b"\xff\xfe garbage", SERVING)
+
+
+STRUCTURED = Signature("serving_default", {
+    "age": TensorInfo(np.float32, (None, 1), "age:0"),
+    "city": TensorInfo(np.object_, (None, 1), "city:0")},
+    {"outputs": TensorInfo(np.float32, (None, 1), "o:0")})
+
+
+def test_a_one_value_input_takes_a_scalar_a_row_as_keras_does():
+    """FeatureSpace's inputs are [None, 1]: {"age": 60} is a row there, as in Keras;
+    rows, columns and gRPC's ready tensors all take it, and a wrong size is still
+    refused."""
+    row = decode.decode_instance({"age": 60, "city": "a"}, STRUCTURED)
+    assert row["age"].shape == (1,) and row["age"][0] == 60
+    assert row["city"].shape == (1,) and row["city"][0] == b"a"
+    listed = decode.decode_instance({"age": [60], "city": ["a"]}, STRUCTURED)
+    np.testing.assert_array_equal(listed["age"], row["age"])
+    columns = decode.decode_columns({"age": [60, 45], "city": ["a", "b"]}, STRUCTURED)
+    assert columns["age"].shape == (2, 1) and columns["city"].shape == (2, 1)
+    tensors = decode.check_columns({"age": np.array([60., 45.], np.float32),
+                                    "city": np.array([b"a", b"b"], object)}, STRUCTURED)
+    assert tensors["age"].shape == (2, 1)
+    with pytest.raises(InstanceError, match="age has shape"):
+        decode.decode_instance({"age": [60, 45], "city": "a"}, STRUCTURED)

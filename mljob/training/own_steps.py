@@ -1,0 +1,131 @@
+"""A model's own `train_step` / `test_step`, run as Keras's `fit` runs them.
+
+keras.io's "Customizing what happens in fit()" overrides `train_step` (GANs, VAEs,
+contrastive and auxiliary-update models), `test_step`, `compute_loss` or
+`compute_metrics`. Such a model's steps are the model's, not this library's: each step
+is `strategy.run(model.train_step, (batch,))`, its logs reduced across replicas as
+Keras's `fit` reduces them (`reduce_per_replica`, "auto"), its metric trackers reset at
+each log line (the line shows the steps since the previous one) and at each evaluation.
+
+- one node: run as `fit` runs them;
+- MultiWorkerMirrored (and mirrored GPUs): run as `fit` runs them under a
+  MirroredStrategy: each replica runs the step on its share of the batch, Keras's losses
+  scale by the replica count, the optimizer all-reduces the gradients;
+- parameter servers: refused before training, since the step's metric and state updates
+  are read-then-write on variables the workers share, which asynchronous workers would
+  overwrite.
+
+What the step needs must exist before it is distributed: the model compiled in
+`model_fn` (its optimizer, loss and metrics are the step's, so `fit`'s own `loss=`,
+`optimizer=` and `metrics=` are refused rather than ignored), and, with several
+replicas, every optimizer the step applies built (`optimizer.build(variables)` in
+`compile`): tf.distribute cannot create an optimizer's state inside a replica's step.
+"""
+from __future__ import annotations
+
+import weakref
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mljob.training.errors import UsageError
+
+STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
+_eval_steps: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def overridden(model, name: str) -> bool:
+    """Whether the model's class defines its own `name` (not Keras's)."""
+    own = getattr(type(model), name, None)
+    return own is not None and own is not getattr(keras.Model, name, None)
+
+
+def uses_own_steps(model) -> bool:
+    """Whether the model brings its own step (see the module doc)."""
+    return any(overridden(model, name) for name in STEPS)
+
+
+def optimizers(model) -> list:
+    """The model's optimizers: the compiled one and any others it holds (a GAN's)."""
+    found = [model.optimizer] if isinstance(getattr(model, "optimizer", None),
+                                            keras.optimizers.Optimizer) else []
+    for value in list(vars(model).values()):
+        if isinstance(value, keras.optimizers.Optimizer) and all(
+                value is not o for o in found):
+            found.append(value)
+    return found
+
+
+def check(model, program, *, parameter_servers: bool, replicas: int) -> None:
+    """UsageError, before any step, for what a model's own step cannot do here."""
+    steps = ", ".join(n for n in STEPS if overridden(model, n))
+    name = type(model).__name__
+    if parameter_servers:
+        raise UsageError(
+            f"model {name} brings its own {steps}: parameter servers cannot run it as "
+            "Keras does (its metric and state updates would be overwritten by "
+            "asynchronous workers); train it under MultiWorkerMirroredStrategy (chief "
+            "and workers, no ps replicas) or on one node")
+    given = [arg for arg in ("loss", "optimizer", "metrics", "loss_weights",
+                             "weighted_metrics", "class_weight")
+             if getattr(program, arg) is not None]
+    if given:
+        raise UsageError(
+            f"model {name} brings its own {steps}, which uses what compile gave it, not "
+            f"training's {'/'.join(given)}=: compile the model in model_fn with them and "
+            "leave them out of training.fit/main")
+    if not getattr(model, "compiled", False):
+        raise UsageError(f"model {name} brings its own {steps}: compile it in model_fn "
+                         "(at least model.compile(optimizer=...)) as for Keras's fit")
+    if replicas > 1:
+        unbuilt = [o.name for o in optimizers(model)
+                   if not o.built and o is not model.optimizer]
+        if unbuilt:
+            raise UsageError(
+                f"model {name}'s optimizer {unbuilt[0]} is not built, and tf.distribute "
+                f"cannot create its state inside a step of {replicas} replicas: build "
+                "it in compile (optimizer.build(the variables it updates))")
+
+
+def reduce_logs(logs, strategy):
+    """A step's logs, one value per name, as Keras's fit reduces them over replicas: their
+    mean (`reduce_per_replica`'s "auto" off TPUs), element by element."""
+    from keras.src import tree
+    return tree.map_structure(
+        lambda v: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None), logs)
+
+
+def results(model, logs) -> tuple[float, dict[str, float]]:
+    """(loss, metrics) of fetched logs, as Python floats; the model's trackers reset."""
+    values = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in dict(logs).items()
+              if np.asarray(v).size == 1}
+    reset(model)
+    return values.pop("loss", float("nan")), values
+
+
+def reset(model) -> None:
+    for metric in model.metrics:
+        metric.reset_state()
+
+
+def evaluate(model, dataset, strategy=None) -> tuple[float, dict[str, float]]:
+    """The model's own `test_step` over every batch of `dataset`, as Keras's `evaluate`:
+    trackers reset first, the last step's logs reported."""
+    strategy = strategy or tf.distribute.get_strategy()
+    step = _eval_steps.get(model)
+    if step is None:
+        def one(data):
+            logs = strategy.run(model.test_step, args=(data,))
+            # Only this replica evaluates: its own values, never a collective.
+            return {k: strategy.experimental_local_results(v)[0] for k, v in logs.items()}
+        step = _eval_steps[model] = tf.function(one, autograph=False)
+    reset(model)
+    logs: dict = {}
+    for data in dataset:
+        logs = step(data)
+    return results(model, {k: np.asarray(v) for k, v in logs.items()})
+
+
+__all__ = ["STEPS", "overridden", "uses_own_steps", "optimizers", "check", "reduce_logs",
+           "results", "reset", "evaluate"]
