@@ -6,6 +6,10 @@ the model config is reloaded under load.
     python -m bench.serving_bench                  # about 3 minutes on 2 cores
     python -m bench.serving_bench --seconds 2 --clients 1,16
 
+The floor is also called from 16 threads at once in process: the throughput REST and
+gRPC should reach at 16 clients (`goals` in the JSON holds these ratios, and gRPC's
+p50 over REST's at one client).
+
 Every request holds one instance (a 784-pixel image and a key): what online traffic
 looks like, and where batching can help. Each client is a thread with its own
 keep-alive connection (REST: httpx; gRPC: the official tensorflow-serving-api stub on
@@ -187,9 +191,12 @@ def main(argv=None) -> None:
         return
     signature = tf.saved_model.load(export_dir).signatures["serving_default"]
     image_t, key_t = tf.constant(image), tf.constant([1], tf.int64)
-    results = {"floor": run_clients(lambda: lambda: signature(image=image_t, key=key_t),
-                                    1, args.seconds)}
+    floor_call = lambda: lambda: signature(image=image_t, key=key_t)  # noqa: E731
+    results = {"floor": run_clients(floor_call, 1, args.seconds)}
     print(f"floor: {results['floor']}", flush=True)
+    if 16 in clients_list:  # the goal at 16 clients: the same signature from 16 threads
+        results["floor, 16 threads"] = run_clients(floor_call, 16, args.seconds)
+        print(f"floor, 16 threads: {results['floor, 16 threads']}", flush=True)
 
     for batching in (False, True):
         proc, url, grpc_port = start_server(export_dir, BATCHING if batching else [])
@@ -222,6 +229,8 @@ def main(argv=None) -> None:
     if one and one["p50_ms"]:
         results["rest p50 at 1 client over the floor's"] = round(
             one["p50_ms"] / results["floor"]["p50_ms"], 1)
+    results["goals"] = goals(results)
+    print(f"goals: {results['goals']}", flush=True)
     results["server stages at one client, p50 us"] = stages(export_dir)
     print(f"stages: {results['server stages at one client, p50 us']}", flush=True)
     payload = {
@@ -234,6 +243,27 @@ def main(argv=None) -> None:
     common.write_json("serving", payload, load_before)
     plot(results, clients_list)
     shutil.rmtree(scratch, ignore_errors=True)
+
+
+def goals(results: dict) -> dict:
+    """Issue 46's ratios, from cells of this one run: at one client (alone in its own
+    process, medians of the interleaved rounds) REST's and gRPC's p50 over the floor's
+    and gRPC's over REST's for each REST client; at 16 clients each API's throughput over
+    the floor called from 16 threads in process (goal: at least 1)."""
+    out: dict = {}
+    lone = results.get("one client in its own process", {})
+    for rest in ("rest", "rest lean client", "rest C client"):
+        if "grpc" in lone and rest in lone:
+            out[f"grpc p50 over {rest}'s"] = round(
+                lone["grpc"]["p50_ms"] / lone[rest]["p50_ms"], 2)
+    floor16 = results.get("floor, 16 threads", {}).get("throughput_per_s")
+    for row in ("rest batching off", "rest batching on", "grpc batching off",
+                "grpc batching on"):
+        cell = results.get(row, {}).get("16")
+        if floor16 and cell:
+            out[f"{row}, 16 clients, throughput over the floor's from 16 threads"] = round(
+                cell["throughput_per_s"] / floor16, 2)
+    return out
 
 
 def one_client_only(export_dir: str, args, argv, load_before: list) -> None:
@@ -386,6 +416,9 @@ def plot(results: dict, clients_list: list) -> None:
     floor = results["floor"]
     tput.axhline(floor["throughput_per_s"], color="#c44e52", linestyle="--",
                  label="floor: signature in-process, 1 thread")
+    if "floor, 16 threads" in results:
+        tput.axhline(results["floor, 16 threads"]["throughput_per_s"], color="#8172b2",
+                     linestyle=":", label="floor: signature in-process, 16 threads")
     lat.axhline(floor["p99_ms"], color="#c44e52", linestyle="--", label="floor p99")
     for ax, title, unit in ((tput, "throughput, 1 instance a request", "requests/s"),
                             (lat, "p99 latency", "ms")):
