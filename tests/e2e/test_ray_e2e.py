@@ -83,16 +83,30 @@ def test_a_multiworker_job_runs_to_succeeded_and_exports(capsys, ray_head, tmp_p
 
 
 def test_describe_stream_logs_and_cancel(capsys, ray_head, tmp_path):
+    """The cancel stops the chief first (it saves the step it reached, the ps still
+    serving, and exits 143), then the worker, then the ps: with no periodic checkpoint
+    (--checkpoint-every 0), the newest checkpoint holds every step the chief logged."""
+    from submit.runners import ray_driver
+    from tests.support.faults import checkpoint_steps
     long_run = [*FAST, "--train-steps", "1000000", "--checkpoint-every", "0",
                 "--eval-every", "0", "--log-every", "50"]
+
+    def chief_steps() -> list[int]:
+        """The steps the chief logged so far (the Ray job's log, read once)."""
+        from submit.runners import ray as ray_runner
+        handle = records.load("raycancel").engine
+        text = ray_runner._get_logs(ray_runner._client(handle["address"]), handle)
+        texts = [line.split("\t", 3)[-1] for line in text.splitlines()
+                 if line.split("\t", 3)[2:3] == ["master-replica-0"]]
+        return [int(t.split()[1].split("/")[0]) for t in texts if t.startswith("step ")]
     status, out, err = submit(capsys, ray_head, tmp_path, "raycancel", PS_JOB, "--async",
                               args=long_run)
     assert status == 0, err
     deadline = time.monotonic() + 240
-    while True:  # RUNNING, and the three replica processes started in their actors
+    while True:  # RUNNING, the three replica processes started, the chief training
         status, out, _ = run(capsys, "jobs", "describe", "raycancel")
         if yaml.safe_load(out)["state"] == "RUNNING" and \
-                len(job_processes("raycancel")) >= 3:
+                len(job_processes("raycancel")) >= 3 and chief_steps():
             break
         assert time.monotonic() < deadline, out
         time.sleep(2)
@@ -110,6 +124,14 @@ def test_describe_stream_logs_and_cancel(capsys, ray_head, tmp_path):
     assert last == "Job [raycancel] CANCELLED."
     assert lines and all("\tservice\t" in line for line in lines)
     assert any("replica ps-replica-0 state=RUNNING" in line for line in lines)
+    stops = [e for e in map(ray_driver.parse_event, lines) if e and e[1]["state"] == "STOPPED"]
+    assert [label for label, _ in stops] == [
+        "master-replica-0", "worker-replica-0", "ps-replica-0"], stops
+    assert stops[0][1]["exit"] == "143", stops  # the chief saved and exited as preempted
+    logged = max(chief_steps())
+    newest = checkpoint_steps(str(tmp_path / "out"))[-1]
+    print(f"ray cancel: last step logged {logged}, newest checkpoint {newest}")
+    assert newest >= logged
 
 
 def test_a_job_the_cluster_cannot_hold_is_one_line(capsys, ray_head, tmp_path):
