@@ -51,7 +51,8 @@ while True:
 '''
 
 
-def _plan(tmp_path, notes: str, env: dict | None = None) -> JobPlan:
+def _plan(tmp_path, notes: str, env: dict | None = None,
+          max_running_time: float | None = None) -> JobPlan:
     from mljob.procs import free_ports
     port = free_ports(1)[0]
     script = tmp_path / "replica.py"
@@ -66,7 +67,7 @@ def _plan(tmp_path, notes: str, env: dict | None = None) -> JobPlan:
                    log_dir=str(tmp_path / "logs"), mirrors=(), package_url=None,
                    package_sha256=None, package_top_dir=None, python_path="",
                    cwd=str(tmp_path), module="replica", trainer_args=(), cluster={},
-                   training_input={}, replicas=replicas)
+                   training_input={}, replicas=replicas, max_running_time=max_running_time)
 
 
 def _events(notes: str) -> list[tuple[float, str, str]]:
@@ -89,14 +90,21 @@ def _cancel_when_ready(supervisor: Supervisor, notes: str) -> threading.Thread:
     return thread
 
 
-def test_a_cancelled_job_stops_the_chief_first_then_workers_then_the_ps(tmp_path):
+@pytest.mark.parametrize("route", ["cancel", "maxRunningTime"])
+def test_a_stopped_job_stops_the_chief_first_then_workers_then_the_ps(tmp_path, route):
+    """`jobs cancel` (SIGTERM to the supervisor: its cancel flag, as the console's Cancel
+    and an early-stopped trial set it) and scheduling.maxRunningTime."""
     notes = str(tmp_path / "notes")
-    plan = _plan(tmp_path, notes)
+    plan = _plan(tmp_path, notes, max_running_time=4.0 if route != "cancel" else None)
     record = jobs.JobRecord("order")
     supervisor = Supervisor(plan, record, publish=lambda r: None)
-    watcher = _cancel_when_ready(supervisor, notes)
-    assert supervisor.run() == jobs.CANCELLED
-    watcher.join(5)
+    if route == "cancel":
+        watcher = _cancel_when_ready(supervisor, notes)
+        assert supervisor.run() == jobs.CANCELLED
+        watcher.join(5)
+    else:
+        assert supervisor.run() == jobs.FAILED
+        assert "maximum running time of 4s" in (record.error_message or "")
     events = _events(notes)
     at = {(role, text): t for t, role, text in events}
     # the chief saved with the ps still answering, and exited 143 (preempted, resumable)
