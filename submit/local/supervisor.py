@@ -194,6 +194,8 @@ def stop_stages(replicas: list[Replica]) -> list[list[Replica]]:
     """The replicas in the order they are stopped (contracts.STOP_ORDER), stage by stage."""
     stages = [[r for r in replicas if r.plan.task_type in types]
               for types in contracts.STOP_ORDER]
+    ordered = {id(r) for stage in stages for r in stage}
+    stages.append([r for r in replicas if id(r) not in ordered])  # none today: never left
     return [stage for stage in stages if stage]
 
 
