@@ -69,8 +69,20 @@ def test_values_tensorflow_fills_in_and_broken_bytes_are_its_own():
         tf.make_ndarray(broken)
     with pytest.raises(ValueError):
         tensors.to_array(broken)
+    # values past the dtype's range: whatever TensorFlow answers (values or an error)
+    wide = tensor_pb2.TensorProto(dtype=4, int_val=[300, 1])  # uint8
+    wide.tensor_shape.dim.add().size = 2
+    assert _outcome(tensors.to_array, wide) == _outcome(tf.make_ndarray, wide)
     strings = tf.make_tensor_proto(np.array([b"a", b"bc"], dtype=object))
     assert tensors.to_array(strings).tolist() == [b"a", b"bc"]
+
+
+def _outcome(convert, proto):
+    try:
+        value = convert(proto)
+    except Exception as exc:
+        return type(exc)
+    return value.dtype, value.shape, value.tolist()
 
 
 def test_a_requests_packed_bytes_are_read_in_place_not_copied():
