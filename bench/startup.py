@@ -36,6 +36,11 @@ its server listening, the CPU seconds of the whole job (the supervisor's childre
 the figures to compare on a shared machine where wall times move with the load, the CPU
 seconds the launcher spent to its `staged` mark and the chief (each trial's chief) spent
 from its process start to its first step.
+
+Before each repeat, the floor: one process that imports TensorFlow and Keras and builds
+the model, timed from its start (`floor_s`; goal for BASIC: to its first step within
+1.5x that).
+
 Writes bench/results/startup.json.
 """
 from __future__ import annotations
@@ -231,6 +236,30 @@ def run_job(job_id: str, setup: str, quick: bool, home: str, job_dir: str, steps
             "total_s": round(total, 2)}
 
 
+FLOOR = """import time
+start = float(__import__("sys").argv[1])
+import tensorflow as tf, keras
+from trainer import model
+model.build("mlp", seed=1)
+wall = time.time() - start
+import resource
+used = resource.getrusage(resource.RUSAGE_SELF)
+print(round(wall, 3), round(used.ru_utime + used.ru_stime, 3))
+"""
+
+
+def floor_s(source: str) -> tuple[float, float]:
+    """The floor a BASIC job's start is measured against: (wall seconds, CPU seconds)
+    from starting one process that imports TensorFlow and Keras and builds the job's
+    model (the MLP) to the model built, on the same machine in the same run (what the
+    chief cannot avoid; its CPU seconds compare with the chief's to its first step)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": source}
+    done = subprocess.run([sys.executable, "-c", FLOOR, repr(time.time())], cwd=source,
+                          env=env, capture_output=True, text=True, timeout=600, check=True)
+    wall, cpu = done.stdout.strip().splitlines()[-1].split()
+    return float(wall), float(cpu)
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -255,6 +284,10 @@ def trial_phases(trials: dict[str, dict[str, float]]) -> list[dict]:
                     round(m["process"] - previous_end, 3), "phases_s": phases})
         previous_end = m["last_line"]
     return out
+
+
+def _over(value: float | None, floor: float | None) -> float | None:
+    return round(value / floor, 2) if value is not None and floor else None
 
 
 def _mean(values) -> float | None:
@@ -290,6 +323,12 @@ def main() -> None:
         print(json.dumps(cold), flush=True)
         results.append(cold)
         for repeat in range(args.repeats):
+            load = os.getloadavg()[0]
+            wall, cpu_s = floor_s(source)
+            floor = {"phase": "floor", "repeat": repeat, "to_model_built_s": wall,
+                     "cpu_s": cpu_s, "load_before": round(load, 2)}
+            print(json.dumps(floor), flush=True)
+            results.append(floor)
             for setup in args.setups.split(","):
                 order = (False, True) if repeat % 2 == 0 else (True, False)
                 for quick in order:
@@ -304,7 +343,11 @@ def main() -> None:
                     results.append(entry)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    summary = {}
+    floors = [r["to_model_built_s"] for r in results if r.get("phase") == "floor"]
+    floor_cpu = [r["cpu_s"] for r in results if r.get("phase") == "floor"]
+    summary: dict = {"floor: import TensorFlow and Keras, build the model":
+                     {"to_model_built_s": _mean(floors), "each": floors,
+                      "cpu_s": _mean(floor_cpu), "each_cpu_s": floor_cpu}}
     for setup in args.setups.split(","):
         for quick in (False, True):
             runs = [r for r in results if r.get("phase") == "warm" and r["setup"] == setup
@@ -325,6 +368,11 @@ def main() -> None:
                     # the trials a process started ahead can serve (not the first)
                     "later_trials_to_first_step_s": _mean(t["to_first_step_s"] for t in later),
                     "later_trials_gap_before_s": _mean(t["gap_before_s"] for t in later),
+                    "to_first_step_over_the_floor": _over(
+                        _mean(r["to_first_step_s"] for r in runs), _mean(floors)),
+                    "chief_cpu_over_the_floors": _over(_mean(
+                        r["cpu_s"].get("chief_to_first_step") for r in runs),
+                        _mean(floor_cpu)),
                     "total_s": _mean(r["total_s"] for r in runs),
                     "job_cpu_s": _mean(r["job_cpu_s"] for r in runs),
                     "load": [min(r["load_before"] for r in runs),
