@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from mljob.errors import EXIT_OK, first_line
+from mljob.training import export as export_lib
 from mljob.training import own_steps
 from mljob.training.checkpoints import CheckpointStore
 from mljob.training.config import Program, RunConfig
@@ -71,7 +72,7 @@ def run(program: Program, config: RunConfig, stop: StopSignal,
         progress.line("evaluator finished: no eval dataset was given, nothing to evaluate")
         return EXIT_OK
     program.description()  # the user's own set-up (the trainer reads its data here)
-    model = program.model_fn()
+    model = export_lib.built(program.model_fn)  # named as the chief's, for its checkpoints
     objective = None if own_steps.uses_own_steps(model) else program.objective(model)
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
     checkpoint = tf.train.Checkpoint(model={w.path: w.value for w in model.weights},

@@ -21,6 +21,8 @@ Signatures (from `Serving`, which the predictor and `saved_model_cli` read):
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import os
 import shutil
 import tempfile
@@ -145,32 +147,59 @@ def _with_method(path: str, name: str, method: str) -> None:
 def assign_by_path(keras_model, weights: Mapping[str, np.ndarray], *,
                    check_only: bool = False) -> None:
     """Give the serving model the trained values: each trained variable into the serving
-    model's variable of the same path (as checkpoints match them); what only the serving
-    model holds (adapted preprocessing layers, tables) keeps its own state. Models of the
-    same layers whose paths differ (built after other models in one thread) match by
-    position. TrainingError naming what does not match."""
+    model's variable of the same path (as checkpoints match them). What only the
+    serving model holds keeps its own state (adapted preprocessing layers, tables), and
+    it may hold a part of the trained model (a GAN's generator); but every trainable
+    variable it has must have been trained. Models of the same layers whose paths differ
+    (built after other models in one thread) match by position. TrainingError naming
+    what does not match."""
     mine = {w.path: w for w in keras_model.weights}
-    missing = [p for p in weights if p not in mine]
-    if missing:
+    matched = [p for p in weights if p in mine]
+    untrained = [w.path for w in keras_model.trainable_weights if w.path not in weights]
+    if untrained or not matched:
         if [tuple(w.shape) for w in keras_model.weights] == \
                 [tuple(np.shape(v)) for v in weights.values()]:
             if not check_only:
                 keras_model.set_weights(list(weights.values()))
             return
+        named = untrained or list(mine)
         raise TrainingError(
-            f"the serving model {keras_model.name!r} has no variable for {len(missing)} of "
-            f"the {len(weights)} trained ones ({', '.join(missing[:4])}"
-            f"{', ...' if len(missing) > 4 else ''}): Serving.model_fn must return a model "
-            "that contains the trained model's layers (e.g. "
-            "keras.Model(raw_inputs, model_fn()(preprocess(raw_inputs))))")
-    wrong = [f"{p} {tuple(np.shape(v))} against {tuple(mine[p].shape)}"
-             for p, v in weights.items() if tuple(np.shape(v)) != tuple(mine[p].shape)]
+            f"the serving model {keras_model.name!r} has {len(named)} trainable "
+            f"variable{'s' if len(named) != 1 else ''} no trained one matches by path "
+            f"({', '.join(named[:4])}{', ...' if len(named) > 4 else ''}; trained: "
+            f"{', '.join(list(weights)[:4])}{', ...' if len(weights) > 4 else ''}): "
+            "Serving.model_fn must build the trained model's layers, with the same names, "
+            "inside the model it returns (e.g. keras.Model(raw_inputs, "
+            "layers(preprocess(raw_inputs))))")
+    wrong = [f"{p} {tuple(np.shape(weights[p]))} against {tuple(mine[p].shape)}"
+             for p in matched if tuple(np.shape(weights[p])) != tuple(mine[p].shape)]
     if wrong:
         raise TrainingError(f"the serving model {keras_model.name!r}'s variables do not "
                             f"have the trained shapes: {'; '.join(wrong[:3])}")
     if not check_only:
-        for p, value in weights.items():
-            mine[p].assign(value)
+        for p in matched:
+            mine[p].assign(weights[p])
+
+
+@contextlib.contextmanager
+def fresh_names():
+    """Build models in here with Keras's automatic names counted from zero, whatever
+    this thread built before (Keras numbers `dense`, `dense_1`... per thread): the
+    training model, the evaluator's and the serving model then name their variables
+    alike, and match by path (checkpoints, the export)."""
+    from keras.src.backend.common import global_state
+    before = global_state.get_global_attribute("object_name_uids")
+    global_state.set_global_attribute("object_name_uids", collections.defaultdict(int))
+    try:
+        yield
+    finally:
+        global_state.set_global_attribute("object_name_uids", before)
+
+
+def built(model_fn):
+    """model_fn() with fresh names (`fresh_names`)."""
+    with fresh_names():
+        return model_fn()
 
 
 def check_serving_model(model_fn, shapes: Mapping[str, tuple]) -> None:
@@ -178,12 +207,12 @@ def check_serving_model(model_fn, shapes: Mapping[str, tuple]) -> None:
     every trained variable has its place in it: a run fails here, before its first
     step, rather than after its last."""
     _on_clean_thread(lambda: assign_by_path(
-        model_fn(), {p: np.zeros(s, np.float32) for p, s in shapes.items()},
+        built(model_fn), {p: np.zeros(s, np.float32) for p, s in shapes.items()},
         check_only=True))
 
 
 def _save(model_fn, weights, serving: Serving, path: str, extra=None) -> None:
-    keras_model = model_fn()
+    keras_model = built(model_fn)
     if isinstance(weights, Mapping):
         assign_by_path(keras_model, weights)
     else:
@@ -367,4 +396,4 @@ def _on_clean_thread(fn) -> None:
         raise errors[0]
 
 
-__all__ = ["export", "assign_by_path", "check_serving_model", "load", "ServingModule", "MARKER"]
+__all__ = ["export", "assign_by_path", "check_serving_model", "fresh_names", "built", "load", "ServingModule", "MARKER"]

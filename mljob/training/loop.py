@@ -40,6 +40,7 @@ from keras.src import tree
 
 from keras.src.losses.loss import scale_loss_for_distribution, unscale_loss_for_distribution
 
+from mljob.training import export as export_lib
 from mljob.training import own_steps
 from mljob.training.config import STEPS_PER_EXECUTION, Program, RunConfig
 from mljob.training.errors import UsageError
@@ -92,15 +93,16 @@ class Replica:
         # Under multiworker every chunk all-reduces the replicas' stop flags (see above).
         self.agree_on_stop = agree_on_stop
         with strategy.scope():
-            self.model = program.model_fn()
+            self.model = export_lib.built(program.model_fn)  # names as the export's
             if not isinstance(self.model, keras.Model):
                 raise UsageError(f"model_fn gave {type(self.model).__name__}, not a Keras "
                                  "model; return a keras.Model with its weights built")
-            if not self.model.built or not self.model.weights:
+            # A model's own train_step/test_step is run as Keras runs it (own_steps); a
+            # GAN's is never called as a whole, but its parts are built.
+            self.own_steps = own_steps.uses_own_steps(self.model)
+            if not self.model.weights or not (self.model.built or self.own_steps):
                 raise UsageError("model_fn's model has no weights yet; build it (give "
                                  "its Input shapes, or call model.build) before returning")
-            # A model's own train_step/test_step is run as Keras runs it (own_steps).
-            self.own_steps = own_steps.uses_own_steps(self.model)
             if self.own_steps:
                 own_steps.check(self.model, program, parameter_servers=coordinator is not None,
                                 replicas=strategy.num_replicas_in_sync)

@@ -78,6 +78,12 @@ def check(model, program, *, parameter_servers: bool, replicas: int) -> None:
     if not getattr(model, "compiled", False):
         raise UsageError(f"model {name} brings its own {steps}: compile it in model_fn "
                          "(at least model.compile(optimizer=...)) as for Keras's fit")
+    if program.eval_dataset_fn is not None and not overridden(model, "test_step") and \
+            type(model).call is keras.Model.call:
+        raise UsageError(
+            f"model {name} has no call() and no test_step of its own, so it cannot be "
+            "evaluated (Keras's evaluate fails on it too): override test_step, or give "
+            "no eval_dataset_fn")
     if replicas > 1:
         unbuilt = [o.name for o in optimizers(model)
                    if not o.built and o is not model.optimizer]

@@ -7,7 +7,9 @@ Runs, each written as JSON for tests/mljob/test_equivalence_ps.py:
 - `one_worker`: one worker, local steps off, SGD+momentum with a BatchNormalization
   model, against the same model on one node: equal;
 - `local_steps`: one worker, plain Adam with local steps (the default), against one
-  node: equal (the same training, one read and one write a function);
+  node: equal (the same training, one read and one write a function); the same with
+  `class_weight` (`class_weight`, against `single_class_weight`; `unweighted` shows
+  that the weights change what is trained);
 - `clipnorm`: two workers, Adam(0.05, clipnorm=1e-9) on y = x.[1,2,3,4] (clipping keeps
   the loss where it starts, as on one node), and the same without clipping;
 - `two_workers`: two workers, Adam with a BatchNormalization model and a cosine
@@ -66,8 +68,29 @@ def _model_fn(optimizer, batchnorm: bool):
     return build
 
 
-def _train(strategy, coordinator, model_fn, steps, workers=1, **config):
-    program = Program(model_fn=model_fn, train_dataset_fn=lambda ctx: _dataset(ctx.batch_size))
+CLASS_WEIGHT = {0: 0.2, 1: 3.0, 2: 1.0}
+
+
+def _classes(batch):
+    x, _ = _data()
+    y = np.argmax(x[:, :3], axis=1).astype("int64")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).repeat()
+
+
+def _classifier_fn():
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((4,), name="x")
+    model = keras.Model(inputs, keras.layers.Dense(3, name="out")(inputs))
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _train(strategy, coordinator, model_fn, steps, workers=1, class_weight=None,
+           **config):
+    data = _classes if model_fn is _classifier_fn else _dataset
+    program = Program(model_fn=model_fn, train_dataset_fn=lambda ctx: data(ctx.batch_size),
+                      class_weight=class_weight)
     run = RunConfig(job_dir="unused", train_steps=steps, batch_size=BATCH,
                     steps_per_execution=config.pop("steps_per_execution", 4), **config)
     replica = Replica(strategy, coordinator, program, run, num_workers=workers)
@@ -81,7 +104,8 @@ def _train(strategy, coordinator, model_fn, steps, workers=1, **config):
     loss, _ = replica.result(handles[-2:])
     x, y = _data()
     with strategy.scope() if coordinator is not None else _null():
-        final = float(np.mean((np.asarray(replica.model(x, training=False)) - y) ** 2))
+        final = float(np.mean((np.asarray(replica.model(x, training=False))[:, :1] - y)
+                              ** 2))
     bn = [w for w in replica.model.weights if "moving_variance" in w.path]
     return {"weights": [w.tolist() for w in weights_numpy(replica.model)],
             "iterations": int(np.asarray(replica.optimizer.iterations.numpy())),
@@ -174,6 +198,11 @@ def _runs(results, workers, procs, single, momentum, adam, clipped, cosine) -> N
         results["one_worker"] = _train(strategy, coordinator, _model_fn(momentum, True), 24)
         results["local_steps"] = _train(strategy, coordinator, _model_fn(adam, False), 24,
                                         ps_wire_dtype="float32")
+        results["single_class_weight"] = _train(single, None, _classifier_fn, 24,
+                                                class_weight=CLASS_WEIGHT)
+        results["class_weight"] = _train(strategy, coordinator, _classifier_fn, 24,
+                                         class_weight=CLASS_WEIGHT, ps_wire_dtype="float32")
+        results["unweighted"] = _train(single, None, _classifier_fn, 24)
     else:
         results["single_clip"] = _train(single, None, _model_fn(clipped, False), 100)
         results["single_cosine_bn"] = _train(single, None, _model_fn(cosine, True), 200)

@@ -2,7 +2,8 @@
 on 127.0.0.1 (tests/mljob/equivalence_ps.py), mljob's loop on the chief.
 
 - one worker, step by step (SGD with momentum, BatchNormalization): equal to one node;
-- one worker, local steps (plain Adam, float32 on the wire): equal to one node;
+- one worker, local steps (plain Adam, float32 on the wire): equal to one node, with
+  and without `class_weight`;
 - two workers (asynchronous): the optimizer's options in force (Adam with clipnorm=1e-9
   barely moves, as on one node, where without clipping it trains), the optimizer's step
   count equal to the steps taken (it is a schedule's clock), BatchNormalization's moving
@@ -45,6 +46,10 @@ def test_one_worker_trains_as_one_node(tmp_path):
     assert runs["one_worker"]["moving_variance"] == pytest.approx(
         runs["single_momentum_bn"]["moving_variance"], rel=1e-4)
     assert _difference(runs["local_steps"], runs["single_adam"]) <= 1e-5
+    # class_weight weighs the local steps' loss as one node's (and it does change it).
+    assert runs["class_weight"]["local_steps"]
+    assert _difference(runs["class_weight"], runs["single_class_weight"]) <= 1e-5
+    assert _difference(runs["unweighted"], runs["single_class_weight"]) > 1e-3
     for run in runs.values():
         assert run["iterations"] == 24
 

@@ -136,7 +136,16 @@ def test_a_serving_model_without_the_trained_variables_fails_before_training():
     with pytest.raises(TrainingError) as info:
         export_lib.check_serving_model(other, {"hidden/kernel": (3, 4),
                                                "hidden/bias": (4,)})
-    assert "hidden/kernel" in str(info.value) and "\n" not in str(info.value)
+    assert "elsewhere/kernel" in str(info.value) and "\n" not in str(info.value)
+    assert "hidden/kernel" in str(info.value)  # what was trained, to compare
+
+
+def test_a_serving_model_may_hold_a_part_of_the_trained_one():
+    """A GAN trains a generator and a discriminator and serves the generator."""
+    from mljob.training import export as export_lib
+    gan = export_lib.built(zoo.model_fn("gan"))  # named as a run names it
+    shapes = {w.path: tuple(w.shape) for w in gan.weights}
+    export_lib.check_serving_model(lambda: zoo.model_fn("gan")().generator, shapes)
 
 
 def test_classify_answers_what_predict_answers_after_serving_outputs(tmp_path):
