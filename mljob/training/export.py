@@ -396,4 +396,5 @@ def _on_clean_thread(fn) -> None:
         raise errors[0]
 
 
-__all__ = ["export", "assign_by_path", "check_serving_model", "fresh_names", "built", "load", "ServingModule", "MARKER"]
+__all__ = ["export", "assign_by_path", "check_serving_model", "fresh_names", "built", "load",
+           "ServingModule", "MARKER"]
