@@ -35,6 +35,7 @@ import tensorflow as tf
 from mljob import contracts, storage
 from mljob.training.config import Serving
 from mljob.training.errors import TrainingError, UsageError
+from mljob.training.own_steps import overridden
 
 MARKER = contracts.SAVED_MODEL_MARKER  # what a reader looks for; published last
 
@@ -260,9 +261,14 @@ class ServingModule(tf.Module):
         output_names = list(getattr(keras_model, "output_names", None) or [])
         convert = serving.outputs or (lambda outputs: _named_outputs(outputs, output_names))
 
+        # A model's own predict_step is what it answers with, as Keras's predict (which
+        # hands it a batch as the tuple `(x,)`).
+        own_predict = overridden(keras_model, "predict_step")
+
         def outputs(*tensors):
             features = tensors[0] if len(tensors) == 1 else dict(zip(names, tensors, strict=True))
-            result = convert(keras_model(features, training=False))
+            result = convert(keras_model.predict_step((features,)) if own_predict
+                             else keras_model(features, training=False))
             if not isinstance(result, dict):
                 raise UsageError("Serving.outputs must return a dict of named tensors, "
                                  f"not {type(result).__name__}")

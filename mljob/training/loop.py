@@ -108,6 +108,7 @@ class Replica:
                                 replicas=strategy.num_replicas_in_sync)
             self.optimizer = make_optimizer(program.optimizer) \
                 if program.optimizer is not None else compiled_optimizer(self.model)
+            _check_synchronous_options(self.optimizer, strategy, coordinator)
             self.parts = [p for w in self.model.trainable_weights for p in weight_parts(w)]
             if not self.optimizer.built:
                 self.optimizer.build(self.parts)
@@ -443,6 +444,24 @@ def steps_per_execution(model, config: RunConfig) -> int:
     if config.steps_per_execution == STEPS_PER_EXECUTION and compiled > 1:
         return compiled
     return config.steps_per_execution
+
+
+def _check_synchronous_options(optimizer, strategy, coordinator) -> None:
+    """EMA and gradient accumulation update under a tf.cond that calls merge_call, which
+    a step run by a distribution strategy cannot do (Keras's own fit fails on them under
+    a MirroredStrategy, and a ps step fails the same way): refused before the first step,
+    not a traceback at it."""
+    replicas = strategy.num_replicas_in_sync
+    if coordinator is None and replicas < 2:
+        return
+    where = "parameter servers" if coordinator is not None else \
+        f"{replicas} synchronous replicas"
+    for option in ("use_ema", "gradient_accumulation_steps"):
+        if getattr(optimizer, option, None):
+            raise UsageError(
+                f"{_optimizer_text(optimizer)}: {option} cannot run under {where} "
+                "(Keras's fit cannot run it under a distribution strategy either); train "
+                f"on one node, or leave {option} out")
 
 
 def _optimizer_text(optimizer) -> str:

@@ -71,6 +71,7 @@ def _model_fn(optimizer, batchnorm: bool):
 CLASS_WEIGHT = {0: 0.2, 1: 3.0, 2: 1.0}
 
 
+
 def _classes(batch):
     x, _ = _data()
     y = np.argmax(x[:, :3], axis=1).astype("int64")
@@ -108,6 +109,7 @@ def _train(strategy, coordinator, model_fn, steps, workers=1, class_weight=None,
                               ** 2))
     bn = [w for w in replica.model.weights if "moving_variance" in w.path]
     return {"weights": [w.tolist() for w in weights_numpy(replica.model)],
+            "optimizer": [np.asarray(v.numpy()).tolist() for v in replica.optimizer.variables],
             "iterations": int(np.asarray(replica.optimizer.iterations.numpy())),
             "moving_variance": np.concatenate([np.asarray(w.numpy()) for w in bn]).tolist()
             if bn else [], "loss": loss, "final_mse": final,
@@ -203,6 +205,7 @@ def _runs(results, workers, procs, single, momentum, adam, clipped, cosine) -> N
         results["class_weight"] = _train(strategy, coordinator, _classifier_fn, 24,
                                          class_weight=CLASS_WEIGHT, ps_wire_dtype="float32")
         results["unweighted"] = _train(single, None, _classifier_fn, 24)
+
     else:
         results["single_clip"] = _train(single, None, _model_fn(clipped, False), 100)
         results["single_cosine_bn"] = _train(single, None, _model_fn(cosine, True), 200)

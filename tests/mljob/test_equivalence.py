@@ -14,7 +14,9 @@ by variable:
 - two replicas against Keras's `fit` under the same strategy: equal to 1e-5;
 - two replicas against one node at the global batch: equal to 1e-4, except where Keras
   itself is not (an optimizer's clipping applies to each replica's gradients in Keras 3,
-  as it does in `fit`; BatchNormalization's batch statistics are each replica's).
+  as it does in `fit`; BatchNormalization's batch statistics are each replica's);
+- where Keras's fit cannot run a row under two replicas (EMA, gradient accumulation),
+  mljob refuses it before training, in one line.
 
 The default run trains a part of the matrix; the slow step trains all of it.
 """
@@ -38,6 +40,8 @@ FAST = ["sgd-none", "adam-clipnorm", "nesterov-weight_decay", "regularized",
         "lower_level", "vae_add_loss"]
 # Where Keras's own fit under two replicas differs from one node (see the module doc).
 PER_REPLICA = ("clipnorm", "clipvalue", "global_clipnorm", "batchnorm")
+# Options Keras's fit cannot run under synchronous replicas (a merge_call in a tf.cond).
+SYNCHRONOUS_REFUSED = ("use_ema", "gradient_accumulation_steps")
 
 
 def train_rows(rows: list[str], tmp_path) -> dict:
@@ -62,6 +66,12 @@ def check_row(row: str, runs: dict) -> None:
     got = runs[row]
     assert largest_difference(got["single"], got["fit"]) <= 1e-5, \
         f"{row}: one node is not Keras's fit"
+    if zoo.ROWS[row]["options"] in SYNCHRONOUS_REFUSED:
+        # Keras's fit fails on them under two replicas; mljob refuses them, in a line.
+        assert got["fit_mirrored"]["error"].startswith("RuntimeError"), got["fit_mirrored"]
+        assert got["mirrored"]["error"].startswith("UsageError: "), got["mirrored"]
+        assert "cannot run under 2 synchronous replicas" in got["mirrored"]["error"]
+        return
     if zoo.ROWS[row].get("keras_distributes", True):
         assert largest_difference(got["mirrored"], got["fit_mirrored"]) <= 1e-5, \
             f"{row}: two replicas are not Keras's fit under the same strategy"

@@ -50,8 +50,8 @@ def test_one_worker_trains_as_one_node(tmp_path):
     assert runs["class_weight"]["local_steps"]
     assert _difference(runs["class_weight"], runs["single_class_weight"]) <= 1e-5
     assert _difference(runs["unweighted"], runs["single_class_weight"]) > 1e-3
-    for run in runs.values():
-        assert run["iterations"] == 24
+    for name, run in runs.items():
+        assert run["iterations"] == 24, name
 
 
 def test_two_workers_keep_the_optimizer_s_options_its_count_and_the_layers_state(tmp_path):

@@ -50,7 +50,7 @@ def test_an_unbuilt_second_optimizer_is_refused_for_several_replicas():
 
 
 @pytest.mark.parametrize("options", [{"clipnorm": 1.0}, {"weight_decay": 0.01},
-                                     {"use_ema": True}, {"amsgrad": True}])
+                                     {"clipvalue": 0.5}, {"amsgrad": True}])
 def test_local_steps_asked_for_an_optimizer_they_cannot_run_exactly_are_refused(options):
     import keras
 
@@ -63,6 +63,19 @@ def test_local_steps_asked_for_an_optimizer_they_cannot_run_exactly_are_refused(
         Replica(tf.distribute.get_strategy(), _Coordinator(), program,
                 RunConfig(job_dir="unused", ps_local_steps=True))
     assert next(iter(options)) in str(info.value) and "turn it off" in str(info.value)
+
+
+@pytest.mark.parametrize("option", [{"use_ema": True}, {"gradient_accumulation_steps": 2}])
+def test_ema_and_accumulation_are_refused_under_ps(option):
+    import keras
+
+    def model_fn():
+        model = zoo.model_fn("sgd-none")()
+        model.compile(optimizer=keras.optimizers.SGD(0.01, **option), loss="mse")
+        return model
+    with pytest.raises(UsageError) as info:
+        _replica(model_fn, _Coordinator())
+    assert f"{next(iter(option))} cannot run under parameter servers" in str(info.value)
 
 
 def test_compile_steps_per_execution_is_honoured_unless_the_config_sets_its_own():
@@ -173,3 +186,25 @@ def test_classify_answers_what_predict_answers_after_serving_outputs(tmp_path):
         inputs=tf.constant([example(r) for r in rows]))["scores"]
     np.testing.assert_allclose(np.asarray(classified), np.asarray(predicted), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(classified).sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_a_model_s_own_predict_step_is_what_the_export_answers(tmp_path):
+    import keras
+    from mljob.training import export as export_lib
+
+    class Calibrated(keras.Model):
+        def predict_step(self, data):
+            x = data[0] if isinstance(data, tuple) else data
+            return tf.sigmoid(self(x, training=False) * 2.0)
+
+    def build():
+        keras.utils.set_random_seed(5)
+        inputs = keras.Input((4,), name="x")
+        return Calibrated(inputs, keras.layers.Dense(1, name="out")(inputs))
+    model = build()
+    url = export_lib.export(build, {w.path: w.numpy() for w in model.weights},
+                            str(tmp_path / "model"), Serving(key=None))
+    rows = np.ones((3, 4), np.float32)
+    got = export_lib.load(url).signatures["serving_default"](x=tf.constant(rows))
+    np.testing.assert_allclose(np.asarray(got["outputs"]),
+                               np.asarray(model.predict(rows, verbose=0)), rtol=1e-5)
