@@ -238,20 +238,38 @@ def _log_names(log_dir: str) -> list[str]:
     return names
 
 
+def _tail_start(f, tail_bytes: int | None) -> int:
+    """The offset of the first line that begins in the last tail_bytes of f (0: all)."""
+    size = os.fstat(f.fileno()).st_size
+    if not tail_bytes or size <= tail_bytes:
+        return 0
+    f.seek(size - tail_bytes - 1)
+    head = f.read(min(tail_bytes + 1, MAX_LINE))
+    newline = head.find(b"\n")
+    return size - tail_bytes - 1 + newline + 1 if newline >= 0 else size - tail_bytes
+
+
 READ_BYTES = 1 << 20   # a log is read this much at a time, from where the last read ended
 MAX_LINE = 1 << 20     # a longer line is passed on in pieces of this size
 
 
 def follow(log_dir: str, *, task_name: str | None = None,
            done: Callable[[], bool], poll: float = 0.3,
-           timeout: float | None = None) -> Iterator[str]:
+           timeout: float | None = None, tail_bytes: int | None = None,
+           starts: dict[str, int] | None = None) -> Iterator[str]:
     """Yield lines of every `<label>.log` in log_dir (or just task_name's) as they are
     written, until done() is true and the files are drained (or timeout passes).
     A tuning job's trials log in subfolders: `3/master-replica-0` is trial 3's chief.
 
     Each file is read from the offset the last read ended at (a seek, never the file
     again), READ_BYTES at a time, each piece's lines yielded before the next is read:
-    a 400 MB log costs a follower about READ_BYTES, not 400 MB."""
+    a 400 MB log costs a follower about READ_BYTES, not 400 MB.
+
+    `tail_bytes`: a file longer than that when first seen is read from its last
+    `tail_bytes` (from the line that begins there, by a seek), after one line saying
+    how much was skipped. `starts` keeps where each file began, so that a follower
+    given the same dict again (a browser reconnecting) begins at the same lines."""
+    starts = {} if starts is None else starts
     offsets: dict[str, int] = {}
     partial: dict[str, str] = {}
     decoders: dict[str, codecs.IncrementalDecoder] = {}
@@ -269,7 +287,12 @@ def follow(log_dir: str, *, task_name: str | None = None,
             except OSError:
                 continue
             with f:
-                f.seek(offsets.get(name, 0))
+                if name not in offsets:
+                    offsets[name] = starts.setdefault(name, _tail_start(f, tail_bytes))
+                    if offsets[name]:
+                        yield (f"-- {offsets[name] / (1 << 20):.1f} MiB of {name} skipped "
+                               "(`jobs stream-logs` prints them) --")
+                f.seek(offsets[name])
                 while True:
                     try:
                         piece = f.read(READ_BYTES)

@@ -36,6 +36,7 @@ from submit.submission import runner_for
 
 KEEPALIVE_S = 15.0
 QUEUE_BYTES = 1 << 20  # of log lines read ahead of what the browser has taken
+TAIL_BYTES = 4 << 20   # a longer log is shown from its last 4 MiB (a seek)
 MAX_FORM_BYTES = 4096
 HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
                                       "frame-ancestors 'none'; form-action 'self'",
@@ -54,6 +55,9 @@ class Console:
     def __init__(self, host: str, port: int, access_token: str | None = None,
                  allowed_hosts: str | None = None):
         self.token = secrets.token_urlsafe(32)  # the cancel form's
+        # where each log stream's files began (a big log from its tail), so that a
+        # browser that reconnects with Last-Event-ID gets the same numbering
+        self.tails: dict[tuple[str, str | None], dict[str, int]] = {}
         self.guard = guard.Guard(guard.allowed_hosts(host, allowed_hosts), access_token,
                                  port)
         self.app = Starlette(routes=[
@@ -132,12 +136,16 @@ class Console:
         resume = request.headers.get("last-event-id", "")
         # anything but a short ASCII number (`²`, `-1`, `1e3`) streams from the start
         skip = int(resume) if ascii_digits(resume) and len(resume) < 12 else 0
-        return StreamingResponse(self._events(record, task, skip),
+        if len(self.tails) > 10_000:  # where each stream's files began: kept small
+            self.tails.clear()
+        starts = self.tails.setdefault((record.job_id, task), {})
+        return StreamingResponse(self._events(record, task, skip, starts),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store",
                                           "X-Accel-Buffering": "no"})
 
-    async def _events(self, record: jobs.JobRecord, task: str | None, skip: int):
+    async def _events(self, record: jobs.JobRecord, task: str | None, skip: int,
+                      starts: dict[str, int]):
         """Each log line as an event numbered from 1 (a reconnecting browser sends the
         last number it saw), `note` events for a runner's error, and `end` with the
         job's final state. The reading thread stops when the browser goes away, and
@@ -165,7 +173,7 @@ class Console:
 
         def read() -> None:
             try:
-                for line in _lines(record, task, stop):
+                for line in _lines(record, task, stop, starts):
                     if not put(("line", line)):
                         return
             except Exception as exc:  # a runner that cannot read logs: say why
@@ -246,9 +254,11 @@ async def _form_body(request: Request) -> bytes | None:
     return bytes(body)
 
 
-def _lines(record: jobs.JobRecord, task: str | None, stop: threading.Event) -> Iterator[str]:
+def _lines(record: jobs.JobRecord, task: str | None, stop: threading.Event,
+           starts: dict[str, int]) -> Iterator[str]:
     """The job's log lines until it ends (or the browser leaves): a local job's files
-    through the follower `jobs stream-logs` uses, an engine's through its runner."""
+    through the follower `jobs stream-logs` uses (each from its last TAIL_BYTES, where
+    `starts` says), an engine's through its runner."""
     if record.runner == "local" and record.log_dir:
         job_id = record.job_id
 
@@ -258,7 +268,8 @@ def _lines(record: jobs.JobRecord, task: str | None, stop: threading.Event) -> I
             current = jobs.load(job_id)
             return current.done or not current.supervisor_alive()
 
-        return logs.follow(jobs.own_log_dir(record), task_name=task, done=done)
+        return logs.follow(jobs.own_log_dir(record), task_name=task, done=done,
+                           tail_bytes=TAIL_BYTES, starts=starts)
     return runner_for(record).logs(record.engine, task_name=task, follow=True)
 
 

@@ -61,8 +61,9 @@ def test_ticks_of_spans_too_narrow_or_too_wide_are_the_ends():
 
 
 def test_a_slow_browser_on_a_big_log_keeps_the_console_small(tmp_path, reaper):
-    """The event stream reads ahead at most QUEUE_BYTES of a 48 MB log of long lines
-    while the browser takes none (before: the whole log in memory, twice)."""
+    """The event stream reads ahead at most QUEUE_BYTES of 48 MB of logs of long lines
+    (13 replicas' files, each under the tail the console starts at) while the browser
+    takes none (before: the whole log in memory, twice)."""
     import socket
     import time
 
@@ -71,10 +72,10 @@ def test_a_slow_browser_on_a_big_log_keeps_the_console_small(tmp_path, reaper):
     from tests.console.test_console_http import stored_job
     from tests.support.browser import start_console
     record = stored_job(tmp_path, job_id="big01", state=records.SUCCEEDED)
-    line = "INFO\t2026-11-28 12:00:00 +0000\tmaster-replica-0\t" + "z" * 250_000 + "\n"
-    with open(os.path.join(record.log_dir, "master-replica-0.log"), "a") as f:
-        for _ in range(200):
-            f.write(line)
+    line = "INFO\t2026-11-28 12:00:00 +0000\tworker-replica-0\t" + "z" * 250_000 + "\n"
+    for index in range(13):
+        with open(os.path.join(record.log_dir, f"worker-replica-{index}.log"), "a") as f:
+            f.write(line * 15)
     url = start_console(reaper, tmp_path / "console.log")
     port = int(url.rsplit(":", 1)[1])
     (server,) = [p for p in psutil.Process().children(recursive=True)
@@ -88,3 +89,39 @@ def test_a_slow_browser_on_a_big_log_keeps_the_console_small(tmp_path, reaper):
         time.sleep(3)  # the browser reads nothing more
         grown = (server.memory_info().rss - before) / (1 << 20)
     assert grown < 25, f"the console grew by {grown:.0f} MiB"
+
+
+def test_a_big_log_is_shown_from_its_tail_and_resumed_at_the_same_lines(tmp_path,
+                                                                      console):  # noqa: F811
+    """A 12 MB log starts at its last 4 MiB (a seek), after one line saying what was
+    skipped; a browser reconnecting with Last-Event-ID continues the same numbering."""
+    from tests.console.test_console_http import stored_job
+    _, client = console
+    record = stored_job(tmp_path, job_id="tail01", state=records.SUCCEEDED)
+    path = os.path.join(record.log_dir, "master-replica-0.log")
+    with open(path, "w") as f:
+        for i in range(120_000):
+            f.write(f"INFO\t2026-11-28 12:00:00 +0000\tmaster-replica-0\tline {i} "
+                    + "q" * 80 + "\n")
+    size = os.path.getsize(path)
+
+    def events(**headers) -> list[tuple[str, str]]:
+        with client.stream("GET", "/jobs/tail01/logs", params={"task": "master-replica-0"},
+                           headers=headers) as answer:
+            text = answer.read().decode()
+        return [(e.split("\n")[0][4:], e.split("\n", 1)[1][6:])
+                for e in text.split("\n\n") if e.startswith("id: ")]
+
+    first = events()
+    assert first[0] == ("1", f"-- {(size - (4 << 20)) / (1 << 20):.1f} MiB of "
+                             "master-replica-0.log skipped (`jobs stream-logs` prints them) --")
+    assert first[1][1].startswith("INFO\t") and first[-1][1].split("\t")[3].startswith(
+        "line 119999 ")
+    shown = sum(len(text) + 1 for _, text in first[1:])
+    assert (4 << 20) - 200 < shown <= 4 << 20  # whole lines of the last 4 MiB
+    with open(path, "a") as f:  # the job logged on: a new tail would begin later
+        for i in range(120_000, 150_000):
+            f.write(f"INFO\t2026-11-28 12:00:00 +0000\tmaster-replica-0\tline {i}\n")
+    again = events(**{"Last-Event-ID": "5"})
+    assert again[:len(first) - 5] == first[5:]  # the same lines under the same numbers
+    assert again[-1][1].endswith("\tline 149999")
