@@ -5,6 +5,11 @@ This is the file `python -m submit` builds into the sdist that every job stages.
 """
 from setuptools import find_packages, setup
 
+# predict.rest_http subclasses uvicorn's HTTP protocols (private classes): the range is
+# the one tested; tests/predict/test_uvicorn_private_api.py fails loudly when a release
+# moves what they override
+UVICORN = "uvicorn>=0.54,<0.55"
+
 setup(
     name="mljob",
     version="0.1.0",
@@ -14,40 +19,51 @@ setup(
                                     "predict", "predict.*"]),
     package_data={"trainer": ["sample/*.gz", "sample/README.md"]},
     python_requires=">=3.10",
+    # What every use needs, and all a replica needs beside TensorFlow (which the `cpu`
+    # extra or the image gives): mljob's core. Each use adds its extra (docs/install.md
+    # measures them): `submit` the command line, runners and console; `serve` the model
+    # server and batch prediction's workers.
     install_requires=[
         "fsspec>=2024.2",
         "gcsfs>=2024.2",
-        "click>=8.1",
-        "PyYAML>=6",
-        "pydantic>=2.5",  # config.yaml's schema (submit/config_schema.py)
         "psutil>=5.9",
         "tenacity>=8.2",  # storage retries: exponential back-off with jitter
-        "setuptools>=61",  # the build backend of setup.py projects (and the generated one)
-        "build>=1.2",      # the launcher builds sdists with `python -m build --sdist`
-        "starlette>=0.37",
-        # predict.rest_http subclasses uvicorn's HTTP protocols (private classes): the
-        # range is the one tested; tests/predict/test_uvicorn_private_api.py fails
-        # loudly when a release moves what they override
-        "uvicorn>=0.54,<0.55",
-        "h11>=0.14",             # predict.rest_http writes h11's events itself
-        "google-crc32c>=1.5",    # predict.records: TFRecord checksums
-        # `predict serve`'s REST path at one client: httptools' parser and uvloop under
-        # uvicorn, orjson for the bodies (predict.rest_http)
-        "httptools>=0.6",
-        "uvloop>=0.19; sys_platform != 'win32'",
-        "orjson>=3.8",
-        "prometheus-client>=0.17",  # `predict serve`'s /monitoring/prometheus/metrics
-        "grpcio>=1.60",             # `predict serve`'s gRPC API (--port)
-        "grpcio-health-checking>=1.60",  # grpc.health.v1 on the gRPC port
     ],
     extras_require={
+        # `python -m submit`: the launcher, its local runner and the console
+        "submit": [
+            "click>=8.1",
+            "PyYAML>=6",
+            "pydantic>=2.5",   # config.yaml's schema (submit/config_schema.py)
+            "setuptools>=61",  # the build backend of setup.py projects (and the generated one)
+            "build>=1.2",      # the launcher builds sdists with `python -m build --sdist`
+            "starlette>=0.37", UVICORN,  # the console
+        ],
+        # `python -m predict` and `tensorflow_model_server`: the server, local and batch
+        # prediction (whose workers `jobs submit prediction` starts); TF Serving's protos
+        # come apart: `pip install --no-deps 'tensorflow-serving-api==2.21.*'` (below)
+        "serve": [
+            "click>=8.1",
+            "PyYAML>=6",
+            UVICORN,
+            "h11>=0.14",             # predict.rest_http writes h11's events itself
+            "google-crc32c>=1.5",    # predict.records: TFRecord checksums
+            # the REST path at one client: httptools' parser and uvloop under uvicorn,
+            # orjson for the bodies (predict.rest_http)
+            "httptools>=0.6",
+            "uvloop>=0.19; sys_platform != 'win32'",
+            "orjson>=3.8",
+            "prometheus-client>=0.17",  # /monitoring/prometheus/metrics
+            "grpcio>=1.60",             # the gRPC API (--port)
+            "grpcio-health-checking>=1.60",  # grpc.health.v1 on the gRPC port
+        ],
         # TensorFlow is an extra: on this machine `cpu` installs it; on a cluster the
         # image provides it (Kubeflow's TensorFlow base, Vertex's prebuilt executors),
         # and a hard requirement would make pip lay a second TensorFlow over the image's.
         "cpu": ["tensorflow-cpu==2.21.*"],
         "gpu": ["tensorflow[and-cuda]==2.21.*"],
         # the cluster engines' SDKs (`--runner kubeflow`, `--runner vertex`)
-        "kubeflow": ["kubernetes>=29", "kubeflow-training>=1.8,<2"],
+        "kubeflow": ["kubernetes>=29"],
         "vertex": ["google-cloud-aiplatform>=1.60"],
         # `--runner ray`: Ray's `default` extra is the smallest install with the
         # dashboard's job API (submit, status, logs, stop), `ray start --head` serving it,

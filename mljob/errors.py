@@ -16,6 +16,7 @@ import select
 import sys
 import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
 EXIT_OK = 0
 EXIT_FAILED = 1              # a bug or an unrecoverable error: do not retry
@@ -97,6 +98,18 @@ def boundary(call: Callable[[], int | None], *, program: str) -> int:
         traceback.print_exc()
         say(f"{program} failed with an unexpected error (traceback above)")
         return EXIT_FAILED
+
+
+def needs_extra(exc: ModuleNotFoundError, program: str, extra: str) -> NoReturn:
+    """A program started from an install without its extra: one line naming the missing
+    module and the install that brings it, exit 2. A module of ours missing is a bug:
+    re-raised."""
+    top = (exc.name or "").split(".")[0]
+    if not top or top in ("mljob", "trainer", "submit", "predict"):
+        raise exc
+    say(f"{program} needs {top}, which mljob's `{extra}` extra installs: pip install "
+        f"'mljob[{extra}]'")
+    raise SystemExit(EXIT_USAGE)
 
 
 def say(message: str) -> None:

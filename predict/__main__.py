@@ -12,10 +12,14 @@ import sys
 # Quiet TensorFlow's C++ start-up chatter before anything imports it.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import click
+from mljob.errors import boundary, needs_extra
 
-from mljob.errors import boundary
-from predict.errors import PredictError
+try:
+    import click
+
+    from predict.errors import PredictError
+except ModuleNotFoundError as exc:  # installed without the `serve` extra
+    needs_extra(exc, "python -m predict", "serve")
 
 MODEL_DIR = click.option("--model-dir", required=True, metavar="URL",
                          help="The export: <job-dir>/model (SavedModel) or a folder "

@@ -18,15 +18,19 @@ import json
 import logging
 import sys
 
-import click
+from mljob.errors import boundary, needs_extra, say
 
-from mljob.errors import boundary, say
-from submit import (cmd_console, cmd_jobs, cmd_local, cmd_models,  # noqa: F401
-                    cmd_prediction, cmd_predict, cmd_submit)
-from submit import jobs as records, lifecycle
-from submit.cli_base import cli, echo
-from submit.errors import EXIT_OK, EXIT_USAGE
-from submit.local import entry, plan as plans
+try:
+    import click
+
+    from submit import (cmd_console, cmd_jobs, cmd_local, cmd_models,  # noqa: F401
+                        cmd_prediction, cmd_predict, cmd_submit)
+    from submit import jobs as records, lifecycle
+    from submit.cli_base import cli, echo
+    from submit.errors import EXIT_OK, EXIT_USAGE
+    from submit.local import entry, plan as plans
+except ModuleNotFoundError as exc:  # installed without the `submit` extra
+    needs_extra(exc, "python -m submit", "submit")
 
 _NoArgsIsHelp = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
 
