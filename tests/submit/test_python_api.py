@@ -102,6 +102,7 @@ def test_readmes_example_runs_as_written(tmp_path, monkeypatch, capsys):
     assert api.list_jobs(filter="labels.team=demo AND state!=SUCCEEDED") == []
     with pytest.raises(api.UsageError, match="already ended SUCCEEDED"):
         job.cancel()
+    assert list(job.logs(follow=True)) == list(job.logs())  # an ended job: no wait
 
 
 @pytest.mark.slow
