@@ -98,6 +98,8 @@ TF_SERVING = [
     Flag("tensorflow_session_parallelism", int, 0, "both pools at once, when the two "
          "above are 0"),
     Flag("version", bool, False, "print the server's and TensorFlow's versions and exit"),
+    Flag("enable_grpc_healthcheck_service", bool, False, "taken: grpc.health.v1 is "
+         "served on the gRPC port whatever its value"),
 ]
 
 OURS = [
@@ -151,6 +153,9 @@ NOT_IMPLEMENTED = {
     "thread_pool_factory_config_file": "thread pool factories",
     "enable_signature_method_name_check": "the signature method name check",
     "xla_cpu_compilation_enabled": "XLA compilation",
+    "xla_gpu_compilation_enabled": "XLA compilation (and GPUs)",
+    "enable_serialization_as_tensor_content": "a choice of the answers' tensor "
+                                              "encoding",
     "enable_profiler": "the profiler service",
     "mixed_precision": "mixed precision",
     "skip_initialize_tpu": "TPUs",

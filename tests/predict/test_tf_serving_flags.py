@@ -56,6 +56,7 @@ def test_booleans_take_tf_servings_forms():
     (["--ssl_config_file=x"], "does not implement (TLS)"),
     (["--grpc_socket_path=/tmp/s"], "does not implement (a UNIX socket for gRPC)"),
     (["--enable_cors_support"], "unknown flag --enable_cors_support"),  # not TF Serving's
+    (["--xla_gpu_compilation_enabled"], "does not implement (XLA compilation (and GPUs))"),
     (["--enable_per_model_batching_parameters"], "needs --enable_batching"),
     (["--port=abc"], "--port=abc: not an integer"),
     (["--port=-1"], "--port=-1: not a port; use 0..65535 (0 picks a free one)"),
@@ -131,6 +132,7 @@ def test_cors_per_model_batching_and_version_are_taken_by_tf_servings_names():
     assert o.rest_api_enable_cors_support is True
     assert o.enable_per_model_batching_parameters is True
     assert parse(*BASE).rest_api_enable_cors_support is False
+    assert parse("--enable_grpc_healthcheck_service=true", *BASE)  # always served here
     # --version needs nothing to serve, as TF Serving prints it before any check
     assert parse("--version").version is True
 
