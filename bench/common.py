@@ -35,6 +35,7 @@ from mljob.training import kernels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
+TREE_ENV = "MLJOB_BENCH_TREE"
 
 # Every replica gets these before TensorFlow is imported: quiet logs, and dead peers
 # detected (GRPC_FAIL_FAST), as the launcher sets them.
@@ -146,7 +147,9 @@ class Cluster:
             child_env.pop(kernels.ENV, None)
             child_env.pop(kernels.MARK, None)
         child_env.update(REPLICA_ENV)
-        child_env["PYTHONPATH"] = ROOT + os.pathsep + child_env.get("PYTHONPATH", "")
+        # MLJOB_BENCH_TREE: another checkout of the project to run (bench.before_after).
+        tree = (env or {}).get(TREE_ENV) or ROOT
+        child_env["PYTHONPATH"] = tree + os.pathsep + child_env.get("PYTHONPATH", "")
         child_env["MLJOB_PARENT_PID"] = str(os.getpid())
         child_env.pop("TF_CONFIG", None)
         if tf_config is not None:
@@ -154,7 +157,7 @@ class Cluster:
         child_env.update(env or {})
         stderr_path = os.path.join(self._logs, f"{name}.stderr")
         with open(stderr_path, "wb") as stderr:
-            proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=child_env,
+            proc = subprocess.Popen([sys.executable, *args], cwd=tree, env=child_env,
                                     stdout=subprocess.PIPE, stderr=stderr,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         replica = Replica(name, kind, proc, stderr_path)

@@ -89,9 +89,14 @@ def _example_function(keras_model, serving: Serving, kind: str, labels):
     features = {n: tf.io.FixedLenFeature(inputs[n].shape[1:], inputs[n].dtype)
                 for n in names}
 
+    own_predict = overridden(keras_model, "predict_step")
+
     def run(examples):
         parsed = tf.io.parse_example(examples, features)
-        value = keras_model(parsed[names[0]] if len(names) == 1 else parsed, training=False)
+        x = parsed[names[0]] if len(names) == 1 else parsed
+        # What :predict answers: the model's own predict_step where it has one.
+        value = keras_model.predict_step((x,)) if own_predict else \
+            keras_model(x, training=False)
         if serving.outputs is not None:  # what :predict answers (probabilities, not logits)
             value = _answer_of(serving.outputs(value), kind, labels)
         if not isinstance(value, tf.Tensor):

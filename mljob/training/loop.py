@@ -37,7 +37,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 from keras.src import tree
-
 from keras.src.losses.loss import scale_loss_for_distribution, unscale_loss_for_distribution
 
 from mljob.training import export as export_lib
@@ -227,13 +226,15 @@ class Replica:
         to the global batch's), the layers' losses scaled the same, the optimizer's own
         apply with every option it has. Under ps the layers' state (BatchNormalization's
         moving statistics, counters) is added to the ps as this step's change, never
-        overwritten (`_keeping_state`)."""
+        overwritten (`shared_state.keeping_state`)."""
         features, labels, weights = unpack(data)
         state = self.model.non_trainable_variables if self.coordinator is not None else []
         with tf.GradientTape() as tape:
             with keeping_state(state) as kept:
                 outputs = self.model(features, training=True)
-            extra = kept.losses if state else self.model.losses
+            # add_loss's terms (held by the scope under ps) and the weights' regularizers
+            extra = kept.losses + self.model._get_regularization_losses() if state \
+                else self.model.losses
             if self.objective.class_weight is not None:
                 weights = self.objective.class_weights(tree.flatten(labels)[0])
             loss, each = self.objective.loss(labels, outputs, weights)
@@ -400,10 +401,13 @@ class Replica:
             mapping.append((w, parts[0] if n == 1 else tf.concat(parts, axis=0)))
         with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
             outputs = self.model(features, training=True)
+            # The weights' regularizers, on the weights given (the scope holds only
+            # add_loss's terms: Keras computes regularizers when `losses` is read).
+            regularization = self.model._get_regularization_losses()
         after = [scope.get_current_value(v) for v in state]
         return (outputs, [a if a is not None else b
                           for a, b in zip(after, state_values, strict=True)],
-                list(scope.losses))
+                list(scope.losses) + list(regularization))
 
     def run_chunk(self, num_steps: int, stop: bool = False):
         """Run (or, under ps, schedule) num_steps steps; a handle for `result`. `stop`
@@ -439,7 +443,9 @@ class Replica:
 
 def steps_per_execution(model, config: RunConfig) -> int:
     """The run's steps per function: the config's, unless it is the default and the
-    model was compiled with steps_per_execution > 1 (as Keras's fit would take it)."""
+    model was compiled with steps_per_execution > 1 (as Keras's fit would take it; the
+    started line then says `(compile's)`). Under ps local steps it is also how many
+    steps a worker runs between two merges."""
     compiled = int(getattr(model, "steps_per_execution", 1) or 1)
     if config.steps_per_execution == STEPS_PER_EXECUTION and compiled > 1:
         return compiled

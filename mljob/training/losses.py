@@ -411,8 +411,9 @@ class Objective:
         for i, how in enumerate(self.aggregations):
             values = [np.asarray(s[i]) for s in states]
             rule = merge_rule(how)
+            # "first" (a first replica's value) across chunks is the newest chunk's.
             merged.append(np.sum(values, axis=0) if rule == "sum" else
-                          np.mean(values, axis=0) if rule == "mean" else values[0])
+                          np.mean(values, axis=0) if rule == "mean" else values[-1])
         return merged
 
 

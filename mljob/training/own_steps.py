@@ -20,6 +20,9 @@ What the step needs must exist before it is distributed: the model compiled in
 `optimizer=` and `metrics=` are refused rather than ignored), and, with several
 replicas, every optimizer the step applies built (`optimizer.build(variables)` in
 `compile`): tf.distribute cannot create an optimizer's state inside a replica's step.
+On one node an optimizer may build itself in the first step, as in Keras, but only the
+optimizers built before training are in the checkpoints (a resumed run restarts the
+state of one built later).
 """
 from __future__ import annotations
 
@@ -104,8 +107,13 @@ def reduce_logs(logs, strategy):
 
 def results(model, logs) -> tuple[float, dict[str, float]]:
     """(loss, metrics) of fetched logs, as Python floats; the model's trackers reset."""
-    values = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in dict(logs).items()
-              if np.asarray(v).size == 1}
+    values: dict[str, float] = {}
+    for name, value in dict(logs).items():
+        array = np.asarray(value).reshape(-1)
+        if array.size == 1:
+            values[name] = float(array[0])
+        else:  # a per-class metric (F1Score without average): one value each
+            values.update({f"{name}_{i}": float(v) for i, v in enumerate(array)})
     reset(model)
     return values.pop("loss", float("nan")), values
 

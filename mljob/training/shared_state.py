@@ -31,11 +31,15 @@ def atomic_iterations(optimizer) -> None:
 
 def add_change(var, old, new) -> None:
     """Add new - old to a (ps) variable where it can be added; else set it (a random
-    seed's state)."""
+    seed's state). The change is computed here, on the worker: only it crosses the wire.
+    A value the step did not write (`new is old`, as keras.StatelessScope gives it back:
+    a frozen layer's statistics) is left alone."""
+    if new is old:
+        return
     target = tf_variable(var)
     if target.dtype.is_floating or target.dtype in (tf.int32, tf.int64):
-        with tf.device(target.device):
-            target.assign_add(tf.cast(new, target.dtype) - tf.cast(old, target.dtype))
+        change = tf.cast(new, target.dtype) - tf.cast(old, target.dtype)
+        target.assign_add(change)
     else:
         target.assign(new)
 
@@ -62,7 +66,7 @@ class keeping_state:
     def __exit__(self, *exc):
         if self._scope is not None:
             self.after = [self._scope.get_current_value(v) for v in self.variables]
-            self.losses = list(self._scope.losses)
+            self.losses = list(self._scope.losses)  # add_loss's; the regularizers' follow
             self._scope.__exit__(*exc)
         return False
 

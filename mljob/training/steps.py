@@ -74,7 +74,9 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
             f"training started: strategy={kind} step={start} train_steps="
             f"{config.train_steps} " + (f"{head} " if head else "")
             + f"replicas={replicas} batch_size={config.batch_size} steps_per_execution="
-            f"{replica.steps_per_execution} " + (f"{rest} " if rest else "")
+            f"{replica.steps_per_execution}"
+            + (" (compile's)" if replica.steps_per_execution != config.steps_per_execution
+               else "") + " " + (f"{rest} " if rest else "")
             + f"job_dir={config.job_dir}")
         if kind == "ps":
             progress.line(f"ps updates: {replica.ps_updates()}")

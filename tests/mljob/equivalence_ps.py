@@ -5,7 +5,8 @@ each; this process is the chief), mljob's loop (`Replica`) scheduling the steps.
 
 Runs, each written as JSON for tests/mljob/test_equivalence_ps.py:
 - `one_worker`: one worker, local steps off, SGD+momentum with a BatchNormalization
-  model, against the same model on one node: equal;
+  model (an L2-regularized output behind a Dropout), against the same model on one
+  node: equal;
 - `local_steps`: one worker, plain Adam with local steps (the default), against one
   node: equal (the same training, one read and one write a function); the same with
   `class_weight` (`class_weight`, against `single_class_weight`; `unweighted` shows
@@ -54,7 +55,7 @@ def _dataset(batch):
         batch, drop_remainder=True).repeat()
 
 
-def _model_fn(optimizer, batchnorm: bool):
+def _model_fn(optimizer, batchnorm: bool, regularized: bool = False):
     def build():
         keras.utils.set_random_seed(3)
         inputs = keras.Input((4,), name="x")
@@ -62,7 +63,11 @@ def _model_fn(optimizer, batchnorm: bool):
         if batchnorm:
             hidden = keras.layers.Dense(8, activation="relu", name="hidden")(hidden)
             hidden = keras.layers.BatchNormalization(name="bn")(hidden)  # momentum 0.99
-        model = keras.Model(inputs, keras.layers.Dense(1, name="out")(hidden))
+        if regularized:  # with a Dropout, whose seed is state the ps holds
+            hidden = keras.layers.Dropout(0.0, name="drop")(hidden)
+        model = keras.Model(inputs, keras.layers.Dense(
+            1, name="out", kernel_regularizer=keras.regularizers.L2(0.5) if regularized
+            else None)(hidden))
         model.compile(optimizer=optimizer(), loss="mse")
         return model
     return build
@@ -194,12 +199,16 @@ def main(argv: list[str]) -> int:
 
 def _runs(results, workers, procs, single, momentum, adam, clipped, cosine) -> None:
     if workers == 1:
-        results["single_momentum_bn"] = _train(single, None, _model_fn(momentum, True), 24)
-        results["single_adam"] = _train(single, None, _model_fn(adam, False), 24)
+        # Regularized, with a layer's state: the regularizers' loss is in every step.
+        results["single_momentum_bn"] = _train(single, None,
+                                               _model_fn(momentum, True, True), 24)
+        results["single_adam"] = _train(single, None, _model_fn(adam, False, True), 24)
         strategy, coordinator = _cluster(1, procs)
-        results["one_worker"] = _train(strategy, coordinator, _model_fn(momentum, True), 24)
-        results["local_steps"] = _train(strategy, coordinator, _model_fn(adam, False), 24,
-                                        ps_wire_dtype="float32")
+        results["one_worker"] = _train(strategy, coordinator,
+                                       _model_fn(momentum, True, True), 24)
+        results["local_steps"] = _train(strategy, coordinator, _model_fn(adam, False, True),
+                                        24, ps_wire_dtype="float32")
+        results["unregularized"] = _train(single, None, _model_fn(adam, False), 24)
         results["single_class_weight"] = _train(single, None, _classifier_fn, 24,
                                                 class_weight=CLASS_WEIGHT)
         results["class_weight"] = _train(strategy, coordinator, _classifier_fn, 24,

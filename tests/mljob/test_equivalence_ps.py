@@ -46,6 +46,8 @@ def test_one_worker_trains_as_one_node(tmp_path):
     assert runs["one_worker"]["moving_variance"] == pytest.approx(
         runs["single_momentum_bn"]["moving_variance"], rel=1e-4)
     assert _difference(runs["local_steps"], runs["single_adam"]) <= 1e-5
+    # The regularizer is in both (it changes what is trained).
+    assert _difference(runs["unregularized"], runs["single_adam"]) > 1e-3
     # class_weight weighs the local steps' loss as one node's (and it does change it).
     assert runs["class_weight"]["local_steps"]
     assert _difference(runs["class_weight"], runs["single_class_weight"]) <= 1e-5

@@ -203,8 +203,15 @@ def test_a_model_s_own_predict_step_is_what_the_export_answers(tmp_path):
         return Calibrated(inputs, keras.layers.Dense(1, name="out")(inputs))
     model = build()
     url = export_lib.export(build, {w.path: w.numpy() for w in model.weights},
-                            str(tmp_path / "model"), Serving(key=None))
+                            str(tmp_path / "model"), Serving(key=None),
+                            inference_signature={"regress": True})
     rows = np.ones((3, 4), np.float32)
-    got = export_lib.load(url).signatures["serving_default"](x=tf.constant(rows))
-    np.testing.assert_allclose(np.asarray(got["outputs"]),
-                               np.asarray(model.predict(rows, verbose=0)), rtol=1e-5)
+    loaded = export_lib.load(url)
+    got = loaded.signatures["serving_default"](x=tf.constant(rows))
+    want = np.asarray(model.predict(rows, verbose=0))
+    np.testing.assert_allclose(np.asarray(got["outputs"]), want, rtol=1e-5)
+    # TF Serving's Regress answers the same (a tf.Example a row).
+    from tests.support.tf_serving import example
+    regressed = loaded.signatures["regression"](
+        inputs=tf.constant([example(r) for r in rows]))["outputs"]
+    np.testing.assert_allclose(np.asarray(regressed), want.reshape(-1), rtol=1e-5)
