@@ -361,7 +361,7 @@ class Replica:
                 mean_loss, each = objective.loss(labels, outputs, sample_weight)
                 loss = mean_loss
                 if extra:  # the layers' regularizers
-                    loss += tf.nn.scale_regularization_loss(
+                    loss += scale_loss_for_distribution(
                         tf.add_n([tf.cast(x, tf.float32) for x in extra]))
             grads = tape.gradient(loss, weights)
             t = tf.cast(t0 + tf.cast(i, t0.dtype) + 1, tf.float32)
