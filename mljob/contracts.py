@@ -20,6 +20,13 @@ ROLES = (CHIEF, MASTER, WORKER, PS, EVALUATOR)
 # workers and evaluators; the ps last. Stopped all at once, a chief under ps lost the steps
 # since its last checkpoint (`ps-replica-0 stopped answering`, exit 200).
 STOP_ORDER = ((CHIEF, MASTER), (WORKER, EVALUATOR), (PS,))
+# What TensorFlow prints on stderr when it loads, whatever TF_CPP_MIN_LOG_LEVEL says (it
+# logs before absl is initialised): absl's header and oneDNN's notice, on CPUs where
+# TensorFlow turns oneDNN on. The launcher drops them from replicas' logs; the commands
+# that import TensorFlow drop them from their own stderr (mljob.startup).
+TF_STARTUP_NOISE = re.compile(
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
+    r"STDERR$|^I[0-9]{4} [0-9:.]+\s+[0-9]+ port\.cc:[0-9]+\] oneDNN custom operations are on\.")
 
 # --- replica labels: `master-replica-0`, `worker-replica-3` (Cloud ML's log labels) -----
 LABEL_KINDS = {CHIEF: "master", MASTER: "master", WORKER: "worker", PS: "ps",

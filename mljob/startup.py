@@ -161,6 +161,34 @@ def tensorflow_for_a_server():
     return tensorflow
 
 
+def tensorflow_quietly():
+    """TensorFlow, imported with its start-up notices (contracts.TF_STARTUP_NOISE) kept
+    off this process's stderr, everything else it prints passed on: a command's error is
+    then its one line. TF_CPP_MIN_LOG_LEVEL 0 (asked for TensorFlow's info) keeps them."""
+    if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
+        import tensorflow
+        return tensorflow
+    import tempfile
+
+    from mljob.contracts import TF_STARTUP_NOISE
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            import tensorflow
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().decode("utf-8", "replace").splitlines()
+                    if not TF_STARTUP_NOISE.match(line)]
+            if kept:
+                sys.stderr.write("\n".join(kept) + "\n")
+                sys.stderr.flush()
+    return tensorflow
+
+
 @contextlib.contextmanager
 def lean_imports() -> Iterator[None]:
     """Around a training replica's first import of Keras or TensorFlow: without IPython

@@ -12,6 +12,7 @@ import sys
 # Quiet TensorFlow's C++ start-up chatter before anything imports it.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from mljob import startup
 from mljob.errors import boundary, needs_extra
 
 try:
@@ -44,6 +45,7 @@ def cli():
               show_default=True)
 def local(model_dir, json_instances, json_request, text_instances, signature_name, fmt):
     """Predict a few instances, like `gcloud ai-platform local predict`."""
+    startup.tensorflow_quietly()  # its start-up notices off stderr: errors are one line
     from predict import instances, local as local_mode, model as models
     given = [(flag, value) for flag, value in (("--json-instances", json_instances),
                                                ("--json-request", json_request),
@@ -81,6 +83,7 @@ def local(model_dir, json_instances, json_request, text_instances, signature_nam
 @click.option("--signature-name", default="serving_default", show_default=True)
 def batch(model_dir, input_paths, data_format, output_path, batch_size, signature_name):
     """Predict many files, like Cloud ML batch prediction."""
+    startup.tensorflow_quietly()
     from predict import batch as batch_mode, model as models
     files = batch_mode.expand_inputs(input_paths)
     model = models.load(model_dir)
@@ -98,6 +101,7 @@ def batch(model_dir, input_paths, data_format, output_path, batch_size, signatur
 def serve(args):
     """Serve TF Serving's gRPC (--port, 8500) and REST (--rest_api_port) APIs, with
     `tensorflow_model_server`'s flags; --help lists them."""
+    startup.tensorflow_quietly()
     from predict import serving
     return serving.main(list(args), prog="python -m predict serve")
 

@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 
-from mljob import procs
+from mljob import procs, startup
 from mljob.errors import boundary, first_line
 from predict import flags as serving_flags
 from predict.errors import PredictError, UsageError
@@ -23,6 +23,8 @@ log = logging.getLogger("predict.serving")
 
 def main_model_server(argv=None) -> int:
     """The `tensorflow_model_server` console script."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    startup.tensorflow_quietly()  # its start-up notices off stderr: errors are one line
     return main(sys.argv[1:] if argv is None else argv, prog="tensorflow_model_server",
                 drop_in=True)
 

@@ -37,9 +37,7 @@ QUIET_TF_LOG_LEVEL = "1"            # warnings and errors only
 GLOG = re.compile(r"^([IWEF])[0-9]{4} [0-9:.]+\s+[0-9]+ (?=\S+:[0-9]+\] )")
 PYTHON_LOG = re.compile(r"^(WARNING|ERROR|CRITICAL):[\w.]+:")
 GLOG_SEVERITY = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
-STARTUP_NOISE = re.compile(
-    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
-    r"STDERR$|^I[0-9]{4} [0-9:.]+\s+[0-9]+ port\.cc:[0-9]+\] oneDNN custom operations are on\.")
+STARTUP_NOISE = contracts.TF_STARTUP_NOISE
 REPEAT_MEMORY = 16      # distinct recent lines a repeat is looked for among
 REPEAT_WINDOW_S = 60.0  # a line not seen for this long is new again
 REPEAT_MIN_CHARS = 20   # short lines (blank, separators) are never collapsed

@@ -13,6 +13,8 @@ import numpy as np
 import tensorflow as tf
 
 N = 48
+BATCH = 8  # the global batch of every run
+STEPS = 6  # steps each run trains
 OPTIMIZERS = {
     "sgd": lambda **o: keras.optimizers.SGD(0.05, **o),
     "nesterov": lambda **o: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True, **o),

@@ -39,8 +39,7 @@ from mljob.training.loop import Replica  # noqa: E402
 from mljob.training.strategies import weights_numpy  # noqa: E402
 from tests.mljob import equivalence_models as zoo  # noqa: E402
 
-BATCH = 8
-STEPS = 6
+BATCH, STEPS = zoo.BATCH, zoo.STEPS
 
 
 def _dataset(row, batch):

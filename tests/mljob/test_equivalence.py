@@ -109,7 +109,7 @@ def test_a_model_s_own_train_step_runs_every_step(fast_runs):
     """keras.io's custom train_step moves a counter only it knows of: after six steps
     it is 6 in every mode (it stayed 0 when mljob ran its own step instead)."""
     from tests.mljob import equivalence_models as zoo
-    from tests.mljob.equivalence_runs import STEPS
+    from tests.mljob.equivalence_models import STEPS
     names = _weight_names(zoo.model_fn("custom_train_step"))
     at = names.index("steps_run")
     for mode in ("fit", "single", "mirrored"):
