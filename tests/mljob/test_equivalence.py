@@ -44,13 +44,32 @@ PER_REPLICA = ("clipnorm", "clipvalue", "global_clipnorm", "batchnorm")
 SYNCHRONOUS_REFUSED = ("use_ema", "gradient_accumulation_steps")
 
 
-def train_rows(rows: list[str], tmp_path) -> dict:
-    out = tmp_path / "runs.json"
-    done = subprocess.run([sys.executable, "-m", "tests.mljob.equivalence_runs", str(out),
-                           *rows], cwd=ROOT, capture_output=True, text=True, timeout=1500,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(out.read_text())
+def train_rows(rows: list[str], tmp_path, processes: int = 1) -> dict:
+    """Every row trained in `processes` processes at once (a row's time is mostly
+    tracing, one core's work), each stopped by its PID if the test ends first."""
+    parts = [rows[i::processes] for i in range(processes) if rows[i::processes]]
+    outs = [tmp_path / f"runs{i}.json" for i in range(len(parts))]
+    logs = [tmp_path / f"runs{i}.log" for i in range(len(parts))]
+    procs = []
+    for out, log, part in zip(outs, logs, parts, strict=True):
+        with open(log, "wb") as sink:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tests.mljob.equivalence_runs", str(out), *part],
+                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=sink,
+                env={**os.environ, "PYTHONPATH": str(ROOT)}))
+    try:
+        for proc, log in zip(procs, logs, strict=True):
+            proc.wait(timeout=1500)
+            assert proc.returncode == 0, log.read_text(errors="replace")[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    results: dict = {}
+    for out in outs:
+        results.update(json.loads(out.read_text()))
+    return results
 
 
 def largest_difference(a, b) -> float:
@@ -124,7 +143,7 @@ def _weight_names(model_fn) -> list[str]:
 def test_the_whole_matrix(tmp_path):
     from tests.mljob import equivalence_models as zoo
     rows = [row for row in zoo.ROWS if row not in FAST]
-    runs = train_rows(rows, tmp_path)
+    runs = train_rows(rows, tmp_path, processes=2)  # the slow step runs one test at a time
     failed = []
     for row in rows:
         try:
