@@ -155,7 +155,7 @@ class Replica:
                              "decay, EMA, accumulation or loss scaling, or turn it off")
         self.local_steps = coordinator is not None and config.ps_local_steps is not False \
             and exact
-        if coordinator is not None and not self.local_steps:
+        if coordinator is not None:  # Keras's own apply and the local steps alike
             atomic_iterations(self.optimizer)
         # What each read of the ps's weights and write of their change carries on the
         # wire: bfloat16 with local steps unless told (wire_dtype None: float32).
@@ -386,7 +386,7 @@ class Replica:
         # ps: another worker's change made meanwhile is kept, not overwritten.
         for var, old, new in zip(state, start[3], end[3], strict=True):
             add_change(var, old, new)
-        _tf_variable(opt.iterations).assign_add(tf.cast(num_steps, opt.iterations.dtype))
+        opt.iterations.assign_add(num_steps)  # atomic on the ps (atomic_iterations)
         return loss, metric_state, stop_flag
 
     def _stateless_forward(self, features, weights, state_values):

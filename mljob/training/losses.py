@@ -167,6 +167,19 @@ def unpack(data):
                      "labels) or (features, labels, sample_weight)")
 
 
+def as_floats(values) -> dict[str, float]:
+    """Metric values by name as Python floats; a per-class metric (F1Score without
+    average) as one value each, `name_0`, `name_1`..."""
+    out: dict[str, float] = {}
+    for name, value in dict(values).items():
+        array = np.asarray(value).reshape(-1)
+        if array.size == 1:
+            out[name] = float(array[0])
+        else:
+            out.update({f"{name}_{i}": float(v) for i, v in enumerate(array)})
+    return out
+
+
 class Objective:
     """The loss and metrics of a run (see the module doc); `build` before use."""
 
@@ -394,15 +407,7 @@ class Objective:
             values[mean.name] = mean.stateless_result(state[at:at + k])
             at += k
         loss = float(self.loss_mean.stateless_result(state[at:]))
-        out: dict[str, float] = {}
-        for name, value in values.items():
-            array = np.asarray(value)
-            if array.size == 1:
-                out[name] = float(array.reshape(()))
-            else:  # a per-class metric (F1Score without average): one value each
-                for i, v in enumerate(array.reshape(-1)):
-                    out[f"{name}_{i}"] = float(v)
-        return loss, out
+        return loss, as_floats(values)
 
     def merge(self, states: Sequence[Sequence]) -> list[np.ndarray]:
         """Several states (of replicas' or functions' batches) as one, by each
@@ -417,5 +422,5 @@ class Objective:
         return merged
 
 
-__all__ = ["MERGE_RULES", "merge_rule", "Objective", "compiled_config", "compiled_optimizer",
-           "one_replica", "unpack", "PerExample"]
+__all__ = ["MERGE_RULES", "merge_rule", "as_floats", "Objective", "compiled_config",
+           "compiled_optimizer", "one_replica", "unpack", "PerExample"]

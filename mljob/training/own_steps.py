@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from mljob.training.errors import UsageError
+from mljob.training.losses import as_floats
 
 STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
 _eval_steps: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -107,13 +108,7 @@ def reduce_logs(logs, strategy):
 
 def results(model, logs) -> tuple[float, dict[str, float]]:
     """(loss, metrics) of fetched logs, as Python floats; the model's trackers reset."""
-    values: dict[str, float] = {}
-    for name, value in dict(logs).items():
-        array = np.asarray(value).reshape(-1)
-        if array.size == 1:
-            values[name] = float(array[0])
-        else:  # a per-class metric (F1Score without average): one value each
-            values.update({f"{name}_{i}": float(v) for i, v in enumerate(array)})
+    values = as_floats(logs)
     reset(model)
     return values.pop("loss", float("nan")), values
 
