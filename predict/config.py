@@ -40,7 +40,7 @@ from mljob import storage
 from mljob.errors import ascii_digits
 from predict import request_log
 from predict.errors import UsageError
-from predict.repository import ModelConfig, VersionPolicy, parse_version
+from predict.versions import ModelConfig, VersionPolicy, parse_version
 
 _FIELDS = {"name", "base_path", "model_platform", "model_version_policy", "version_labels",
            "model_type", "logging_config"}

@@ -28,7 +28,7 @@ import uuid
 from mljob import contracts, storage
 from mljob.errors import ascii_digits
 from predict.errors import UsageError
-from predict.repository import MARKERS, MAX_VERSION, scan_versions
+from predict.versions import MARKERS, MAX_VERSION, scan_versions
 
 CLAIMS = ".publish-claims"
 MAX_ATTEMPTS = 100  # numbers tried before giving up (each taken by a concurrent publisher)

@@ -1,4 +1,6 @@
-"""TF Serving's REST API (v1) for the served models, on uvicorn (predict.rest_http).
+"""TF Serving's REST API (v1) for the served models: what its routes answer.
+
+The process around it (ports, uvicorn, gRPC, signals) is predict.listen.
 
 Routes (everything else is 404, a known route with the wrong method 405):
   GET  /v1/models/NAME[/versions/N | /labels/LABEL]            status
@@ -25,27 +27,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
-import uvicorn
-
-from predict import decode, inference, loop, request_log, rest_http
+from predict import decode, inference, loop, request_log
 from predict.batching import Unavailable
 from predict.errors import InputError, InstanceError, UsageError, clip
 from predict.instances import parse_json_bytes
 from predict.rest_http import ClientDisconnect, Request, dumps
-from predict.repository import MAX_VERSION, NotFoundError, Repository, ServedModel
+from predict.repository import NotFoundError, Repository, ServedModel
+from predict.versions import MAX_VERSION
 from mljob.errors import ascii_digits
 
 log = logging.getLogger("predict.server")
 REST_HEALTH = "/healthz"
 
 DRAIN_LIMIT = 64 * 1024 * 1024  # past this an oversized body is cut off, not drained
-KEEP_ALIVE = 75  # seconds an idle keep-alive connection stays open
 INLINE_BYTES = 64 * 1024  # the fast path's largest body (predict 100 images: ~90 KB)
 INLINE_S = 0.002  # and its slowest model (a recent call's seconds)
 _ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)"
@@ -414,86 +412,6 @@ def _version(name: str, text: str | None) -> int | None:
     return int(text)
 
 
-def build_app(service: PredictionService):
-    """The REST API as an ASGI app."""
-    return rest_http.app(service.handle)
-
-
-def serve(repository: Repository, *, host: str, rest_port: int | None, grpc_port: int,
-          threads: int, batcher=None, reload=None, health=None, after_start=None,
-          **service_options) -> None:
-    """Load the models, serve gRPC on grpc_port and REST on rest_port (None: REST off)
-    until SIGTERM or SIGINT, then return (the process exits 0). `reload(proto)`
-    answers HandleReloadConfigRequest; `after_start()` runs once the models are loaded
-    (the config file poller)."""
-    sock = rest_http.bind(host, rest_port) if rest_port is not None else None
-    grpc_server = None
-    try:
-        repository.start()
-        service = PredictionService(repository, threads=threads, batcher=batcher,
-                                    health=health, **service_options)
-        from predict import grpc_api
-        grpc_server, bound = grpc_api.start(
-            service, host, grpc_port, threads=threads, reload=reload,
-            health=health.grpc_servicer() if health is not None else None)
-        if after_start is not None:
-            after_start()
-        shown_host = f"[{host}]" if ":" in host else host
-        # The first line is always a model's: readers wait for `serving model `.
-        if sock is not None:
-            base = f"http://{shown_host}:{sock.getsockname()[1]}/v1/models"
-            lines = [f"serving model {name} at {base}/{name}"
-                     for name in sorted(repository.models)]
-        else:
-            lines = [f"serving model {name} over gRPC (REST off: --rest_api_port=0)"
-                     for name in sorted(repository.models)]
-        lines.append(f"serving gRPC at {shown_host}:{bound}")
-        if sock is None:
-            stop = threading.Event()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: stop.set())
-            print("\n".join(lines), flush=True)
-            while not stop.wait(1):
-                pass
-            return
-        # An idle keep-alive connection is closed after KEEP_ALIVE s: a version load
-        # holds the GIL for seconds, and with uvicorn's 5 s default a client's next
-        # request could meet a connection closed while the loop was starved. No proxy
-        # headers middleware: nothing reads the client's address, and it is one more
-        # coroutine a request.
-        config = uvicorn.Config(build_app(service), log_level="warning", access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=10,
-                                timeout_keep_alive=KEEP_ALIVE, http=rest_http.PROTOCOL,
-                                loop=rest_http.LOOP, proxy_headers=False)
-        # uvicorn re-raises the signal it stopped for once it has shut down; with these
-        # handlers in place that re-raise is a no-op and the process ends with status 0.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: None)
-        _ReadyServer(config, "\n".join(lines)).run(sockets=[sock])
-        service.pool.shutdown(wait=True, cancel_futures=True)
-    finally:
-        if sock is not None:
-            sock.close()
-        if grpc_server is not None:
-            grpc_server.stop(grace=5).wait()
-        if batcher is not None:
-            batcher.stop()
-        repository.stop()
-
-
-class _ReadyServer(uvicorn.Server):
-    """Prints the ready line once uvicorn accepts connections."""
-
-    def __init__(self, config, ready_line: str):
-        super().__init__(config)
-        self.ready_line = ready_line
-
-    async def startup(self, sockets=None):
-        await super().startup(sockets=sockets)
-        if not self.should_exit:
-            print(self.ready_line, flush=True)
-
-
 def _allow(request: Request, method: str) -> None:
     if request.method != method:
         raise HTTPError(405, f"{request.method} is not allowed here; use {method}",
@@ -507,4 +425,4 @@ def _tensor_shape(shape) -> dict:
             "unknown_rank": False}
 
 
-__all__ = ["PredictionService", "HTTPError", "build_app", "serve", "signature_defs"]
+__all__ = ["PredictionService", "HTTPError", "signature_defs"]

@@ -92,7 +92,7 @@ def run(options) -> None:
 
 def _run(options) -> None:
     from predict import batching, config as model_config, health as health_mod, metrics
-    from predict import protos, repository, server, warmup
+    from predict import listen, protos, repository, versions, warmup
     _tensorflow_threads(options)
     configs = _configs(options)
     metrics_path = None
@@ -117,7 +117,7 @@ def _run(options) -> None:
                    else batching.Batcher(params, metrics=registry))
     warm = warmup.replayer(options.num_request_iterations_for_warmup,
                            options.max_instances) if options.enable_model_warmup else None
-    load_options = repository.LoadOptions(
+    load_options = versions.LoadOptions(
         max_retries=options.max_num_load_retries,
         retry_interval_s=options.load_retry_interval_micros / 1e6, warmup=warm)
     health = health_mod.Health(None)
@@ -144,7 +144,7 @@ def _run(options) -> None:
     poller = ConfigPoller(options.model_config_file, configs, repo, health,
                           options.model_config_file_poll_wait_seconds)
     vertex = _vertex(options, configs)
-    server.serve(repo, host=options.host,
+    listen.serve(repo, host=options.host,
                  rest_port=options.rest_api_port or None, grpc_port=options.port,
                  threads=options.rest_api_num_threads, batcher=batcher,
                  reload=None if options.model_dir else reload, health=health,
@@ -165,17 +165,17 @@ def _load(url: str, *, tags, compile_small_calls: bool):
 
 
 def _configs(options) -> list:
-    from predict import config as model_config, repository
+    from predict import config as model_config, versions
     if options.model_config_file:
         return model_config.read(options.model_config_file)
     if options.model_base_path:
-        return [repository.ModelConfig(
+        return [versions.ModelConfig(
             name=options.model_name, base_path=options.model_base_path,
-            policy=repository.VersionPolicy.parse(options.model_version_policy)
+            policy=versions.VersionPolicy.parse(options.model_version_policy)
             if "model_version_policy" in options.given else
-            repository.VersionPolicy(registry=True),
+            versions.VersionPolicy(registry=True),
             labels=model_config.parse_labels(options.version_label))]
-    return [repository.ModelConfig(name=options.model_name, model_dir=options.model_dir)]
+    return [versions.ModelConfig(name=options.model_name, model_dir=options.model_dir)]
 
 
 def _vertex(options, configs) -> dict:

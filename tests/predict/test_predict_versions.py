@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from predict import config as model_config
 from predict.errors import UsageError
-from predict.repository import ModelConfig, Repository, VersionPolicy, scan_versions
+from predict.repository import Repository
+from predict.versions import ModelConfig, VersionPolicy, scan_versions
 from tests.support.predict_models import (images, metric_samples, publish_version,
                                           saved_model_export, start_server, states,
                                           wait_for_status)

@@ -10,7 +10,8 @@ import shutil
 
 from mljob import contracts, model_meta
 from predict import config as model_config
-from predict.repository import ModelConfig, Repository, VersionPolicy
+from predict.repository import Repository
+from predict.versions import ModelConfig, VersionPolicy
 
 
 class Loaded:

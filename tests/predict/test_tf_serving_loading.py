@@ -11,7 +11,8 @@ import pytest
 
 from predict import batching, protos, warmup
 from predict.errors import UsageError
-from predict.repository import LoadOptions, ModelConfig, NotFoundError, Repository
+from predict.repository import NotFoundError, Repository
+from predict.versions import LoadOptions, ModelConfig
 from tests.support.tf_serving import (LABELS, classifier_export, example, features,
                                       regressor_export, warmup_file)
 
