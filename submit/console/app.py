@@ -1,5 +1,5 @@
 """The console's web application (Starlette): pages from the job index, logs as
-server-sent events, cancel as a POST.
+server-sent events, a job's training curves from its summaries, cancel as a POST.
 
 Everything it shows comes from what the CLI reads: the index (`submit.jobs`), the filter
 of `jobs list` (`submit.listing`), the job life's `refresh` and `cancel`
@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from mljob.errors import ascii_digits, first_line
 from submit import job_index, jobs, lifecycle, listing, logs
-from submit.console import assets, guard, pages
+from submit.console import assets, curves, guard, pages
 from submit.errors import JobNotFoundError, SubmitError, UsageError
 from submit.submission import runner_for
 
@@ -63,6 +63,7 @@ class Console:
         self.app = Starlette(routes=[
             Route("/", self.jobs_list), Route("/rows", self.rows),
             Route("/jobs/{job_id}", self.job), Route("/jobs/{job_id}/live", self.live),
+            Route("/jobs/{job_id}/curves", self.curves),
             Route("/jobs/{job_id}/logs", self.logs),
             Route("/jobs/{job_id}/cancel", self.cancel, methods=["POST"]),
             Route("/static/console.css", lambda _: Response(
@@ -111,7 +112,17 @@ class Console:
             record, note = await self._record(request.path_params["job_id"])
         except SubmitError as exc:
             return _not_found(exc)
-        return _html(pages.job_page(record, self.token, note))
+        return _html(pages.job_page(record, self.token, note,
+                                    await run_in_threadpool(_curves, record)))
+
+    async def curves(self, request: Request) -> Response:
+        """The curves part of the job page, which the page polls while the job runs."""
+        try:
+            record = jobs.load(request.path_params["job_id"])
+        except SubmitError as exc:
+            return _not_found(exc)
+        return _html(await run_in_threadpool(_curves, record) or
+                     "<p class=note id=curves-note>this job writes no training curves</p>")
 
     async def live(self, request: Request) -> Response:
         try:
@@ -271,6 +282,19 @@ def _lines(record: jobs.JobRecord, task: str | None, stop: threading.Event,
         return logs.follow(jobs.own_log_dir(record), task_name=task, done=done,
                            tail_bytes=TAIL_BYTES, starts=starts)
     return runner_for(record).logs(record.engine, task_name=task, follow=True)
+
+
+def _curves(record: jobs.JobRecord) -> str:
+    """The job's curves part; "" for a job that has none to show (no job dir; a tuning
+    job, whose trials have their own dirs and the trials' plots)."""
+    if not record.job_dir or (record.training_input or {}).get("hyperparameters"):
+        return ""
+    try:
+        return pages.curves_section(curves.of_job(record.job_id, record.job_dir))
+    except curves.MissingReader as exc:
+        return pages.curves_section({}, str(exc))
+    except OSError as exc:  # storage: a bucket without access, a bad URL
+        return pages.curves_section({}, f"cannot read the summaries: {first_line(exc)}")
 
 
 def _final_state(job_id: str) -> str:

@@ -17,6 +17,7 @@ th { background: #f5f5f5; font-weight: 600; }
 pre { background: #f8f9fa; border: 1px solid #e0e0e0; padding: 8px; overflow: auto; }
 #logs { height: 320px; font-size: 12px; white-space: pre; }
 .chart { margin: 4px 12px 4px 0; border: 1px solid #eee; }
+#curves-last { font-size: 12px; }
 #cancel { float: right; } #cancel button { background: #d93025; color: #fff;
   border: 0; padding: 6px 14px; border-radius: 4px; cursor: pointer; }
 """
@@ -40,6 +41,14 @@ JS = r"""
     const s = document.getElementById("state");
     return s && s.dataset.done === "1";
   }
+  const curves = document.getElementById("curves");
+  function drawCurves() {  // the charts from the job's summaries, read on by the server
+    return fetch(base + "/curves").then(r => r.ok ? r.text() : null).then(t => {
+      if (t !== null) curves.innerHTML = t;
+    }).catch(() => {});
+  }
+  const curvesPoll = curves && !done() ? setInterval(drawCurves, 5000) : null;
+  if (curves && done()) curves.dataset.final = "1";
   const poll = setInterval(() => {
     fetch(base + "/live").then(r => r.ok ? r.text() : null).then(t => {
       if (t === null) return;
@@ -48,6 +57,10 @@ JS = r"""
         clearInterval(poll);
         const cancel = document.getElementById("cancel");
         if (cancel) cancel.remove();
+        if (curvesPoll !== null) {  // the last summaries, once
+          clearInterval(curvesPoll);
+          drawCurves().then(() => { curves.dataset.final = "1"; });
+        }
       }
     }).catch(() => {});
   }, 2000);

@@ -242,6 +242,34 @@ def prediction_section(record: jobs.JobRecord) -> str:
             "</section>")
 
 
+def curves_section(series: Mapping[str, Mapping[str, Mapping[int, float]]],
+                   note: str | None = None) -> str:
+    """The job's curves (`curves.py`): one chart per tag against step, each run (train,
+    eval) a line, and each run's last value; a line saying why when there are none."""
+    from submit.console.curves import shown
+    tags = shown(series)
+    if not tags:
+        why = note or "no summaries yet (the chief writes them under the job dir)"
+        return f"<p class=note id=curves-note>{escape(why)}</p>"
+    charts, rows = [], []
+    for tag in tags:
+        runs = series[tag]
+        order = sorted(runs, key=lambda run: (run != "train", run != "eval", run))
+        charts.append(chart({run: _thin(sorted(runs[run].items())) for run in order},
+                            title=tag, x_title="step", y_title=tag.rsplit("/", 1)[-1],
+                            css_class="chart curve"))
+        for run in order:
+            points = runs[run]
+            step = max(points)
+            rows.append(f'<tr data-tag="{escape(tag)}" data-run="{escape(run)}"><td>'
+                        f"{escape(tag)}</td><td>{escape(run)}</td><td>{step}</td>"
+                        f"<td>{points[step]:.6g}</td></tr>")
+    extra = f"<p class=note>{escape(note)}</p>" if note else ""
+    return ("".join(charts) + extra + "<table id=curves-last><thead><tr><th>Tag</th>"
+            "<th>Run</th><th>Last step</th><th>Value</th></tr></thead><tbody>" +
+            "".join(rows) + "</tbody></table>")
+
+
 def live(record: jobs.JobRecord, note: str | None = None) -> str:
     """What the job page refreshes while the job runs."""
     state = state_of(record)
@@ -255,7 +283,8 @@ def live(record: jobs.JobRecord, note: str | None = None) -> str:
             f"{usage_charts(record)}{trials_section(record)}{prediction_section(record)}")
 
 
-def job_page(record: jobs.JobRecord, token: str, note: str | None = None) -> str:
+def job_page(record: jobs.JobRecord, token: str, note: str | None = None,
+             curves: str = "") -> str:
     job = record.job_id
     options = "".join(f'<option value="{escape(r.label)}">{escape(r.label)}</option>'
                       for r in record.replicas)
@@ -265,6 +294,8 @@ def job_page(record: jobs.JobRecord, token: str, note: str | None = None) -> str
         f'<input type=hidden name=csrf value="{escape(token)}">'
         "<button type=submit>Cancel job</button></form>")
     body = (f"<h1>Job {escape(job)}</h1>{cancel}<div id=live>{live(record, note)}</div>"
+            + (f"<section id=curves-part><h2>Training curves</h2><div id=curves>{curves}"
+               "</div></section>" if curves else "") +
             "<h2>Logs</h2><label>Replica <select id=task><option value=''>all replicas"
             f"</option>{options}</select></label><pre id=logs aria-live=polite></pre>"
             + (f"<h2>TensorBoard</h2><pre id=tensorboard>{escape(board)}</pre>"

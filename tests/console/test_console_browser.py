@@ -82,6 +82,14 @@ def test_a_training_job_watched_to_succeeded_with_live_logs(tmp_path, reaper):
                 " && document.getElementById('state').textContent === 'RUNNING'",
                 timeout=300_000)
             seen_running = logs.text_content()
+            # the curves, from the chief's summaries while it trains (polled every 5 s)
+            page.wait_for_function(
+                "() => document.querySelector('#curves tr[data-tag=\"metrics/loss\"]"
+                "[data-run=\"train\"]') && document.getElementById('state')"
+                ".textContent === 'RUNNING'", timeout=300_000)
+            early = int(page.locator('#curves tr[data-tag="metrics/loss"][data-run="train"]'
+                                     " td").nth(2).text_content())
+            assert early < 1500
             page.wait_for_function(
                 "() => document.getElementById('state').textContent === 'SUCCEEDED'",
                 timeout=300_000)
@@ -101,7 +109,24 @@ def test_a_training_job_watched_to_succeeded_with_live_logs(tmp_path, reaper):
             assert page.locator("#cancel").count() == 0  # nothing to cancel any more
             assert page.locator("#tensorboard").text_content() == \
                 f"tensorboard --logdir {tmp_path / 'web01'}"
+            # the last summaries, read once more when the job ended: train and eval at
+            # the last step, the train loss the last progress line printed
+            page.wait_for_function("() => document.getElementById('curves').dataset.final",
+                                   timeout=60_000)
+            last = {(r.get_attribute("data-tag"), r.get_attribute("data-run")):
+                    r.locator("td").all_text_contents()[2:]
+                    for r in page.locator("#curves-last tbody tr").all()}
+            assert last[("metrics/loss", "train")][0] == "1500"
+            assert last[("metrics/loss", "eval")][0] == "1500"
+            assert ("metrics/accuracy", "eval") in last
+            printed = float(text.split("step 1500/1500 loss=")[1].split()[0])
+            assert float(last[("metrics/loss", "train")][1]) == pytest.approx(printed,
+                                                                              abs=1e-3)
+            assert [c.get_attribute("aria-label") for c in
+                    page.locator("#curves svg.curve").all()] == ["metrics/loss",
+                                                                "metrics/accuracy"]
             screenshot(page, tmp_path, "console-job.png")
+            screenshot(page, tmp_path, "console-curves.png", page.locator("#curves-part"))
             # the task picker: one replica's lines only
             page.select_option("#task", "master-replica-0")
             page.wait_for_function("() => document.getElementById('logs').dataset.ended")
@@ -214,8 +239,10 @@ def test_a_console_on_every_address_asks_chromium_for_its_token(tmp_path, reaper
     with the token too. Names resolve to 127.0.0.1 inside this Chromium only."""
     import re
 
+    from tests.console.test_console_curves import with_summaries
     from tests.console.test_console_http import stored_job
     stored_job(tmp_path)
+    with_summaries(tmp_path / "fake01")  # its curves come through the token's cookie too
     log = tmp_path / "console.log"
     url = start_console(reaper, log, "--host", "0.0.0.0")
     token = re.search(r"\?token=(\S+) ", open(log).read())[1]
@@ -233,6 +260,10 @@ def test_a_console_on_every_address_asks_chromium_for_its_token(tmp_path, reaper
         page.wait_for_function("() => document.getElementById('logs').dataset.ended",
                                timeout=30_000)
         assert "master-replica-0\tline 3" in page.locator("#logs").text_content()
+        # the curves part, polled while the job runs: loss and accuracy, train and eval
+        page.wait_for_function("() => document.querySelectorAll('#curves svg.curve')"
+                               ".length === 2", timeout=30_000)
+        assert page.locator('#curves svg[aria-label="metrics/loss"] polyline').count() == 2
         page.click("#cancel button")
         page.wait_for_function(
             "() => document.getElementById('state').textContent === 'CANCELLED'",

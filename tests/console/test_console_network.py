@@ -37,7 +37,8 @@ def test_a_console_on_every_address_needs_its_token(tmp_path, reaper):
     with httpx.Client(base_url=url, timeout=30) as client:
         # without the token: no page, from the network's name and from loopback alike
         for host in (here, f"127.0.0.1:{port}"):
-            for path in ("/", "/jobs/fake01", "/jobs/fake01/logs", "/rows"):
+            for path in ("/", "/jobs/fake01", "/jobs/fake01/logs", "/jobs/fake01/curves",
+                         "/rows"):
                 answer = client.get(path, headers={"Host": host})
                 assert answer.status_code == 403, (host, path)
                 assert "needs its token" in answer.text and "line 1" not in answer.text

@@ -68,11 +68,15 @@ def chromium(profile_dir, *extra_args: str):
             context.close()
 
 
-def screenshot(page, tmp_path, name: str) -> str:
-    """A full-page screenshot kept with the test's files, and its copy for the docs."""
+def screenshot(page, tmp_path, name: str, element=None) -> str:
+    """A full-page screenshot (or of one element, a locator) kept with the test's files,
+    and its copy for the docs."""
     path = os.path.join(tmp_path, "screenshots", name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    page.screenshot(path=path, full_page=True)
+    if element is not None:
+        element.screenshot(path=path)
+    else:
+        page.screenshot(path=path, full_page=True)
     if os.path.isdir(DOC_IMAGES) and os.environ.get("MLJOB_DOC_SCREENSHOTS"):
         shutil.copy(path, os.path.join(DOC_IMAGES, name))
     print(f"screenshot: {path}", file=sys.stderr)
