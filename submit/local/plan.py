@@ -48,6 +48,7 @@ class ReplicaPlan:
     log_file: str
     restart_policy: str = "Never"   # this replica's, from its type's group
     max_restarts: int = 0
+    container: Mapping[str, str] | None = None   # a custom container's (submit.local.containers)
 
     @property
     def is_chief(self) -> bool:
@@ -86,6 +87,7 @@ class JobPlan:
     env_root: str | None = None
     env_key: str | None = None
     tuning: tuning_spec.TuningSpec | None = None   # a tuning job's spec: trials of this plan
+    containers: Mapping[str, str] | None = None    # custom containers: engine and network
 
     @property
     def chief(self) -> ReplicaPlan:
@@ -124,10 +126,11 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
     run_dir, log_dir, replica_job_dir, mirrors = folders(spec, home)
     if source_dir is not None:
         python_path, cwd, mode = source_dir, source_dir, "local"
+    elif package is None:  # custom containers: the images hold the code
+        python_path, cwd, mode = "", run_dir, "container"
     else:
         # The packages are pip-installed into an environment of their own; PYTHONPATH is
         # emptied so that no working tree (a `trainer/` folder) shadows what it holds.
-        assert package is not None  # only `local train` (source_dir) runs without one
         for p in package.all:
             assert p.url is not None  # staged: submission gives every archive its URL
             staged.append({"url": p.url, "sha256": p.sha256, "file_name": p.file_name})

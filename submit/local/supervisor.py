@@ -45,6 +45,7 @@ from typing import TextIO
 
 from mljob import contracts, procs
 from submit import jobs, logs, usage
+from submit.local import containers
 from submit.local.joblife import JobLife
 from submit.local.plan import JobPlan, ReplicaPlan
 from submit.local.prestart import Pool
@@ -149,6 +150,8 @@ class Replica:
             os.killpg(self.proc.pid, sig)  # the replica and anything it started
         except (ProcessLookupError, PermissionError):
             pass
+        if sig == signal.SIGKILL:
+            containers.kill(self.plan)  # its container too (the engine's run is gone)
 
     def close(self) -> None:
         for reader in self.readers:
@@ -249,6 +252,8 @@ class Supervisor(JobLife):
 
     def _prepare(self) -> None:
         self._prepare_folders(self.plan.run_dir, self.plan.log_dir, self.plan.cwd)
+        if self.plan.containers is not None:
+            self._event(containers.prepare(self.plan))
         if self.plan.mode == "cloud":
             # Before any replica starts: a package that cannot be installed fails the job.
             key = self.plan.env_key
@@ -373,6 +378,7 @@ class Supervisor(JobLife):
             self.pool.close()
         self.record.usage = self.usage.stop() or self.record.usage
         self._stop(self.replicas)
+        containers.clean_up(self.plan)  # no container or network outlives the job
         for replica in self.replicas:
             replica.close()  # all output is in the log files before the last copy
 

@@ -18,7 +18,7 @@ from typing import Any
 from mljob import contracts, storage
 from submit import jobs, logs
 from submit.errors import UsageError
-from submit.local import entry
+from submit.local import containers, entry
 from submit.local import plan as plans
 from submit.local.plan import JobPlan
 from submit.package import Package, mljob_home
@@ -61,6 +61,7 @@ class LocalEngine(Runner):
     max_replicas_per_type = MAX_REPLICAS_PER_TYPE
     record_owner = SUPERVISOR
     supervise_here = staticmethod(supervise_here)
+    preflight = staticmethod(containers.preflight)
 
     def __init__(self, options: EngineOptions, *, ports: list[int] | None = None,
                  source_dir: str | None = None):
@@ -70,11 +71,8 @@ class LocalEngine(Runner):
 
     def check(self, spec: JobSpec) -> None:
         super().check(spec)
-        if any(g.image_uri for g in spec.groups):
-            raise UsageError("custom containers (--master-image-uri, imageUri) run on "
-                             "--runner kubeflow or --runner vertex; the local runner runs "
-                             "Python packages: pick one of those runners, or drop the "
-                             "image and give --package-path")
+        if containers.uses_containers(spec):
+            containers.check(spec)
         entry.check(spec)
         if spec.gpus_needed:
             check_gpus(spec, local_gpu_count())
@@ -83,6 +81,8 @@ class LocalEngine(Runner):
         plan = plans.build(spec, package, home=mljob_home(), ports=self.ports,
                            source_dir=self.source_dir,
                            gpus_available=local_gpu_count() if spec.gpus_needed else 0)
+        if containers.uses_containers(spec):
+            plan = containers.containerize(plan, spec, containers.engine_for_render())
         record = dict(  # the record as the plan has it (its job dir, args and mode)
             job_dir=plan.job_dir, scale_tier=plan.scale_tier, package_url=plan.package_url,
             package_sha256=plan.package_sha256, module=plan.module,

@@ -1,7 +1,8 @@
 """Custom containers as Cloud ML takes them (`--master-image-uri`, `--worker-image-uri`,
 `--parameter-server-image-uri`, `imageUri`, `containerCommand`, `containerArgs`):
 rendered for Kubeflow (the pod's image and command, no image build) and Vertex
-(`containerSpec`, built through the SDK's own types), refused by the local runner."""
+(`containerSpec`, built through the SDK's own types); the local runner's containers are
+tests/submit/test_local_containers.py's."""
 from __future__ import annotations
 
 import json
@@ -113,9 +114,6 @@ def test_a_kubeflow_container_job_is_created_without_image_or_package(
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--master-image-uri", "gcr.io/p/t:1"],
-     "custom containers (--master-image-uri, imageUri) run on --runner kubeflow or "
-     "--runner vertex"),
     (["--master-image-uri", "gcr.io/p/t 1"], "is not a container image"),
     (["--master-image-uri", "Gcr.io/p/t:1"], "is not a container image"),
     (["--worker-image-uri", "gcr.io/p/w:1", "--scale-tier", "standard-1"],

@@ -1,0 +1,145 @@
+"""Custom containers on the local runner, the parts that need no container started: the
+plan a dry run prints (each replica the engine's `run` of its image, on the job's
+network, TF_CONFIG naming the replicas' host names), the GPU flags acceleratorConfig
+gives, and the one-line refusals an engine that is missing or has no daemon gets. The
+containers themselves run in tests/e2e/test_containers.py (slow)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from submit.local import container_engine as ce
+from tests.support.submit_cli import dry_run, one_error_line, run
+
+CONFIG = ("trainingInput:\n  scaleTier: CUSTOM\n  masterType: n1-standard-4\n"
+          "  workerType: n1-standard-4\n  parameterServerType: n1-standard-4\n"
+          "  workerCount: 2\n  parameterServerCount: 1\n"
+          "  masterConfig:\n    imageUri: localhost/trainer:1\n"
+          "    containerCommand: [python, -m, trainer.task]\n"
+          "  parameterServerConfig:\n    imageUri: localhost/ps:2\n"
+          "    containerArgs: [--role, ps]\n")
+PODMAN = ce.Engine("podman", "/usr/bin/podman")
+DOCKER = ce.Engine("docker", "/usr/bin/docker")
+
+
+def _plan(capsys, tmp_path, monkeypatch, engine="podman"):
+    monkeypatch.setenv(ce.ENGINE_ENV, engine)
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG)
+    return dry_run(capsys, "job01", "--config", str(config), "--job-dir",
+                   str(tmp_path / "jd"), "--", "--train-steps", "5")
+
+
+def _option(argv, flag):
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def test_each_replica_runs_its_image_on_the_jobs_network(capsys, tmp_path, monkeypatch):
+    plan = _plan(capsys, tmp_path, monkeypatch)
+    reps = {r["label"]: r for r in plan["replicas"]}
+    assert sorted(reps) == ["master-replica-0", "ps-replica-0", "worker-replica-0",
+                            "worker-replica-1"]
+    assert plan["containers"]["network"] == "mljob-job01" and plan["mode"] == "container"
+    chief, worker, ps = (reps[k]["command"] for k in ("master-replica-0",
+                                                      "worker-replica-1", "ps-replica-0"))
+    assert chief[:2] == ["/usr/bin/podman", "run"]
+    assert _option(chief, "--name") == ["mljob-job01-master-replica-0"]
+    assert _option(chief, "--network") == ["mljob-job01"]
+    assert _option(worker, "--hostname") == ["worker-replica-1"]
+    # the image, then containerCommand's rest and the trainer args with the job dir
+    image_at = chief.index("localhost/trainer:1")
+    assert _option(chief, "--entrypoint") == ["python"]
+    assert chief[image_at + 1:] == ["-m", "trainer.task", "--train-steps", "5",
+                                    "--job-dir", str(tmp_path / "jd")]
+    # a worker without its own image runs the master's, with the image's entrypoint
+    assert "localhost/trainer:1" in worker and "--entrypoint" not in worker
+    # containerArgs replace the trainer args
+    assert ps[ps.index("localhost/ps:2") + 1:] == ["--role", "ps"]
+    # the job dir is mounted at its own path; values pass by name, never the parent PID
+    assert _option(chief, "--volume") == [f"{tmp_path / 'jd'}:{tmp_path / 'jd'}"]
+    keys = _option(chief, "--env")
+    assert "TF_CONFIG" in keys and "CLOUD_ML_JOB_ID" in keys
+    assert "MLJOB_PARENT_PID" not in keys and all("=" not in k for k in keys)
+    tf_config = json.loads(reps["worker-replica-1"]["env"]["TF_CONFIG"])
+    assert tf_config["cluster"] == {
+        "chief": ["master-replica-0:2222"],
+        "worker": ["worker-replica-0:2222", "worker-replica-1:2222"],
+        "ps": ["ps-replica-0:2222"]}
+    assert tf_config["task"] == {"type": "worker", "index": 1}
+    assert "PYTHONPATH" not in reps["master-replica-0"]["env"]
+
+
+def test_docker_gets_the_same_run_without_podmans_replace(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(ce, "_docker_daemon", lambda engine: None)  # rendering only
+    for engine, replace in (("docker", False), ("podman", True)):
+        chief = next(r["command"] for r in _plan(capsys, tmp_path, monkeypatch, engine)[
+            "replicas"] if r["label"] == "master-replica-0")
+        assert chief[:2] == [f"/usr/bin/{engine}", "run"]
+        assert ("--replace" in chief) == replace
+
+
+@pytest.mark.parametrize("engine,gpus,devices,flags", [
+    (PODMAN, 2, None, ["--device=nvidia.com/gpu=0", "--device=nvidia.com/gpu=1"]),
+    (PODMAN, 1, "3", ["--device=nvidia.com/gpu=3"]),
+    (DOCKER, 2, "1,2", ["--gpus", '"device=1,2"']),
+    (DOCKER, 0, None, []),
+])
+def test_gpu_flags_from_the_accelerator_count(engine, gpus, devices, flags):
+    assert ce.gpu_flags(engine, gpus, devices) == flags
+
+
+def test_a_gpu_replica_gets_its_devices_in_the_run(capsys, tmp_path, monkeypatch):
+    import submit.runners.local as local
+    monkeypatch.setattr(local, "local_gpu_count", lambda: 2)
+    monkeypatch.setenv(ce.ENGINE_ENV, "podman")
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    config = tmp_path / "config.yaml"
+    config.write_text("trainingInput:\n  scaleTier: CUSTOM\n  masterType: n1-standard-8\n"
+                      "  masterConfig:\n    imageUri: localhost/trainer:1\n"
+                      "    acceleratorConfig: {count: 2, type: NVIDIA_TESLA_T4}\n")
+    plan = dry_run(capsys, "job01", "--config", str(config), "--job-dir",
+                   str(tmp_path / "jd"))
+    chief = plan["replicas"][0]["command"]
+    assert [a for a in chief if a.startswith("--device")] == [
+        "--device=nvidia.com/gpu=0", "--device=nvidia.com/gpu=1"]
+
+
+def test_engine_choice_one_liners(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(Exception, match="none is installed here; install podman"):
+        ce.detect(environ={})
+    with pytest.raises(Exception, match="is neither podman nor docker"):
+        ce.detect("runc", environ={})
+    with pytest.raises(Exception, match="docker is not installed here"):
+        ce.detect("docker", environ={})
+
+
+def test_a_docker_client_without_a_daemon_is_refused(capsys, tmp_path, monkeypatch):
+    """This machine's docker is a client alone (no daemon): a job naming it is refused in
+    one line, before anything is written."""
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("no docker client here")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
+    monkeypatch.setenv(ce.ENGINE_ENV, "docker")
+    status, out, err = run(capsys, "job01", "--master-image-uri", "localhost/t:1",
+                           "--job-dir", str(tmp_path / "jd"))
+    assert status == 2 and out == ""
+    assert "docker client whose daemon does not answer" in one_error_line(err)
+    assert not (tmp_path / "jd").exists()
+
+
+def test_an_image_that_is_not_there_is_refused(capsys, tmp_path, monkeypatch):
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed here")
+    monkeypatch.setenv(ce.ENGINE_ENV, "podman")
+    status, out, err = run(capsys, "job01", "--master-image-uri",
+                           "localhost/mljob-no-such-image:1", "--job-dir",
+                           str(tmp_path / "jd"))
+    assert status == 2 and out == ""
+    line = one_error_line(err)
+    assert "localhost/mljob-no-such-image:1 is not in podman's local images" in line
+    assert "--build-image" in line and not (tmp_path / "jd").exists()
