@@ -34,7 +34,7 @@ setup(
         "submit": [
             "click>=8.1",
             "PyYAML>=6",
-            "pydantic>=2.5",   # config.yaml's schema (submit/config_schema.py)
+            "pydantic>=2.5",   # config.yaml's schema (submit/jobdef/config_schema.py)
             "setuptools>=61",  # the build backend of setup.py projects (and the generated one)
             "build>=1.2",      # the launcher builds sdists with `python -m build --sdist`
             "starlette>=0.37", UVICORN,  # the console

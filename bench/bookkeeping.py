@@ -72,7 +72,8 @@ def tuning_job(home: str, trials: int, when: float) -> str:
     import optuna
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-    from submit import jobs, tuning_spec
+    from submit import jobs
+    from submit.jobdef import tuning_spec
     from submit.local import study as tuning
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     job_id = "tuning_1000"
@@ -141,7 +142,8 @@ def tuner_costs(home: str, job_id: str, repeats: int) -> dict:
     import optuna
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-    from submit import jobs, tuning_spec
+    from submit import jobs
+    from submit.jobdef import tuning_spec
     from submit.local import study as tuning
     record = jobs.load(job_id)
     spec = tuning_spec.parse(record.training_input["hyperparameters"],

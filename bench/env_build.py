@@ -4,13 +4,13 @@ cache and with fresh download caches for both tools (a first build on a new mach
 
     python -m bench.env_build [--repeats 2]
 
-Builds the project's sdist once (`submit.package.build`, as `python -m submit` does
+Builds the project's sdist once (`submit.packaging.package.build`, as `python -m submit` does
 without --package-path), stages it in a local folder, then times
-`submit.envs.ensure_environment` for it; every environment built must pass the cache's
-trust check (`submit.envtrust`). Writes bench/results/env_build.json with the times, the
+`submit.packaging.envs.ensure_environment` for it; every environment built must pass the cache's
+trust check (`submit.packaging.envtrust`). Writes bench/results/env_build.json with the times, the
 uv/pip ratio, the distributions each installed into the environment (uv ignores the
 interpreter's own packages a venv sees, so it installs copies of them: see
-`submit.envs.installer`) and the load average before and after each build.
+`submit.packaging.envs.installer`) and the load average before and after each build.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import statistics
 import tempfile
 import time
 
-from submit import envs, envtrust, package
+from submit.packaging import envs, envtrust, package
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "bench", "results", "env_build.json")

@@ -6,7 +6,7 @@ phase by phase, with the start-up shortcuts on and off side by side in one run.
 
 Each job runs with MLJOB_STARTUP_MARKS=1, so the launcher and every replica print
 `startup PHASE TIME` lines (`mljob.startup`), and alternately with the start-up
-shortcuts on (the defaults: an unchanged package's sdist is reused, `submit.sdist_cache`;
+shortcuts on (the defaults: an unchanged package's sdist is reused, `submit.packaging.sdist_cache`;
 servers import TensorFlow without Keras and serve before the trainer loads its model and
 data; training replicas leave IPython and matplotlib out) and off (MLJOB_QUICK_START=0
 and MLJOB_SDIST_CACHE=0: as before them). The package environment is built once first

@@ -68,7 +68,7 @@ def objective(params: dict) -> float:
 def study_curve(algorithm: str, trials: int, seed: int) -> list[float]:
     """Objective values in the order the trials finish, two suggested at a time."""
     import optuna
-    from submit import tuning_spec
+    from submit.jobdef import tuning_spec
     from submit.local import study as tuning
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = tuning_spec.parse({**SPEC, "maxTrials": trials, "algorithm": algorithm},

@@ -6,8 +6,8 @@
     python -m submit local train [--distributed ...] [-- args]  run the working tree
     python -m submit local predict --model-dir DIR --json-instances FILE
 
-The commands live in `submit.cmd_*` modules, each adding itself to the root group of
-`submit.cli_base`; this module registers them and runs them inside the one error
+The commands live in `submit.cli.cmd_*` modules, each adding itself to the root group of
+`submit.cli.cli_base`; this module registers them and runs them inside the one error
 boundary of every mljob program (`mljob.errors.boundary`): library errors (`submit.errors`,
 storage, predict and click errors) become a one-line `error: ...` on stderr and an exit
 status (2 for usage).
@@ -23,10 +23,10 @@ from mljob.errors import boundary, needs_extra, say
 try:
     import click
 
-    from submit import (cmd_console, cmd_jobs, cmd_local, cmd_models,  # noqa: F401
-                        cmd_prediction, cmd_predict, cmd_submit)
+    from submit.cli import (cmd_console, cmd_jobs, cmd_local, cmd_models,  # noqa: F401
+                            cmd_prediction, cmd_predict, cmd_submit)
     from submit import jobs as records, lifecycle
-    from submit.cli_base import cli, echo
+    from submit.cli.cli_base import cli, echo
     from submit.errors import EXIT_OK, EXIT_USAGE
     from submit.local import entry, plan as plans
 except ModuleNotFoundError as exc:  # installed without the `submit` extra

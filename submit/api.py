@@ -31,7 +31,8 @@ from typing import Any
 
 from mljob import storage
 from submit import jobs as records
-from submit import lifecycle, listing, models, resource, spec as specs, submission
+from submit import lifecycle, listing, models, resource, submission
+from submit.jobdef import spec as specs
 from submit.errors import (JobCancelled, JobFailed, JobNotFoundError, SubmitError,
                            UsageError)
 from submit.runners import kubeflow_options
@@ -186,8 +187,9 @@ def submit_prediction(job_id: str, *, model_dir: str | None = None,
     """Submit a batch prediction job on this machine, as `python -m submit jobs submit
     prediction JOB_ID --async`; the Job. `input_paths`: globs (a list, or
     comma-separated)."""
-    from submit import cmd_prediction, prediction_spec
-    from submit.prediction_plan import build_plan
+    from submit.cli import cmd_prediction
+    from submit.prediction import spec as prediction_spec
+    from submit.prediction.plan import build_plan
     paths = input_paths if isinstance(input_paths, str) else ",".join(input_paths)
     spec = prediction_spec.resolve(
         job_id, model_dir=model_dir, model=model, version=version, input_paths=paths,
@@ -247,7 +249,7 @@ class Model:
         """Publish an export as version `name` (the first becomes the default); its
         Version resource. `settings`: runtime_version, python_version, machine_type,
         framework, recorded as `versions create`'s flags."""
-        from submit import version_config
+        from submit.jobdef import version_config
         fields = version_config.version_fields(
             config_path=None, origin=origin, description=description,
             labels=dict(labels or {}), runtime_version=settings.pop("runtime_version", None),
@@ -288,7 +290,7 @@ def create_model(name: str, *, base_path: str | None = None,
                  labels: Mapping[str, str] | None = None,
                  regions: Sequence[str] = ()) -> Model:
     """Create a model: a base path `predict serve --model_base_path` watches."""
-    from submit import version_config
+    from submit.jobdef import version_config
     for region in regions:
         version_config.check_region(region, "regions")
     models.create_model(name, base_path, description, dict(labels or {}), list(regions))

@@ -28,7 +28,7 @@ import stat
 
 from mljob import storage
 from submit import jobs
-from submit.package import mljob_home
+from submit.home import mljob_home
 
 log = logging.getLogger(__name__)
 VERSION = 1

@@ -18,8 +18,8 @@ import psutil
 
 from submit import record_values
 from submit.errors import JobNotFoundError, SubmitError
-from submit.package import mljob_home
-from submit.spec import check_job_id
+from submit.home import mljob_home
+from submit.jobdef.spec import check_job_id
 from mljob import contracts, procs, storage
 from mljob.errors import first_line
 

@@ -24,9 +24,9 @@ from typing import Any
 
 from submit import jobs as records
 from submit.errors import JobCancelled, JobFailed, UsageError
-from submit.package import Package
+from submit.packaging.package import Package
 from submit.runners.engine import SUPERVISOR, Rendered, Runner
-from submit.spec import JobSpec
+from submit.jobdef.spec import JobSpec
 
 Echo = Callable[..., None]
 

@@ -22,10 +22,10 @@ import re
 from typing import Any
 
 from mljob import contracts, model_meta, storage
-from submit import spec as specs
+from submit.jobdef import spec as specs
 from submit.errors import SubmitError, UsageError
-from submit.package import mljob_home
-from submit.spellings import JOB_ID, suggest_job_id
+from submit.home import mljob_home
+from submit.jobdef.spellings import JOB_ID, suggest_job_id
 
 _NUMBERED = re.compile(r"[vV]?([1-9][0-9]{0,17})")
 

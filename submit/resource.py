@@ -22,8 +22,8 @@ from typing import Any
 
 from mljob import storage
 from submit import jobs as records
-from submit.package import mljob_home
-from submit.spellings import INT64_KEYS
+from submit.home import mljob_home
+from submit.jobdef.spellings import INT64_KEYS
 
 OWN_KEY = "mljob"
 REPLICA_CONFIG_KEYS = ("masterConfig", "workerConfig", "parameterServerConfig",

@@ -16,7 +16,9 @@ from collections.abc import Callable
 
 from mljob import startup, storage
 from submit import jobs as records
-from submit import lifecycle, package, runners, spec as specs
+from submit import lifecycle, runners
+from submit.packaging import package
+from submit.jobdef import spec as specs
 from submit.errors import PackageUsageError, UsageError
 from submit.runners.engine import EngineOptions, Rendered, Runner
 

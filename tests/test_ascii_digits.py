@@ -69,7 +69,7 @@ def test_trials_with_odd_ids_rank_and_chart_without_error():
 
 
 def test_a_version_of_unicode_digits_is_not_a_version_name():
-    from submit import prediction_spec
+    from submit.prediction import spec as prediction_spec
     with pytest.raises(UsageError, match="is not a model or version name"):
         prediction_spec.resolve("p1", model="m", version="²", input_paths="x",
                                 output_path="/tmp/out", data_format="JSON",

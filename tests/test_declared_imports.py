@@ -87,7 +87,7 @@ def test_every_import_is_declared_for_its_use():
 
 
 def test_the_core_sdist_requires_what_install_requires_does():
-    from submit.package import MLJOB_CORE_REQUIRES
+    from submit.packaging.package import MLJOB_CORE_REQUIRES
     core, _ = declared()
     assert sorted(MLJOB_CORE_REQUIRES) == sorted(core)
 

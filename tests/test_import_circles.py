@@ -113,6 +113,27 @@ def test_the_local_wing_never_reaches_up():
     verbs nor the job life."""
     g = graph()
     up = {m for m in g if m.startswith(("submit.runners", "submit.lifecycle",
-                                        "submit.cmd_", "submit.submission"))}
+                                        "submit.cli", "submit.submission"))}
     wing = {m: sorted(g[m] & up) for m in g if m.startswith("submit.local")}
     assert {m: deps for m, deps in wing.items() if deps} == {}
+
+
+WINGS = ("submit.jobdef", "submit.packaging", "submit.prediction", "submit.home")
+
+
+def reaching_up(g: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each wing module's imports of the commands (submit.cli) or the job life."""
+    up = {m for m in g if m.startswith(("submit.cli", "submit.lifecycle"))}
+    return {m: sorted(g[m] & up) for m in g
+            if m.startswith(WINGS) and g[m] & up}
+
+
+def test_the_wings_never_reach_up_into_the_commands_or_the_job_life():
+    """jobdef, packaging, prediction and home are read by the commands and the job life,
+    never the other way round: a wing importing submit.cli or submit.lifecycle (at the top
+    or in a function) is an arrow back up."""
+    g = graph()
+    assert {w for w in WINGS if any(m == w or m.startswith(w + ".") for m in g)} == set(WINGS)
+    assert reaching_up(g) == {}
+    planted = dict(g, **{"submit.jobdef.spec": g["submit.jobdef.spec"] | {"submit.cli.formats"}})
+    assert reaching_up(planted) == {"submit.jobdef.spec": ["submit.cli.formats"]}

@@ -15,7 +15,8 @@ from urllib.parse import quote
 
 import yaml
 
-from submit import jobs, usage
+from submit import jobs
+from submit.local import usage
 from submit.console.svg import chart
 from mljob.errors import ascii_digits
 
@@ -122,7 +123,7 @@ def replicas_table(record: jobs.JobRecord) -> str:
 
 
 def usage_charts(record: jobs.JobRecord) -> str:
-    from submit.package import mljob_home
+    from submit.home import mljob_home
     samples = list(usage.read(os.path.join(mljob_home(), "runs", record.job_id)))
     if not samples:
         return ""

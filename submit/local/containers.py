@@ -30,7 +30,7 @@ from mljob import contracts, storage
 from submit.local import container_engine as ce
 from submit.local.plan import JobPlan, ReplicaPlan
 from submit.errors import UsageError
-from submit.spec import JobSpec
+from submit.jobdef.spec import JobSpec
 
 # What reaches a container from the launcher's environment for a replica (by name).
 PASSED = ("TF_CONFIG", contracts.JOB_ID_ENV, "PYTHONUNBUFFERED", "GRPC_FAIL_FAST",

@@ -21,7 +21,7 @@ from submit import jobs, logs
 from submit.errors import SubmitError, UsageError
 from submit.local.plan import JobPlan
 from submit.local.supervisor import Supervisor
-from submit.spec import JobSpec
+from submit.jobdef.spec import JobSpec
 
 # `jobs cancel`: how long the supervisor gets to stop the job (a stopping chief gets its
 # stop deadline to save, 60 s by default, then workers and ps their grace)

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from submit.containers import check_image
+from submit.jobdef.containers import check_image
 from submit.errors import UsageError
 from submit.local import container_engine as ce
 

@@ -22,10 +22,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from submit import package as packages
-from submit import spec as specs
-from submit import tuning_spec
-from submit.package import Package
+from submit.packaging import package as packages
+from submit.jobdef import spec as specs
+from submit.jobdef import tuning_spec
+from submit.packaging.package import Package
 from mljob import contracts, storage
 from mljob.procs import free_ports
 

@@ -13,8 +13,8 @@ from mljob import storage
 from mljob.errors import first_line
 from submit import jobs
 from submit.errors import SubmitError, UsageError
-from submit.package import mljob_home
-from submit.tuning_spec import HP_DIR, JOURNAL
+from submit.home import mljob_home
+from submit.jobdef.tuning_spec import HP_DIR, JOURNAL
 
 
 def check_resumable(job_id: str) -> None:

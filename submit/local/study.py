@@ -11,7 +11,7 @@ from typing import Any
 from submit import training_output as outputs
 from submit.errors import UsageError
 from submit.training_output import CANCELLED, FAILED, RUNNING, SUCCEEDED
-from submit.tuning_spec import Parameter, TuningSpec
+from submit.jobdef.tuning_spec import Parameter, TuningSpec
 
 STUDY_NAME = "study"
 

@@ -44,12 +44,12 @@ from collections.abc import Callable, Mapping
 from typing import TextIO
 
 from mljob import contracts, procs
-from submit import jobs, logs, usage
-from submit.local import containers
+from submit import jobs, logs
+from submit.local import containers, usage
 from submit.local.joblife import JobLife
 from submit.local.plan import JobPlan, ReplicaPlan
 from submit.local.prestart import Pool
-from submit.package import Package, ensure_environment
+from submit.packaging.package import Package, ensure_environment
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0         # SIGTERM to SIGKILL (the chief: its stop deadline, below)

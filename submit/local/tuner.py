@@ -54,7 +54,9 @@ from mljob import contracts, hypertune, storage
 from mljob import prestart as mljob_prestart
 from mljob.startup import LIBRARY_ENV, seen_name
 from mljob.procs import free_ports
-from submit import hparams, jobs, logs, usage
+from submit.jobdef import hparams
+from submit import jobs, logs
+from submit.local import usage
 from submit.local import prestart
 from submit.local import study as studies
 from submit.local.joblife import JobLife
@@ -63,7 +65,7 @@ from submit.local.resume import journal_of
 from submit.local.study import STUDY_NAME, iso
 from submit.local.supervisor import Supervisor, replica_env, spawn
 from submit.training_output import CANCELLED, PLOT, write_plot
-from submit.tuning_spec import HP_DIR, JOURNAL, TuningSpec, format_value
+from submit.jobdef.tuning_spec import HP_DIR, JOURNAL, TuningSpec, format_value
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5

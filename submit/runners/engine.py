@@ -49,8 +49,8 @@ from collections.abc import Iterator, Mapping
 
 from submit import jobs as records
 from submit.errors import UsageError
-from submit.package import Package
-from submit.spec import JobSpec, check_text
+from submit.packaging.package import Package
+from submit.jobdef.spec import JobSpec, check_text
 
 
 @dataclasses.dataclass(frozen=True)

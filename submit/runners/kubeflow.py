@@ -38,9 +38,9 @@ from urllib3.exceptions import HTTPError
 from mljob import contracts
 from submit import jobs as records
 from submit import logs as logfmt
-from submit import engine_keys, spec as specs
+from submit.jobdef import engine_keys, spec as specs
 from submit.errors import SubmitError, UsageError
-from submit.package import Package
+from submit.packaging.package import Package
 from submit.runners import kubeflow_jobset, kubeflow_render
 from submit.runners.kubeflow_katib import (  # noqa: F401 - the engine's names, as before
     EXPERIMENT, EXPERIMENTS, KATIB_ALGORITHMS, KATIB_METRICS_FILE, KATIB_TYPES,

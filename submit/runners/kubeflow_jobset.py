@@ -43,9 +43,10 @@ import math
 from typing import Any
 
 from mljob import contracts
-from submit import jobs as records, spec as specs
+from submit import jobs as records
+from submit.jobdef import spec as specs
 from submit.errors import UsageError
-from submit.package import Package
+from submit.packaging.package import Package
 from submit.runners import kubeflow_render as render
 
 GROUP, VERSION, PLURAL, KIND = "jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet"

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mljob import contracts
-from submit import containers, tuning_spec
+from submit.jobdef import containers, tuning_spec
 from submit.runners.kubeflow_render import CONTAINER, GROUP
 
 KATIB_VERSION, EXPERIMENTS = "v1beta1", "experiments"

@@ -52,9 +52,10 @@ from typing import Any
 import yaml
 
 from mljob import contracts, machines
-from submit import containers, spec as specs
+from submit.jobdef import containers, spec as specs
 from submit.errors import UsageError
-from submit.package import Package, mljob_home
+from submit.home import mljob_home
+from submit.packaging.package import Package
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "tfjobs"
 CONTAINER, PORT_NAME, PORT = "tensorflow", "tfjob-port", 2222  # what the operator expects

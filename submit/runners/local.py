@@ -21,10 +21,11 @@ from submit.errors import UsageError
 from submit.local import containers, entry
 from submit.local import plan as plans
 from submit.local.plan import JobPlan
-from submit.package import Package, mljob_home
+from submit.home import mljob_home
+from submit.packaging.package import Package
 from submit.runners.engine import SUPERVISOR, EngineOptions, EngineStatus, Rendered, \
     ReplicaStatus, Runner
-from submit.spec import JobSpec, check_gpus, local_gpu_count
+from submit.jobdef.spec import JobSpec, check_gpus, local_gpu_count
 
 MAX_REPLICAS_PER_TYPE = 64  # one process per replica on this machine
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

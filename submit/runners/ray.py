@@ -49,10 +49,10 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 from mljob import contracts, machines, storage
 from submit import jobs as records
 from submit import logs as logfmt
-from submit import package as packages
-from submit import spec as specs
+from submit.packaging import package as packages
+from submit.jobdef import spec as specs
 from submit.errors import SubmitError, UsageError
-from submit.package import Package
+from submit.packaging.package import Package
 from submit.runners import ray_driver
 from submit.runners.engine import ClusterEngine, EngineStatus, Rendered, ReplicaStatus
 

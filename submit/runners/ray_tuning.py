@@ -49,13 +49,14 @@ from submit.errors import SubmitError, UsageError
 from submit.local import entry
 from submit.local import plan as plans
 from submit.local.tuner import Tuner
-from submit.package import Package, mljob_home
+from submit.home import mljob_home
+from submit.packaging.package import Package
 from submit.runners import ray as rayrunner
 from submit.runners import ray_driver
 from submit.runners.local import recorded_logs
 from submit.runners.engine import SUPERVISOR, EngineOptions, EngineStatus, Rendered, \
     ReplicaStatus
-from submit.spec import JobSpec
+from submit.jobdef.spec import JobSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BODY_FILE = "ray-tuning.json"

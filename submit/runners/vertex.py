@@ -30,16 +30,17 @@ from google.cloud import aiplatform_v1
 from google.protobuf import json_format
 
 from mljob import contracts, machines
-from submit import containers, jobs, spec as specs, tuning_spec
+from submit.jobdef import containers, spec as specs, tuning_spec
+from submit import jobs
 from submit import training_output as training_outputs
 from submit.errors import UsageError
-from submit.package import Package
+from submit.packaging.package import Package
 from submit.runners import vertex_logs
 from submit.runners.engine import ClusterEngine, EngineOptions, EngineStatus, Rendered
 from submit.runners.google_api import CALL_TIMEOUT_S, api_errors, one_line
 from submit.runners.vertex_logs import (  # noqa: F401 - the engine's names, as before
     LOGGING_ENDPOINT_ENV, replica_label, vertex_task_name)
-from submit.spec import JobSpec
+from submit.jobdef.spec import JobSpec
 
 VERTEX_ENDPOINT_ENV = "MLJOB_VERTEX_API_ENDPOINT"
 PROJECT_ENVS = ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT")
@@ -284,7 +285,7 @@ def _service_account(options: EngineOptions, spec: JobSpec) -> str | None:
 
 
 def _check_engine_keys(spec: JobSpec, account: str | None, region: str) -> None:
-    """What Vertex AI refuses of `submit.engine_keys`, refused here in one line."""
+    """What Vertex AI refuses of `submit.jobdef.engine_keys`, refused here in one line."""
     keys = spec.engine
     kubernetes_only = keys.given("queue_name", "ttl_seconds")
     if kubernetes_only:
@@ -302,7 +303,7 @@ def _check_engine_keys(spec: JobSpec, account: str | None, region: str) -> None:
 
 def _engine_keys(job_spec: aiplatform_v1.CustomJobSpec, spec: JobSpec,
                  account: str | None) -> None:
-    """trainingInput's Vertex AI keys (`submit.engine_keys`) onto the CustomJobSpec."""
+    """trainingInput's Vertex AI keys (`submit.jobdef.engine_keys`) onto the CustomJobSpec."""
     keys = spec.engine
     if account:
         job_spec.service_account = account
@@ -443,7 +444,7 @@ def _image(region: str, gpu: bool) -> str:
 
 
 def _labels(spec: JobSpec, package: Package | None) -> dict[str, str]:
-    """The job's labels (checked by Google Cloud's rules in `submit.spec`) and mljob's own
+    """The job's labels (checked by Google Cloud's rules in `submit.jobdef.spec`) and mljob's own
     (`mljob-*`, a prefix the job's may not use). Vertex label values are at most 63
     lower-case letters, digits, `_` and `-`: job ids are letters, digits and `_`, so
     lower-casing is enough (display_name keeps the case)."""

@@ -7,8 +7,8 @@ import json
 import os
 
 from submit import jobs as records
-from submit import usage
-from submit.package import mljob_home
+from submit.local import usage
+from submit.home import mljob_home
 from tests.support.submit_cli import run as submit_in_process, write_package
 
 BUSY_TASK = r'''

@@ -40,8 +40,8 @@ import yaml
 
 from tests.support.common import ROOT, pid_alive
 from tests.support.netns import list_namespaces, skip_reason, test_hosts
-from submit import spec as specs
-from submit.package import Package
+from submit.jobdef import spec as specs
+from submit.packaging.package import Package
 from submit.runners.engine import EngineOptions
 from tests.support.trainer_runs import FAST, read, wait_exit
 

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from submit import jobs as records
-from submit import package
+from submit.packaging import package
 from tests.support.submit_cli import run as submit_in_process
 
 DEP = "mljob_probe_dep"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mljob import machines
-from submit import spec as specs
-from submit.package import Package
+from submit.jobdef import spec as specs
+from submit.packaging.package import Package
 from submit.runners import kubeflow, vertex
 from submit.runners.engine import EngineOptions
 

@@ -11,7 +11,7 @@ from tests.support.common import ROOT
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
 def test_usable_cores_follow_the_affinity():
-    code = ("from mljob import procs; from submit.prediction_job import machine_workers; "
+    code = ("from mljob import procs; from submit.prediction.job import machine_workers; "
             "print(procs.usable_cores(), machine_workers()[0])")
     pinned = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=ROOT, preexec_fn=lambda: os.sched_setaffinity(0, {0}),

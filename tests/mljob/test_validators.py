@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from mljob import contracts, storage
 from mljob.cluster import ClusterConfigError, parse_tf_config
-from submit import spec as specs
+from submit.jobdef import spec as specs
 from submit.errors import UsageError
 from submit.runners import kubeflow
 

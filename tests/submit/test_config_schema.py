@@ -1,4 +1,4 @@
-"""config.yaml's schema (submit/config_schema.py): the published JSON Schema is current and
+"""config.yaml's schema (submit/jobdef/config_schema.py): the published JSON Schema is current and
 agrees with the pydantic models, proto-JSON's int64 strings are taken, and the resolved
 JobSpec is what runners read (never the raw trainingInput)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from submit import config_schema, spec as specs
+from submit.jobdef import config_schema, spec as specs
 from submit.errors import SubmitError
 from tests.support.common import ROOT
 
@@ -22,7 +22,7 @@ def test_the_published_schema_is_current(tmp_path):
     with open(SCHEMA_FILE, encoding="utf-8") as f:
         published = f.read()
     assert published == config_schema.schema_text(), \
-        "docs/schema/config.schema.json is stale: run python -m submit.config_schema"
+        "docs/schema/config.schema.json is stale: run python -m submit.jobdef.config_schema"
     assert config_schema.main(["--check", SCHEMA_FILE]) == 0
     stale = tmp_path / "stale.json"
     stale.write_text(published.replace('"MAXIMIZE"', '"MAXIMISE"'))

@@ -16,7 +16,7 @@ import yaml
 from tests.support import crd_schema
 from tests.support.common import ROOT
 from tests.support.specs import resolve as spec_of
-from submit.package import Package
+from submit.packaging.package import Package
 
 kubeflow = pytest.importorskip("submit.runners.kubeflow")
 from submit.runners.kubeflow_options import KubeflowOptions  # noqa: E402

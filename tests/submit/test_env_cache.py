@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from submit import jobs as records
-from submit import package
+from submit.packaging import package
 from tests.support.common import ROOT
 from tests.support.submit_cli import run as submit_in_process, write_package
 
@@ -50,7 +50,7 @@ def test_a_changed_package_with_the_same_file_name_runs_its_new_code(capsys, tmp
 
 CRASHING_BUILDER = r'''
 import json, os, sys
-from submit import envs, package
+from submit.packaging import envs, package
 step, root, key, pkg = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 
 def crash(*args, **kwargs):

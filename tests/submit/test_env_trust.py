@@ -12,7 +12,7 @@ import stat
 
 import pytest
 
-from submit import envtrust, package
+from submit.packaging import envtrust, package
 from tests.support.submit_cli import write_package
 
 

@@ -10,8 +10,10 @@ import os
 import pytest
 import yaml
 
-from submit import cmd_submit, jobs as records, resource, spec as specs
-from submit.cli_base import gcloud_booleans
+from submit.cli import cmd_submit
+from submit import jobs as records, resource
+from submit.jobdef import spec as specs
+from submit.cli.cli_base import gcloud_booleans
 from tests.support.submit_cli import dry_run, nothing_written, one_error_line, run, \
     write_package
 from tests.support.trainer_runs import SAMPLE

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from submit import jobs as records
-from submit import tuning_spec
+from submit.jobdef import tuning_spec
 from submit.errors import ConfigError
 from tests.support.peak import run_measured
 from tests.support.submit_cli import nothing_written, one_error_line, run, write_package
@@ -31,7 +31,7 @@ def test_a_grid_of_a_billion_points_is_refused_without_being_built():
     """Before: GRID_SEARCH over an INTEGER range of 10^9 built the grid as a list (a
     MemoryError, or gigabytes). The refusal is measured: the child stays small."""
     result = run_measured("""
-        from submit import tuning_spec
+        from submit.jobdef import tuning_spec
         hp = {"goal": "MAXIMIZE", "maxTrials": 4, "algorithm": "GRID_SEARCH",
               "params": [{"parameterName": "units", "type": "INTEGER", "minValue": 1,
                           "maxValue": 10 ** 9}]}
@@ -211,7 +211,7 @@ def test_an_sdist_member_that_expands_far_is_read_a_line_at_a_time(tmp_path):
             tar.addfile(info, _Zeros(size))
     assert os.path.getsize(path) < 1 << 20
     result = run_measured(f"""
-        from submit import package
+        from submit.packaging import package
         pkg = package.describe({str(path)!r})
         print("IMPORTS", package.imports_mljob(pkg))
     """, limit_mb=1536)
@@ -222,7 +222,7 @@ def test_an_sdist_member_that_expands_far_is_read_a_line_at_a_time(tmp_path):
 def test_a_wheel_is_bounded_and_streamed_like_an_sdist(tmp_path, monkeypatch):
     """Before: wheels had no member-count or size bound, and each member was read whole."""
     import zipfile
-    from submit import archives, package
+    from submit.packaging import archives, package
     from submit.errors import PackageUsageError
     wheel = tmp_path / "bomb-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
@@ -232,7 +232,7 @@ def test_a_wheel_is_bounded_and_streamed_like_an_sdist(tmp_path, monkeypatch):
         z.writestr("bomb/__init__.py", "import mljob.hypertune\n")
     assert os.path.getsize(wheel) < 1 << 20
     result = run_measured(f"""
-        from submit import package
+        from submit.packaging import package
         pkg = package.describe({str(wheel)!r})
         print("IMPORTS", package.imports_mljob(pkg))
     """, limit_mb=1536)

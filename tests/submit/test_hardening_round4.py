@@ -115,7 +115,7 @@ def test_resume_with_other_input_paths_is_refused_naming_the_recorded_ones(capsy
 def test_every_commands_name_is_reserved_as_a_job_id(capsys, tmp_path):
     """`console` was a valid job id that `python -m submit console` could never submit."""
     from submit.__main__ import cli
-    from submit.spellings import JOB_ID, RESERVED_WORDS
+    from submit.jobdef.spellings import JOB_ID, RESERVED_WORDS
     names = [n for n in cli.commands if JOB_ID.fullmatch(n)]
     assert "console" in names and set(names) <= RESERVED_WORDS
     status, _, err = run(capsys, "jobs", "submit", "training", "console", "--job-dir",

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.common import ROOT
-from submit import spec as specs
+from submit.jobdef import spec as specs
 from submit.__main__ import main
 from submit.errors import SubmitError
 from tests.support.submit_cli import nothing_written, one_error_line, \

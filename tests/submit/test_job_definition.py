@@ -9,8 +9,9 @@ import json
 import pytest
 import yaml
 
-from submit import jobs, spec as specs
-from submit.package import Package
+from submit import jobs
+from submit.jobdef import spec as specs
+from submit.packaging.package import Package
 from tests.support.submit_cli import dry_run, files_under, run
 
 CUSTOM_FLAGS = ["--scale-tier", "CUSTOM", "--master-machine-type", "n1-standard-4",

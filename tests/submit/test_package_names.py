@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from submit import jobs as records
-from submit import package as packages
+from submit.packaging import package as packages
 from submit.__main__ import main
 from submit.runners import kubeflow_render as kubeflow
 

@@ -235,7 +235,7 @@ def test_a_shard_whose_worker_dies_every_time_is_tried_exactly_the_limit(tmp_pat
     """A worker that dies with its shard gives the shard back; after MAX_SHARD_ATTEMPTS
     tries (not one more) the job fails naming the shard. Each worker is SIGKILLed as soon
     as it is started, long before it would load the export (so none is needed)."""
-    from submit.prediction_job import MAX_SHARD_ATTEMPTS
+    from submit.prediction.job import MAX_SHARD_ATTEMPTS
     assert MAX_SHARD_ATTEMPTS == 3  # as the messages below say
     export = tmp_path / "export"
     export.mkdir()

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from predict import flags as serving_flags
-from submit import cli_base
+from submit.cli import cli_base
 from tests.support.submit_cli import run
 
 LINES = os.path.join(os.path.dirname(__file__), "reference_command_lines.txt")
@@ -73,7 +73,7 @@ def parse_only(argv: list[str], monkeypatch) -> None:
     refused here is refused by parsing. `local predict`'s own flags are `predict
     local`'s, parsed by it too."""
     from predict import __main__ as predict_cli
-    from submit import cmd_local
+    from submit.cli import cmd_local
 
     def parsed(*_, **__):
         ctx = click.get_current_context()

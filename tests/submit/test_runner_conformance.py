@@ -27,9 +27,10 @@ import yaml
 
 from mljob import procs
 from tests.support.specs import resolve as spec_of
-from submit import jobs as records, lifecycle, runners, spec as specs
+from submit import jobs as records, lifecycle, runners
+from submit.jobdef import spec as specs
 from submit.errors import JobCancelled, JobFailed, JobNotFoundError, UsageError
-from submit.package import Package
+from submit.packaging.package import Package
 from submit.runners.engine import EngineOptions, Runner
 from tests.support import ray_cluster
 from tests.support.api_edge import ApiEdge
@@ -340,7 +341,7 @@ class RayFar(Far):
 @pytest.fixture(scope="module")
 def ray_conformance(tmp_path_factory):
     """A Ray head for the module, and the tiny package built and staged beside it."""
-    from submit import package as packages
+    from submit.packaging import package as packages
     folder = tmp_path_factory.mktemp("ray-conformance")
     built = packages.build(write_package(folder / "pkg", TASK), str(folder / "dist"))
     staged = packages.stage(built, str(folder / "staging" / built.sha256 /

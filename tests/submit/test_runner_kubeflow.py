@@ -20,11 +20,12 @@ import yaml
 from tests.support.api_edge import ApiEdge
 from tests.support.common import ROOT
 from submit import jobs as records
-from submit import package as packages
-from submit import spec as specs
+from submit.packaging import package as packages
+from submit.home import mljob_home
+from submit.jobdef import spec as specs
 from submit.__main__ import main
 from submit.errors import SubmitError, UsageError
-from submit.package import Package
+from submit.packaging.package import Package
 from submit.runners import get as get_runner
 from submit.runners.engine import EngineOptions
 
@@ -571,7 +572,7 @@ def test_a_dry_run_with_a_staged_archive_writes_no_half_build_context(capsys, tm
     assert "COPY extra-1.0.tar.gz /tmp/mljob-packages/extra-1.0.tar.gz" in out
     assert "build context is written when the job is submitted" in err
     assert "extra-1.0.tar.gz" in err and "docker build" not in err
-    assert not os.path.exists(os.path.join(packages.mljob_home(), "images"))
+    assert not os.path.exists(os.path.join(mljob_home(), "images"))
 # --- tuning: a Katib Experiment around the TFJob ----------------------------------------
 
 HP = {"goal": "MAXIMIZE", "hyperparameterMetricTag": "accuracy", "maxTrials": 8,

@@ -12,7 +12,7 @@ import pytest
 from tests.support.specs import resolve as spec_of
 from submit import logs as logfmt
 from submit.errors import SubmitError
-from submit.package import Package
+from submit.packaging.package import Package
 from submit.runners.engine import EngineOptions
 from tests.support.submit_cli import nothing_written, one_error_line, run
 from tests.support.ray_cluster import skip_reason

@@ -21,9 +21,10 @@ from google.protobuf import json_format
 
 from tests.support.api_edge import ApiEdge
 from tests.support.common import ROOT
-from submit import jobs, runners, spec as specs
+from submit import jobs, runners
+from submit.jobdef import spec as specs
 from submit.errors import SubmitError, UsageError
-from submit.package import Package
+from submit.packaging.package import Package
 from submit.runners import vertex
 from submit.__main__ import main
 from submit.runners.engine import EngineOptions
@@ -51,7 +52,7 @@ HP = {"goal": "MAXIMIZE", "hyperparameterMetricTag": "accuracy", "maxTrials": 8,
                  {"parameterName": "batch_size", "type": "DISCRETE",
                   "discreteValues": [32, 64, 128]}]}
 TUNING = {**CUSTOM, "hyperparameters": HP}
-ENGINE_KEYS = {  # Vertex AI's keys in config.yaml (submit/engine_keys.py)
+ENGINE_KEYS = {  # Vertex AI's keys in config.yaml (submit/jobdef/engine_keys.py)
     "serviceAccount": "trainer@mljob-test.iam.gserviceaccount.com",
     "network": "projects/123456789/global/networks/ml-vpc", "enableWebAccess": True,
     "tensorboard": "projects/mljob-test/locations/us-central1/tensorboards/4242",

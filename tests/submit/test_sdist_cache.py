@@ -1,4 +1,4 @@
-"""The sdist cache (submit.sdist_cache): an unchanged package is not built again, and
+"""The sdist cache (submit.packaging.sdist_cache): an unchanged package is not built again, and
 any change to what the build reads builds again: a kept sdist that no longer matches
 its package is never used."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from submit import package, sdist_cache
+from submit.packaging import package, sdist_cache
 
 
 @pytest.fixture
@@ -184,7 +184,7 @@ def test_the_oldest_entries_go_beyond_the_limit(tmp_path, monkeypatch):
     archive = tmp_path / "a-1.0.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(str(tmp_path), arcname="a-1.0", recursive=False)
-    from submit.archives import describe
+    from submit.packaging.archives import describe
     pkg = describe(str(archive))
     for i, key in enumerate(("1" * 64, "2" * 64, "3" * 64)):
         sdist_cache.store(key, pkg)

@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from submit import archives, package
+from submit.packaging import archives, package
 from submit.__main__ import main
 from submit.errors import PackageUsageError
 from tests.support.submit_cli import files_under, write_package

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from submit import package
+from submit.packaging import package
 from submit.errors import PackageError, PackageUsageError
 from tests.support.submit_cli import write_package
 
@@ -137,7 +137,7 @@ def test_an_abandoned_build_is_removed_and_never_used(tmp_path):
            "registry")])
 def test_a_dependency_that_cannot_be_installed_names_itself_and_leaves_nothing(
         tmp_path, monkeypatch, tool, says):
-    from submit import envs
+    from submit.packaging import envs
     monkeypatch.setenv(envs.INSTALLER_ENV, tool)
     if tool == "uv" and envs.installer() is None:
         pytest.skip("uv is not installed")
@@ -239,7 +239,7 @@ def test_mljob_core_sdist_holds_mljob_alone_and_is_found_when_imported(tmp_path)
 
 
 def test_the_installer_setting_is_checked(monkeypatch):
-    from submit import envs
+    from submit.packaging import envs
     monkeypatch.setenv(envs.INSTALLER_ENV, "conda")
     with pytest.raises(PackageUsageError, match=r"MLJOB_ENV_INSTALLER='conda' is not an "
                                                 r"installer; use pip, uv or auto"):

@@ -16,7 +16,8 @@ import pytest
 
 from tests.support.common import ROOT, free_ports, pid_alive
 from submit import jobs as records
-from submit import logs, package
+from submit import logs
+from submit.packaging import package
 from tests.support.submit_cli import run as submit_in_process, write_package
 
 FAKE_TASK = r'''

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from submit import spec as specs
+from submit.jobdef import spec as specs
 
 from tests.support.common import ROOT
 from tests.support.submit_cli import dry_run, files_under, run, write_package  # noqa: F401
@@ -276,7 +276,7 @@ def test_help_explains_submit_jobs_and_local(capsys):
 
 
 def test_package_uris_run_an_already_staged_package(capsys, tmp_path, pkg):
-    from submit import package
+    from submit.packaging import package
     built = package.build(pkg, str(tmp_path / "dist"))
     config = write(tmp_path, "config.yaml", "trainingInput:\n  packageUris: [%s]\n"
                    % json.dumps(built.local_file))

@@ -88,8 +88,8 @@ def test_tensorboard_hparams_lists_and_compares_the_trials(tmp_path, reaper, mon
     assert trials["4"]["state"] == "FAILED"
 
     # a trial still running, as the tuner writes it when it starts: listed, no metric yet
-    from submit import hparams
-    from submit.tuning_spec import parse
+    from submit.jobdef import hparams
+    from submit.jobdef.tuning_spec import parse
     spec = parse(yaml.safe_load(config.read_text())["trainingInput"]["hyperparameters"],
                  job_dir=str(job_dir))
     hparams.Board(spec, str(job_dir)).started("5", None, {

@@ -333,7 +333,8 @@ def test_grid_search_stops_hopeless_parameter_values_early(tmp_path, monkeypatch
     fixed here by the tuner's seed so that two good values finish first (the median
     pruner compares with finished trials); every hopeless value is then stopped early,
     and the job ends when the grid is done."""
-    from submit import lifecycle, spec as specs
+    from submit import lifecycle
+    from submit.jobdef import spec as specs
     from submit.local import plan as plans, tuner
     from submit.runners.engine import EngineOptions
     from submit.runners.local import LocalEngine

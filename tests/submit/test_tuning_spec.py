@@ -10,8 +10,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from submit import spec as specs
-from submit import tuning_spec
+from submit.jobdef import spec as specs
+from submit.jobdef import tuning_spec
 from submit.errors import ConfigError
 from tests.support.submit_cli import files_under, run
 

@@ -1,4 +1,4 @@
-"""Vertex AI's own keys in config.yaml (submit/engine_keys.py): the scheduling strategy,
+"""Vertex AI's own keys in config.yaml (submit/jobdef/engine_keys.py): the scheduling strategy,
 the VPC network, the service account, a Vertex TensorBoard, web access and the base
 output directory, each rendered through aiplatform_v1's types and read back from the
 request text by them; what Vertex AI refuses is refused first, in one line."""
@@ -44,7 +44,7 @@ def test_each_key_reaches_the_custom_job_spec_as_its_type():
 
 
 def test_every_strategy_we_take_is_one_of_vertexs():
-    from submit import engine_keys
+    from submit.jobdef import engine_keys
     names = {s.name for s in aiplatform_v1.Scheduling.Strategy}
     assert set(engine_keys.STRATEGIES) <= names
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from submit import spec as specs
+from submit.jobdef import spec as specs
 
 
 def resolve(job_id: str, training_input: Mapping[str, Any], **flags: Any) -> specs.JobSpec:

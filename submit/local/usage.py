@@ -161,6 +161,6 @@ def summary_of(record) -> dict[str, dict]:
     they are on this machine (a running job, a tuning job's trials)."""
     if record.done and record.usage:
         return dict(record.usage)
-    from submit.package import mljob_home
+    from submit.home import mljob_home
     run_dir = os.path.join(mljob_home(), "runs", record.job_id)
     return summarize(list(read(run_dir))) or dict(record.usage or {})

@@ -38,7 +38,7 @@ from mljob import contracts, procs, storage
 from mljob.errors import EXIT_USAGE
 from submit import jobs, logs
 from submit.local.joblife import JobLife
-from submit.prediction_output import claim_output, count_lines
+from submit.prediction.output import claim_output, count_lines
 from submit.local.supervisor import STOP_GRACE_S, die_with_parent
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class _Worker:
         self.readers: list[threading.Thread] = []
 
     def start(self) -> None:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = {k: v for k, v in os.environ.items() if k not in contracts.ENGINE_VARIABLES}
         env.update({contracts.JOB_ID_ENV: self.plan.job_id,
                     contracts.PARENT_PID_ENV: str(os.getpid()),

@@ -12,9 +12,12 @@ import os
 
 import click
 
-from submit import formats, job_index, jobs as records, lifecycle, listing, resource, \
-    spec as specs, submission, training_output, usage
-from submit.cli_base import GcloudGroup, cli, echo
+from submit import job_index, jobs as records, lifecycle, listing, resource, submission, \
+    training_output
+from submit.cli import formats
+from submit.local import usage
+from submit.jobdef import spec as specs
+from submit.cli.cli_base import GcloudGroup, cli, echo
 from submit.errors import EXIT_OK, JobNotFoundError, SubmitError, UsageError
 from submit.runners.engine import SUPERVISOR
 

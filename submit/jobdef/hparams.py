@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from mljob import hypertune, storage
-from submit.tuning_spec import Parameter, TuningSpec
+from submit.jobdef.tuning_spec import Parameter, TuningSpec
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ blocks); it must be UTF-8; JSON or YAML (by the name) with every key once (never
 last-wins), nesting bounded before any parser recurses, YAML's safe loader only, aliases
 whose expansion is bounded (the billion laughs), and YAML 1.1's base-60 numbers kept as
 the text written. Top-level `x-` keys hold anchors and are dropped. What the mapping
-holds is the schema's business (`submit.config_schema`).
+holds is the schema's business (`submit.jobdef.config_schema`).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from mljob.errors import first_line, too_many_digits
-from submit import spellings
+from submit.jobdef import spellings
 from submit.errors import ConfigError
 
 MAX_CONFIG_BYTES = 1024 * 1024

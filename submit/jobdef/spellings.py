@@ -6,7 +6,7 @@ describe --format yaml`; this module maps those spellings onto ours:
 - enum values in any of gcloud's spellings: `standard-1`, `STANDARD_1`, `standard_1`;
 - int64 fields written as strings, as the REST API and `describe --format yaml` emit them
   (`workerCount: '2'`): INT64_KEYS are written so, and config.yaml's schema
-  (`submit.config_schema`) reads every int64 field so;
+  (`submit.jobdef.config_schema`) reads every int64 field so;
 - job ids by Cloud ML's rule, with the nearest valid spelling in the error, and never a
   command's name (`models`, `jobs`, ...);
 - YAML anchors and aliases, with the expanded document bounded (a few lines of aliases

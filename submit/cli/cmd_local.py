@@ -7,8 +7,10 @@ import time
 
 import click
 
-from submit import lifecycle, package, spec as specs, submission
-from submit.cli_base import GcloudGroup, TrainerArgsCommand, cli, echo
+from submit import lifecycle, submission
+from submit.packaging import package
+from submit.jobdef import spec as specs
+from submit.cli.cli_base import GcloudGroup, TrainerArgsCommand, cli, echo
 from submit.errors import UsageError
 from submit.runners import local
 from submit.runners.engine import EngineOptions
@@ -85,7 +87,7 @@ def local_predict(ctx):
 def without_framework(args: list[str]) -> list[str]:
     """gcloud's `--framework tensorflow` taken (the others refused: the export is a
     SavedModel), and left out of what `predict local` reads."""
-    from submit import version_config
+    from submit.jobdef import version_config
     out: list[str] = []
     i = 0
     while i < len(args):

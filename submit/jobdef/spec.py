@@ -2,7 +2,7 @@
 
 config.yaml (or JSON) is shaped like Cloud ML's Job resource: a mapping with
 `trainingInput` (and optionally `labels`, `jobId`). The hardened reader
-(`submit.config_reader`) reads it, the schema (`submit.config_schema`) types it, and
+(`submit.jobdef.config_reader`) reads it, the schema (`submit.jobdef.config_schema`) types it, and
 `resolve` puts the flags (one frozen `Flags`) over it and resolves everything a runner
 needs: every replica group's machine, GPUs and accelerator, restarts and container, the
 tuning spec parsed once, the region and the deadlines. Renderers and the tuner read the
@@ -18,13 +18,13 @@ from typing import Any
 
 from mljob import machines
 from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, WORKER  # noqa: F401
-from submit import config_reader, config_schema, containers, engine_keys, spellings, \
+from submit.jobdef import config_reader, config_schema, containers, engine_keys, spellings, \
     tuning_spec
-from submit.config_schema import MAX_RESTARTS, RESTART_POLICIES, JobConfig, TrainingInput
-from submit.config_reader import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES
-from submit.config_reader import MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
+from submit.jobdef.config_schema import MAX_RESTARTS, RESTART_POLICIES, JobConfig, TrainingInput
+from submit.jobdef.config_reader import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES
+from submit.jobdef.config_reader import MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
 from submit.errors import ConfigError, UsageError
-from submit.spec_checks import (
+from submit.jobdef.spec_checks import (
     DEFAULT_MAX_RESTARTS as DEFAULT_MAX_RESTARTS, MAX_LABELS as MAX_LABELS,
     TYPE_FLAG_NAMES, apply_type_flags, check_bucket as check_bucket,
     check_labels as check_labels, check_text as check_text, default_max_restarts,

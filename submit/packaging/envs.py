@@ -4,7 +4,7 @@ dependencies (pip's own configuration: index, proxies).
 
 Environments are cached under `$MLJOB_ENV_CACHE` (default `$MLJOB_HOME/envs`) by the
 hash of what they hold, published atomically, and reused by the next job; a cached one
-is used only when `submit.envtrust` finds it is still what was built.
+is used only when `submit.packaging.envtrust` finds it is still what was built.
 """
 from __future__ import annotations
 
@@ -25,10 +25,11 @@ from collections.abc import Callable, Sequence
 
 from mljob import storage
 from mljob.procs import pid_alive, stop_process
-from submit import envtrust
-from submit.archives import Package, _naming, _read_package, check_members, content_hash
+from submit.packaging import envtrust
+from submit.packaging.archives import Package, _naming, _read_package, check_members, content_hash
 from submit.errors import PackageError, PackageUsageError
-from submit.pipconfig import pip_settings, uv_settings
+from submit.home import mljob_home
+from submit.packaging.pipconfig import pip_settings, uv_settings
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +38,6 @@ ENV_CACHE_ENV = "MLJOB_ENV_CACHE"
 INSTALLER_ENV = "MLJOB_ENV_INSTALLER"  # pip (the default), uv, auto (uv where installed)
 ENV_MARKER = "mljob-env.json"   # written last: an environment with it is complete
 _BUILD_DIR = envtrust.BUILD_DIR
-
-
-def mljob_home() -> str:
-    return os.path.abspath(os.path.expanduser(os.environ.get("MLJOB_HOME") or "~/.mljob"))
 
 
 def env_root(home: str | None = None) -> str:

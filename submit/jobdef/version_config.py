@@ -21,8 +21,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from submit import config_reader, spellings
-from submit import spec as specs
+from submit.jobdef import config_reader, spellings
+from submit.jobdef import spec as specs
 from submit.errors import ConfigError, UsageError
 
 FRAMEWORKS = ("TENSORFLOW",)

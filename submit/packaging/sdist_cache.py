@@ -38,8 +38,8 @@ import uuid
 from collections.abc import Callable, Iterable
 
 from mljob.procs import pid_alive
-from submit.archives import Package, describe
-from submit.envs import mljob_home
+from submit.packaging.archives import Package, describe
+from submit.home import mljob_home
 from submit.errors import PackageError
 
 log = logging.getLogger(__name__)

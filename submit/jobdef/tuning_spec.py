@@ -4,9 +4,9 @@ The contract is Cloud ML Engine's, field for field: `goal`, `hyperparameterMetri
 `maxTrials`, `maxParallelTrials`, `maxFailedTrials`, `enableTrialEarlyStopping`,
 `resumePreviousJobId`, `algorithm` and `params` (each `{parameterName, type, minValue,
 maxValue, categoricalValues, discreteValues, scaleType}`). The keys and types are the
-schema's (`submit.config_schema.HyperparameterSpec`); `parse` checks the rest and turns
+schema's (`submit.jobdef.config_schema.HyperparameterSpec`); `parse` checks the rest and turns
 the spec into a frozen `TuningSpec`, or raises `ConfigError` naming the field and the
-fix. `submit.spec.resolve` parses it once into the JobSpec; every runner reads that
+fix. `submit.jobdef.spec.resolve` parses it once into the JobSpec; every runner reads that
 value (the local tuner, Vertex AI's HyperparameterTuningJob, Katib).
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from mljob.contracts import DEFAULT_HP_METRIC_TAG
-from submit import config_schema
-from submit.config_schema import SCALES, HyperparameterSpec
-from submit.config_schema import PARAM_TYPES as TYPES
+from submit.jobdef import config_schema
+from submit.jobdef.config_schema import SCALES, HyperparameterSpec
+from submit.jobdef.config_schema import PARAM_TYPES as TYPES
 from submit.errors import ConfigError
 
 KEYS = config_schema.keys(HyperparameterSpec)
@@ -113,7 +113,7 @@ def format_value(value) -> str:
 def parse(given: HyperparameterSpec | Mapping[str, Any], *,
           job_dir: str | None = None) -> TuningSpec:
     """The checked spec, or ConfigError naming the field and the fix. The schema
-    (`submit.config_schema.HyperparameterSpec`) has checked keys and types; this checks
+    (`submit.jobdef.config_schema.HyperparameterSpec`) has checked keys and types; this checks
     what holds between fields and values."""
     if not isinstance(given, HyperparameterSpec):
         given = config_schema.validate(HyperparameterSpec, given, WHERE)

@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 
 from mljob import contracts, storage
-from submit import jobs, prediction_spec
+from submit import jobs
+from submit.prediction import spec as prediction_spec
 from submit.errors import JobNotFoundError, UsageError
-from submit.package import mljob_home
-from submit.prediction_job import PredictionPlan
-from submit.prediction_output import check_output, read_marker
+from submit.home import mljob_home
+from submit.prediction.job import PredictionPlan
+from submit.prediction.output import check_output, read_marker
 
 
 def build_plan(spec: prediction_spec.PredictionSpec, *, resume: bool) -> PredictionPlan:

@@ -9,9 +9,9 @@ fields as strings of digits (`workerCount: "4"`, as `describe --format yaml` wri
 them), enums by name, and `null` as "not given". `validate` turns pydantic's first error
 into the one-line `ConfigError` naming the key and the fix; what needs more than one
 field (a count against a tier, min below max) is checked where the value is used
-(`submit.spec`, `submit.tuning_spec`).
+(`submit.jobdef.spec`, `submit.jobdef.tuning_spec`).
 
-`python -m submit.config_schema` writes the published JSON Schema
+`python -m submit.jobdef.config_schema` writes the published JSON Schema
 (docs/schema/config.schema.json; `--check` fails when that file is stale).
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from submit.containers import IMAGE, MAX_WORDS
+from submit.jobdef.containers import IMAGE, MAX_WORDS
 from submit.errors import ConfigError
 
 SCHEMA_PATH = "docs/schema/config.schema.json"   # from the project's root
@@ -164,7 +164,7 @@ class Scheduling(Model):
 
     max_running_time: Duration | None = None
     max_wait_time: Duration | None = None
-    # the cluster engines' (values checked in submit/engine_keys.py)
+    # the cluster engines' (values checked in submit/jobdef/engine_keys.py)
     strategy: Annotated[str | None, Field(examples=["STANDARD", "SPOT", "FLEX_START"])] = None
     queue_name: str | None = None
     ttl_after_finished: Duration | None = None
@@ -240,7 +240,7 @@ class TrainingInput(Model):
     hyperparameters: HyperparameterSpec | None = None
     use_chief_in_tf_config: bool | None = None
     scheduling: Scheduling | None = None
-    # the cluster engines' (values checked in submit/engine_keys.py)
+    # the cluster engines' (values checked in submit/jobdef/engine_keys.py)
     service_account: str | None = None
     network: str | None = None
     enable_web_access: bool | None = None
@@ -254,7 +254,7 @@ class JobConfig(Model):
     document: ClassVar[bool] = True
 
     training_input: TrainingInput = Field(default_factory=lambda: TrainingInput())
-    # checked by submit.spec.check_labels, which names the label and Google's rule
+    # checked by submit.jobdef.spec.check_labels, which names the label and Google's rule
     labels: Annotated[dict[str, Any] | None, Expect("a mapping of KEY: VALUE"),
                       WithJsonSchema({"type": "object", "additionalProperties": {
                           "type": ["string", "integer"]}})] = None
@@ -446,13 +446,13 @@ def schema_text() -> str:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m submit.config_schema [--check] [PATH]`: write the schema to PATH
+    """`python -m submit.jobdef.config_schema [--check] [PATH]`: write the schema to PATH
     (default: the project's docs/schema/config.schema.json), or with --check exit 1 if
     it differs."""
     check = "--check" in argv
     paths = [a for a in argv if a != "--check"]
     path = paths[0] if paths else os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), SCHEMA_PATH)
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), SCHEMA_PATH)
     text = schema_text()
     if check:
         try:
@@ -461,7 +461,7 @@ def main(argv: list[str]) -> int:
         except OSError:
             current = False
         if not current:
-            print(f"error: {path} is stale; run python -m submit.config_schema",
+            print(f"error: {path} is stale; run python -m submit.jobdef.config_schema",
                   file=sys.stderr)
             return 1
         return 0

@@ -6,12 +6,12 @@ parent when the parent holds one of them, else with a generated minimal setup.py
 build (`python -m build --sdist --no-isolation`, so any PEP 517 backend the project
 declares, and no network) runs in a temporary copy (so concurrent builds never share
 `*.egg-info` or `build/`); the sdist, and every `--packages` archive, is hashed
-(`submit.archives`) and uploaded to `<staging-bucket>/<job-id>/<sha256>/<file>` or
+(`submit.packaging.archives`) and uploaded to `<staging-bucket>/<job-id>/<sha256>/<file>` or
 `<job-dir>/packages/<sha256>/<file>`. A user's package that imports mljob gets mljob's
 core (an sdist of `mljob` alone) installed beside it.
 
 Replicas run the staged packages, never the working tree: the local runner installs
-them into a package environment of their own (`submit.envs`).
+them into a package environment of their own (`submit.packaging.envs`).
 """
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ import sys
 import tempfile
 
 from mljob import storage
-from submit import sdist_cache
-from submit.archives import (ARCHIVE_SUFFIXES, MAX_EXTRACTED_BYTES, MAX_MEMBERS,  # noqa: F401
+from submit.packaging import sdist_cache
+from submit.packaging.archives import (ARCHIVE_SUFFIXES, MAX_EXTRACTED_BYTES, MAX_MEMBERS,  # noqa: F401
                              MAX_PACKAGE_BYTES, Package, _naming, _read_package,
                              check_archive_name, check_members, content_hash, describe,
                              dist_name, imports_mljob, safe_extract)
-from submit.envs import (ENV_CACHE_ENV, ENV_MARKER, PIP_TIMEOUT_S, env_root,  # noqa: F401
-                         ensure_environment, environment_key, mljob_home, pip_failure)
+from submit.packaging.envs import (ENV_CACHE_ENV, ENV_MARKER, PIP_TIMEOUT_S, env_root,  # noqa: F401
+                         ensure_environment, environment_key, pip_failure)
 from submit.errors import PackageError, PackageUsageError
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ setup(name={name!r}, version={version!r},
 
 def default_package_path() -> str | None:
     """This project's own source tree (the folder holding setup.py), if it is one."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return root if os.path.isfile(os.path.join(root, "setup.py")) else None
 
 
@@ -132,7 +132,7 @@ def build(source: Source | str, out_dir: str, *, exclude: tuple[str, ...] = (),
           keep: bool = True) -> Package:
     """Build the sdist of a package source into out_dir; `exclude` lists absolute paths
     (a local job dir inside the package folder) left out of the copy. An sdist built
-    earlier from the same files is reused (`submit.sdist_cache`); `keep=False` (a dry
+    earlier from the same files is reused (`submit.packaging.sdist_cache`); `keep=False` (a dry
     run) keeps nothing new."""
     if isinstance(source, str):
         source = resolve_source(source)

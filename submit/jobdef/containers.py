@@ -25,7 +25,7 @@ FLAGS = {"master_image_uri": ("masterConfig", "--master-image-uri"),
          "worker_image_uri": ("workerConfig", "--worker-image-uri"),
          "parameter_server_image_uri": ("parameterServerConfig",
                                         "--parameter-server-image-uri")}
-MAX_WORDS = 1000   # containerCommand, containerArgs (submit.config_schema)
+MAX_WORDS = 1000   # containerCommand, containerArgs (submit.jobdef.config_schema)
 
 
 def check_image(uri: Any, where: str, error: type = ConfigError) -> str:
@@ -37,7 +37,7 @@ def check_image(uri: Any, where: str, error: type = ConfigError) -> str:
 
 def check_config(config: Mapping[str, Any], key: str) -> None:
     """What the schema cannot say of a replica config's container (its keys, the image's
-    syntax and the word lists are `submit.config_schema.ReplicaConfig`'s)."""
+    syntax and the word lists are `submit.jobdef.config_schema.ReplicaConfig`'s)."""
     if config.get("containerCommand") == []:
         raise ConfigError(f"trainingInput.{key}.containerCommand is empty; leave it "
                           "out to run the image's entrypoint")

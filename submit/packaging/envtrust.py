@@ -1,6 +1,6 @@
 """Whether a cached package environment can be trusted before its `bin/python` runs.
 
-`ensure_environment` (submit/package.py) reuses `<cache>/<key>` when it exists; a job
+`ensure_environment` (submit/packaging/package.py) reuses `<cache>/<key>` when it exists; a job
 then runs that folder's interpreter with the job's credentials. So a reused
 environment is checked first, and rebuilt when any check fails:
 

@@ -19,8 +19,9 @@ import urllib.request
 
 import click
 
-from submit import formats, models
-from submit.cli_base import cli, echo
+from submit.cli import formats
+from submit import models
+from submit.cli.cli_base import cli, echo
 from submit.errors import EXIT_OK, SubmitError, UsageError
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:8501"   # `predict serve`'s and TF Serving's REST port
@@ -125,7 +126,7 @@ def model_path(model: str, version: str | None) -> str:
 def predict_command(model, version, json_instances, json_request, text_instances,
                     signature_name, endpoint, region, fmt):
     """Online prediction against a running server, as `gcloud ai-platform predict`."""
-    from submit import version_config
+    from submit.jobdef import version_config
     if version_config.check_region(region):
         echo(f"--region {region}: gcloud's regional endpoint; the request goes to "
              f"--endpoint {endpoint}", err=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from submit import spellings
+from submit.jobdef import spellings
 from submit.errors import UsageError
 
 _TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")

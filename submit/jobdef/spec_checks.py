@@ -1,7 +1,7 @@
 """The values a job definition is made of, each checked on its own: text without control
 characters, storage URLs and bucket names, labels, durations, gcloud's per-type flags
 (--master-machine-type, --worker-accelerator count=N,type=T, ...), and the defaults
-Cloud ML derives (restarts, the chief's name in TF_CONFIG). `submit.spec` puts them
+Cloud ML derives (restarts, the chief's name in TF_CONFIG). `submit.jobdef.spec` puts them
 together.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, overload
 
 from mljob import storage
-from submit.config_schema import type_name
+from submit.jobdef.config_schema import type_name
 from submit.errors import ConfigError, UsageError
 
 URL_SCHEMES = ("file", "memory", "gs")

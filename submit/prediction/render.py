@@ -28,9 +28,10 @@ from typing import Any
 
 import yaml
 
-from submit import jobs, spec as specs
+from submit import jobs
+from submit.jobdef import spec as specs
 from submit.errors import UsageError
-from submit.prediction_spec import PredictionSpec
+from submit.prediction.spec import PredictionSpec
 
 VERTEX_FORMATS = {"text": "jsonl", "tf-record": "tf-record", "tf-record-gzip": "tf-record-gzip"}
 # Vertex's prebuilt TensorFlow prediction images (CPU), per registry.
@@ -165,7 +166,7 @@ def submit(spec: PredictionSpec, runner: str, *, project, image, namespace, dry_
                                                   namespace):
         raise UsageError(f"--namespace {namespace!r:.60} is not a Kubernetes namespace "
                          "name; use lower-case letters, digits and '-'")
-    from submit.prediction_plan import build_plan
+    from submit.prediction.plan import build_plan
     if spec.model:
         raise UsageError("--runner kubeflow takes --model-dir gs://...: a cluster has no "
                          "model registry")

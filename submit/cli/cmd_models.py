@@ -6,8 +6,10 @@ import functools
 
 import click
 
-from submit import formats, models, spec as specs, version_config
-from submit.cli_base import GcloudGroup, cli, echo
+from submit.cli import formats
+from submit import models
+from submit.jobdef import spec as specs, version_config
+from submit.cli.cli_base import GcloudGroup, cli, echo
 from submit.errors import EXIT_OK
 
 MODEL_KEYS = [("name", "NAME"), ("defaultVersion.name", "DEFAULT_VERSION_NAME")]

@@ -18,7 +18,7 @@ import dataclasses
 import re
 from typing import Any
 
-from submit import spec as specs
+from submit.jobdef import spec as specs
 from submit.errors import UsageError
 from mljob.errors import ascii_digits
 

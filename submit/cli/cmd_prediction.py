@@ -2,10 +2,10 @@
 
 The command checks every flag, the model, the inputs and the output path before
 anything is recorded (a mistake is one line and exit status 2), plans the shards, then
-records the job in the local index and runs it (`submit.prediction_job`): in the
+records the job in the local index and runs it (`submit.prediction.job`): in the
 foreground, following its logs (Ctrl-C cancels it), or with `--async` under a detached
 supervisor. `--runner vertex|kubeflow` renders the engine's own job instead
-(`submit.runners.prediction_render`).
+(`submit.prediction.render`).
 
 `submit.__main__` adds the command to `jobs submit`, and the hidden
 `_supervise-prediction` that a detached job runs under to the CLI.
@@ -19,10 +19,11 @@ import sys
 import click
 
 from mljob import contracts, storage
-from submit import jobs, logs, prediction_spec
+from submit import jobs, logs
+from submit.prediction import spec as prediction_spec
 from submit.errors import UsageError
-from submit.prediction_plan import build_plan
-from submit.prediction_job import PredictionJob, PredictionPlan
+from submit.prediction.plan import build_plan
+from submit.prediction.job import PredictionJob, PredictionPlan
 from submit.lifecycle import ended
 
 RUNNERS = ("local", "vertex", "kubeflow")
@@ -73,7 +74,7 @@ def prediction_command(job_id, run_async, resume, runner, dry_run, project, imag
             raise UsageError(f"{flag} is for --runner {' or '.join(owners[flag])}, not "
                              f"--runner {runner}; drop it or change --runner")
     if runner != "local":
-        from submit.runners import prediction_render
+        from submit.prediction import render as prediction_render
         return prediction_render.submit(spec, runner, project=project, image=image,
                                         namespace=namespace, dry_run=dry_run,
                                         echo=click.echo)
@@ -129,7 +130,7 @@ def run(plan: PredictionPlan, record: jobs.JobRecord, *, stream: bool) -> int:
 
 
 def _detach(plan: PredictionPlan) -> int:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, contracts.MLJOB_JOB_ID_ENV: plan.job_id,
            "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     with open(os.path.join(plan.run_dir, "supervisor.log"), "ab") as out:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from submit import runners, spec as specs, submission
-from submit.cli_base import TrainerArgsCommand, cli, echo
+from submit import runners, submission
+from submit.jobdef import spec as specs
+from submit.cli.cli_base import TrainerArgsCommand, cli, echo
 from submit.runners import kubeflow_options
 
 

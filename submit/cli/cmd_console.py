@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from submit.cli_base import cli, echo
+from submit.cli.cli_base import cli, echo
 
 
 @cli.command("console")

@@ -1,4 +1,4 @@
-"""The config keys that only cluster engines read, kept apart from `submit.spec` (which
+"""The config keys that only cluster engines read, kept apart from `submit.jobdef.spec` (which
 merges them in) so that each engine's keys are listed, typed and checked in one place.
 
 trainingInput (Cloud ML's own fields where Cloud ML had them, else Vertex AI's names):
