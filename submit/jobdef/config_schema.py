@@ -33,19 +33,12 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from submit.jobdef.containers import IMAGE, MAX_WORDS
+from submit.jobdef.vocabulary import (  # noqa: F401  (the schema's words, read here)
+    ALGORITHMS, GOALS, MAX_PARALLEL_TRIALS, MAX_RESTARTS, MAX_TRIALS, PARAM_TYPES,
+    RESTART_POLICIES, SCALES, type_name)
 from submit.errors import ConfigError
 
 SCHEMA_PATH = "docs/schema/config.schema.json"   # from the project's root
-RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
-GOALS = ("MAXIMIZE", "MINIMIZE")
-ALGORITHMS = ("ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH")
-PARAM_TYPES = ("DOUBLE", "INTEGER", "CATEGORICAL", "DISCRETE")
-SCALES = ("UNIT_LINEAR_SCALE", "UNIT_LOG_SCALE", "UNIT_REVERSE_LOG_SCALE")
-MAX_RESTARTS = 100
-MAX_TRIALS = 10_000          # a sanity bound, like the replica counts'
-# Trials running at once: each is a training job of its own (the local runner starts them
-# all on this machine; Vertex and Katib queue what their cluster cannot hold).
-MAX_PARALLEL_TRIALS = 100
 _INT64 = re.compile(r"\s*-?[0-9]{1,19}\s*")
 _DURATION = re.compile(r"([0-9]{1,12})(\.[0-9]{1,9})?s")
 
@@ -408,12 +401,6 @@ def _default_expect(kind: str, error: Mapping[str, Any]) -> str:
     if "max_length" in ctx:
         return f"at most {ctx['max_length']} long"
     return "another value"
-
-
-def type_name(value: Any) -> str:
-    names = {str: "a string", int: "an integer", bool: "true or false", list: "a list",
-             dict: "a mapping", float: "a number", type(None): "empty"}
-    return names.get(type(value), type(value).__name__)
 
 
 def short(value: Any, width: int = 60) -> str:

@@ -14,13 +14,12 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mljob import machines
 from mljob.contracts import CHIEF, EVALUATOR, MASTER, PS, WORKER  # noqa: F401
-from submit.jobdef import config_reader, config_schema, containers, engine_keys, spellings, \
-    tuning_spec
-from submit.jobdef.config_schema import MAX_RESTARTS, RESTART_POLICIES, JobConfig, TrainingInput
+from submit.jobdef import config_reader, containers, engine_keys, spellings, tuning_spec
+from submit.jobdef.vocabulary import MAX_RESTARTS, RESTART_POLICIES
 from submit.jobdef.config_reader import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES
 from submit.jobdef.config_reader import MAX_CONFIG_DEPTH as MAX_CONFIG_DEPTH
 from submit.errors import ConfigError, UsageError
@@ -39,9 +38,20 @@ MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")  # ful
 VERSIONS = {"region": re.compile(r"[a-z]+(-[a-z]+)+[0-9]{1,2}"),
             "runtimeVersion": re.compile(r"[0-9]+\.[0-9]+"),
             "pythonVersion": re.compile(r"[0-9]\.[0-9]+")}
-TRAINING_INPUT_KEYS = config_schema.keys(TrainingInput)
 _normalise_url = normalise_url   # prediction_spec and the models commands check URLs too
 check_job_id = spellings.check_job_id
+
+if TYPE_CHECKING:
+    from submit.jobdef.config_schema import JobConfig
+
+
+def __getattr__(name: str) -> Any:
+    """TRAINING_INPUT_KEYS: the schema's trainingInput keys, read (with pydantic) only
+    when asked for."""
+    if name == "TRAINING_INPUT_KEYS":
+        from submit.jobdef import config_schema
+        return config_schema.keys(config_schema.TrainingInput)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,7 +224,8 @@ def parse_config(document: Mapping[str, Any], where: str = "config") -> JobConfi
                           f"{type(ti).__name__}")
     for at, text in strings(ti, "trainingInput"):
         check_text(text, at, ConfigError)
-    config = config_schema.validate(JobConfig, document, where)
+    from submit.jobdef import config_schema  # pydantic: only where a config is read
+    config = config_schema.validate(config_schema.JobConfig, document, where)
     if config.job_id is not None:
         check_job_id(config.job_id)
     return config
@@ -262,7 +273,9 @@ def resolve(flags: Flags, config: JobConfig | None = None) -> JobSpec:
     job's package. --region, --runtime-version and --python-version are recorded in
     trainingInput (the local runner runs on this machine's TensorFlow and Python).
     """
-    config = config or JobConfig()
+    if config is None:
+        from submit.jobdef.config_schema import JobConfig
+        config = JobConfig()
     check_job_id(flags.job_id)
     if flags.package_path is not None:
         check_text(flags.package_path, "--package-path")

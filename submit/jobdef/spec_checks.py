@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, overload
 
 from mljob import storage
-from submit.jobdef.config_schema import type_name
+from submit.jobdef.vocabulary import type_name
 from submit.errors import ConfigError, UsageError
 
 URL_SCHEMES = ("file", "memory", "gs")

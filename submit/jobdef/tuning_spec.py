@@ -15,16 +15,16 @@ import dataclasses
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mljob.contracts import DEFAULT_HP_METRIC_TAG
-from submit.jobdef import config_schema
-from submit.jobdef.config_schema import SCALES, HyperparameterSpec
-from submit.jobdef.config_schema import PARAM_TYPES as TYPES
+from submit.jobdef.vocabulary import PARAM_TYPES as TYPES
+from submit.jobdef.vocabulary import SCALES
 from submit.errors import ConfigError
 
-KEYS = config_schema.keys(HyperparameterSpec)
-PARAM_KEYS = config_schema.keys(config_schema.ParameterSpec)
+if TYPE_CHECKING:
+    from submit.jobdef.config_schema import HyperparameterSpec
+
 # Where a tuning job keeps its study: <job-dir>/hptuning/optuna-journal.log
 HP_DIR = "hptuning"
 JOURNAL = "optuna-journal.log"
@@ -97,6 +97,15 @@ class TuningSpec:
         return math.prod(_points(p) for p in self.params)
 
 
+def __getattr__(name: str) -> Any:
+    """KEYS and PARAM_KEYS: the schema's keys, read (with pydantic) only when asked for."""
+    if name in ("KEYS", "PARAM_KEYS"):
+        from submit.jobdef import config_schema
+        return config_schema.keys(config_schema.HyperparameterSpec if name == "KEYS"
+                                  else config_schema.ParameterSpec)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def from_dict(data: Mapping[str, Any]) -> TuningSpec:
     """A spec from its `dataclasses.asdict` (a plan read back from JSON)."""
     params = tuple(Parameter(**{**p, "values": tuple(p.get("values", ()))})
@@ -115,8 +124,9 @@ def parse(given: HyperparameterSpec | Mapping[str, Any], *,
     """The checked spec, or ConfigError naming the field and the fix. The schema
     (`submit.jobdef.config_schema.HyperparameterSpec`) has checked keys and types; this checks
     what holds between fields and values."""
-    if not isinstance(given, HyperparameterSpec):
-        given = config_schema.validate(HyperparameterSpec, given, WHERE)
+    from submit.jobdef import config_schema  # pydantic: only where a spec is read
+    if not isinstance(given, config_schema.HyperparameterSpec):
+        given = config_schema.validate(config_schema.HyperparameterSpec, given, WHERE)
     hp = given.to_dict()
     tag = hp.get("hyperparameterMetricTag", DEFAULT_HP_METRIC_TAG)
     if not METRIC_TAG.fullmatch(tag):
