@@ -17,7 +17,8 @@ setup(
     "locally or on a cluster.",
     packages=find_packages(include=["mljob", "mljob.*", "trainer", "trainer.*", "submit", "submit.*",
                                     "predict", "predict.*"]),
-    package_data={"trainer": ["sample/*.gz", "sample/README.md"]},
+    package_data={"trainer": ["sample/*.gz", "sample/README.md"],
+                  "predict.serving_api": ["LICENSE"]},
     python_requires=">=3.10",
     # What every use needs, and all a replica needs beside TensorFlow (which the `cpu`
     # extra or the image gives): mljob's core. Each use adds its extra (docs/install.md
@@ -40,8 +41,10 @@ setup(
             "starlette>=0.37", UVICORN,  # the console
         ],
         # `python -m predict` and `tensorflow_model_server`: the server, local and batch
-        # prediction (whose workers `jobs submit prediction` starts); TF Serving's protos
-        # come apart: `pip install --no-deps 'tensorflow-serving-api==2.21.*'` (below)
+        # prediction (whose workers `jobs submit prediction` starts). TF Serving's API
+        # protos are vendored (predict.serving_api, generated from its 2.20.0 release):
+        # they need the grpcio and protobuf they were generated for, and TensorFlow's
+        # own protos from the TensorFlow the server loads models with
         "serve": [
             "click>=8.1",
             "PyYAML>=6",
@@ -54,8 +57,9 @@ setup(
             "uvloop>=0.19; sys_platform != 'win32'",
             "orjson>=3.8",
             "prometheus-client>=0.17",  # /monitoring/prometheus/metrics
-            "grpcio>=1.60",             # the gRPC API (--port)
+            "grpcio>=1.75.1",           # the gRPC API (--port); the stubs' own check
             "grpcio-health-checking>=1.60",  # grpc.health.v1 on the gRPC port
+            "protobuf>=6.31.1",         # the vendored protos' runtime (protoc 31.1)
         ],
         # TensorFlow is an extra: on this machine `cpu` installs it; on a cluster the
         # image provides it (Kubeflow's TensorFlow base, Vertex's prebuilt executors),
@@ -96,10 +100,6 @@ setup(
             "ruff==0.17.*",
             "mypy==2.4.*",
         ],
-        # `predict serve --grpc-port` and text-proto model config files also need TF
-        # Serving's protos: `pip install --no-deps tensorflow-serving-api==2.21.*` (the
-        # package requires the full `tensorflow`, which would land beside tensorflow-cpu;
-        # .ci/setup installs it that way).
         "bench": ["matplotlib>=3.8", "uv>=0.5"],
     },
     entry_points={

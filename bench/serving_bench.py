@@ -12,7 +12,7 @@ p50 over REST's at one client).
 
 Every request holds one instance (a 784-pixel image and a key): what online traffic
 looks like, and where batching can help. Each client is a thread with its own
-keep-alive connection (REST: httpx; gRPC: the official tensorflow-serving-api stub on
+keep-alive connection (REST: httpx; gRPC: TF Serving's own stub (predict.serving_api) on
 one channel a client). Each cell runs for `--seconds`, with the server started fresh
 for each batching setting (`--rest_api_num_threads=16`; batching: `--max_batch_size=64
 --batch_timeout_micros=2000`). The reload phase serves a `--model_config_file` polled
@@ -85,7 +85,7 @@ def mlp_export(prefix: str) -> tuple:
     """(scratch folder, the MLP's export in it, the image, the REST body, the gRPC
     PredictRequest) of the one-instance request every serving benchmark sends."""
     import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2
+    from predict.serving_api.apis import predict_pb2
 
     from trainer import model as trainer_models
     from trainer.export import export
@@ -122,7 +122,7 @@ def rest_maker(url: str, body: bytes):
 def grpc_maker(port: int, request):
     """A make_call for run_clients: each client its own channel sending request."""
     import grpc
-    from tensorflow_serving.apis import prediction_service_pb2_grpc
+    from predict.serving_api.apis import prediction_service_pb2_grpc
 
     def make():
         stub = prediction_service_pb2_grpc.PredictionServiceStub(
@@ -337,7 +337,7 @@ def reload_under_load(export_dir: str, scratch: str, body: bytes, request,
     """16 clients (8 REST, 8 gRPC) predict while the config is reloaded without pause,
     a second model alternating in and out, by gRPC and by the polled file."""
     import grpc
-    from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc
+    from predict.serving_api.apis import model_management_pb2, model_service_pb2_grpc
     base = os.path.join(scratch, "base")
     shutil.copytree(export_dir, os.path.join(base, "1"))
     config = os.path.join(scratch, "models.config")

@@ -49,7 +49,7 @@ elif api in ("rest lean client", "lean empty route"):
         assert answer.status == 200, answer.status
 elif api == "grpc":
     import grpc, tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+    from predict.serving_api.apis import predict_pb2, prediction_service_pb2_grpc
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "default"
     request.inputs["image"].CopyFrom(tf.make_tensor_proto(image))

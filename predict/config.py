@@ -4,7 +4,7 @@ Two spellings of the same thing are read:
 
 - TF Serving's own text format (a `ModelServerConfig` text proto, what
   `tensorflow_model_server --model_config_file` reads), parsed with the
-  `tensorflow-serving-api` package's proto classes:
+  TF Serving's own proto classes (vendored in predict.serving_api):
 
       model_config_list {
         config {
@@ -44,8 +44,6 @@ from predict.versions import ModelConfig, VersionPolicy, parse_version
 
 _FIELDS = {"name", "base_path", "model_platform", "model_version_policy", "version_labels",
            "model_type", "logging_config"}
-_SERVING_API = ("install tensorflow-serving-api without its dependencies "
-                "(pip install --no-deps tensorflow-serving-api) or write the file as YAML")
 
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # thousands of models' entries
@@ -101,12 +99,14 @@ def _yaml(raw: str, url: str):
 
 
 def _text_proto(raw: str, url: str) -> dict:
-    try:
-        from google.protobuf import json_format, text_format
-        from tensorflow_serving.config import model_server_config_pb2
-    except ImportError:
-        raise UsageError(f"reading the text proto {url} needs TF Serving's protos: "
-                         f"{_SERVING_API}") from None
+    from predict.serving_api import missing
+    reason = missing()
+    if reason is not None:
+        raise UsageError(f"reading the text proto {url}: {reason}; or write the file as "
+                         "YAML")
+    from google.protobuf import json_format, text_format
+
+    from predict.serving_api.config import model_server_config_pb2
     message = model_server_config_pb2.ModelServerConfig()
     try:
         text_format.Parse(raw, message)

@@ -2,11 +2,10 @@
 (Predict, GetModelMetadata, Classify, Regress, MultiInference), `ModelService`
 (GetModelStatus, HandleReloadConfigRequest) and `grpc.health.v1.Health`.
 
-The messages and service stubs are TF Serving's own, from the `tensorflow-serving-api`
-package. That package requires the full `tensorflow` distribution, which would lay a
-second TensorFlow over `tensorflow-cpu`, so it is installed without its dependencies
-(`pip install --no-deps tensorflow-serving-api`): everything else it needs (grpcio,
-protobuf, TensorFlow's own protos) is already there.
+The messages and service stubs are TF Serving's own, generated from its release's .proto
+files and vendored in `predict.serving_api` (the `tensorflow-serving-api` package is not
+needed: it requires the full `tensorflow` distribution, which would lay a second
+TensorFlow over `tensorflow-cpu`).
 
 Requests go through the same repository, checks and predict loop as REST, so both
 APIs give the same answers and the same errors (as gRPC status codes: NOT_FOUND for an
@@ -30,8 +29,6 @@ from predict.repository import NotFoundError
 
 log = logging.getLogger("predict.grpc")
 
-_SERVING_API = ("gRPC needs TF Serving's API protos: pip install --no-deps "
-                "tensorflow-serving-api (without --no-deps it pulls a second TensorFlow)")
 _CODE_NAMES = {grpc.StatusCode.OK: "OK", grpc.StatusCode.NOT_FOUND: "NOT_FOUND",
                grpc.StatusCode.INVALID_ARGUMENT: "INVALID_ARGUMENT",
                grpc.StatusCode.INTERNAL: "INTERNAL",
@@ -43,12 +40,13 @@ _LOG_KINDS = {"Predict": "predict_log", "Classify": "classify_log", "Regress": "
 
 
 def _apis():
-    try:
-        from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
-                                             get_model_status_pb2, model_service_pb2_grpc,
-                                             predict_pb2, prediction_service_pb2_grpc)
-    except ImportError:
-        raise UsageError(_SERVING_API) from None
+    from predict.serving_api import missing
+    reason = missing()
+    if reason is not None:
+        raise UsageError(reason)
+    from predict.serving_api.apis import (classification_pb2, get_model_metadata_pb2,
+                                          get_model_status_pb2, model_service_pb2_grpc,
+                                          predict_pb2, prediction_service_pb2_grpc)
     return (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
             model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc)
 
@@ -109,7 +107,7 @@ class GrpcApi:
         return self._call("MultiInference", request, context, self._multi)
 
     def HandleReloadConfigRequest(self, request, context):
-        from tensorflow_serving.apis import model_management_pb2
+        from predict.serving_api.apis import model_management_pb2
         if self._reload is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server serves a --model_dir "
                           "and takes no config; start it with --model_config_file or "
@@ -212,7 +210,7 @@ class GrpcApi:
             return response
 
     def _regress(self, request):
-        from tensorflow_serving.apis import regression_pb2
+        from predict.serving_api.apis import regression_pb2
         served, version, label = self._served(request.model_spec)
         records = inference.serialized(request.input, self.service.max_instances)
         with served.use(version, label) as (number, model):
@@ -225,7 +223,7 @@ class GrpcApi:
             return response
 
     def _multi(self, request):
-        from tensorflow_serving.apis import inference_pb2
+        from predict.serving_api.apis import inference_pb2
         return multi_inference(self.service, inference_pb2, request, self._served,
                                self._spec)
 

@@ -1,6 +1,7 @@
-"""TF Serving's small text-proto config files that the `tensorflow-serving-api` wheel
-does not ship: `--batching_parameters_file` (BatchingParameters, from
-session_bundle_config.proto) and `--monitoring_config_file` (MonitoringConfig).
+"""TF Serving's small text-proto config files whose protos predict.serving_api does not
+hold (nor does the `tensorflow-serving-api` wheel): `--batching_parameters_file`
+(BatchingParameters, from session_bundle_config.proto) and `--monitoring_config_file`
+(MonitoringConfig).
 
 The messages are declared here with TF Serving's own field names and numbers, so
 protobuf's own text parser reads the files exactly as TF Serving does (`max_batch_size

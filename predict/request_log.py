@@ -80,7 +80,7 @@ class RequestLogger:
     def write(self, kind: str, spec, request, response) -> None:
         """kind: predict_log, classify_log, regress_log or multi_inference_log; spec the
         answer's ModelSpec."""
-        from tensorflow_serving.apis import prediction_log_pb2
+        from predict.serving_api.apis import prediction_log_pb2
         from predict.records import write_tfrecords
         log = prediction_log_pb2.PredictionLog()
         log.log_metadata.model_spec.CopyFrom(spec)
@@ -135,7 +135,7 @@ class Loggers:
 def predict_messages(name: str, version: int, signature: str, batch: dict, outputs: dict):
     """A REST :predict as TF Serving's PredictRequest and PredictResponse."""
     import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2
+    from predict.serving_api.apis import predict_pb2
     request, response = predict_pb2.PredictRequest(), predict_pb2.PredictResponse()
     for spec in (request.model_spec, response.model_spec):
         spec.name, spec.signature_name = name, signature
@@ -150,7 +150,7 @@ def predict_messages(name: str, version: int, signature: str, batch: dict, outpu
 def example_messages(kind: str, name: str, version: int, signature: str, records: list,
                      result: list):
     """A REST :classify or :regress as TF Serving's request and response."""
-    from tensorflow_serving.apis import classification_pb2, regression_pb2
+    from predict.serving_api.apis import classification_pb2, regression_pb2
     from predict import inference
     if kind == "classify_log":
         request, response = (classification_pb2.ClassificationRequest(),

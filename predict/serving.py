@@ -61,23 +61,20 @@ def versions() -> str:
             except metadata.PackageNotFoundError:
                 continue
         return "not installed"
-    return (f"TensorFlow ModelServer: {installed('tensorflow-serving-api')}"
+    from predict.serving_api import RELEASE
+    return (f"TensorFlow ModelServer: {RELEASE}"
             f"+mljob.{installed('mljob')}\n"
             f"TensorFlow Library: {installed('tensorflow', 'tensorflow-cpu')}")
 
 
-SERVING_API_INSTALL = "pip install --no-deps 'tensorflow-serving-api==2.21.*'"
-
-
 def check_serving_api() -> None:
-    """The gRPC API and the config files need TF Serving's protos: refused before any
-    model loads when they are not installed (the install's `--no-deps`: the package
-    requires the full `tensorflow`, which would land beside tensorflow-cpu)."""
-    try:
-        from tensorflow_serving.apis import predict_pb2  # noqa: F401
-    except ImportError:
-        raise PredictError("TF Serving's API protos (tensorflow-serving-api) are not "
-                           f"installed; install them with: {SERVING_API_INSTALL}") from None
+    """The gRPC API and the config files need TF Serving's protos (vendored in
+    predict.serving_api): refused before any model loads when what they need (grpcio,
+    protobuf, TensorFlow's protos) is missing or older than they were generated for."""
+    from predict.serving_api import missing
+    reason = missing()
+    if reason is not None:
+        raise PredictError(reason)
 
 
 def run(options) -> None:

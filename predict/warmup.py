@@ -25,7 +25,7 @@ MAX_FILE_BYTES = 256 * 1024 * 1024
 
 
 def _logs(data: bytes, where: str) -> list:
-    from tensorflow_serving.apis import prediction_log_pb2
+    from predict.serving_api.apis import prediction_log_pb2
     from predict.records import read_tfrecords
     from predict.errors import InstanceError
     logs = []
@@ -85,7 +85,7 @@ MAX_ELEMENTS = 64 * 1024 * 1024
 
 
 def _replay(model, log, max_instances: int) -> None:
-    from tensorflow_serving.apis import predict_pb2
+    from predict.serving_api.apis import predict_pb2
     from predict.grpc_api import predict_response
     kind = log.WhichOneof("log_type")
 

@@ -18,16 +18,13 @@ from tests.test_import_circles import ROOT
 
 # extras each package may rely on, beyond install_requires
 USES = {"mljob": ("cpu",), "trainer": ("cpu",),
-        "predict": ("serve", "cpu", "SERVING_API"),
-        "submit": ("submit", "serve", "cpu", "kubeflow", "vertex", "ray", "tuning", "test",
-                   "SERVING_API")}
+        "predict": ("serve", "cpu"),
+        "submit": ("submit", "serve", "cpu", "kubeflow", "vertex", "ray", "tuning", "test")}
 # modules that come with a declared distribution as its documented API: TensorFlow's
 # numpy, keras and protobuf; pydantic's core; the Google and Kubernetes clients' HTTP
 THROUGH = {"numpy": {"numpy"}, "keras": {"keras"}, "google": {"protobuf"},
            "pydantic_core": {"pydantic-core"}, "requests": {"requests"},
            "urllib3": {"urllib3"}}
-# installed apart, as setup.py's comment says: `pip install --no-deps tensorflow-serving-api`
-SERVING_API = ["tensorflow-serving-api"]
 
 
 def declared() -> tuple[list[str], dict[str, list[str]]]:
@@ -72,7 +69,6 @@ def imported(package: str) -> dict[str, str]:
 
 def test_every_import_is_declared_for_its_use():
     core, extras = declared()
-    extras = {**extras, "SERVING_API": SERVING_API}
     dists = importlib.metadata.packages_distributions()
     missing = []
     for package, uses in USES.items():

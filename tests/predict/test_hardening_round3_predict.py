@@ -23,8 +23,8 @@ from tests.support.common import Reaper, free_ports
 from tests.support.predict_models import saved_model_export, start_server
 
 grpc = pytest.importorskip("grpc")
-serving = pytest.importorskip("tensorflow_serving.apis.predict_pb2")
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
+serving = pytest.importorskip("predict.serving_api.apis.predict_pb2")
+from predict.serving_api.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,13 @@
-"""`python -m predict serve --port`: TF Serving's gRPC API, called with the
-official `tensorflow-serving-api` stubs over 127.0.0.1; its answers agree with the REST
-API's and with `saved_model_cli run`. Also the Prometheus metrics both APIs feed, and
-`--enable-batching`."""
+"""`python -m predict serve --port`: TF Serving's gRPC API, called over 127.0.0.1 with
+TF Serving's stubs (the vendored ones, predict.serving_api; and the released
+`tensorflow-serving-api` package's, in a process of their own); its answers agree with
+the REST API's and with `saved_model_cli run`. Also the Prometheus metrics both APIs
+feed, and `--enable-batching`."""
 import asyncio
+import json
+import os
+import subprocess
+import sys
 
 import grpc
 import httpx
@@ -15,8 +20,8 @@ from tests.support.common import Reaper
 from tests.support.predict_models import (images, metric_samples, saved_model_cli_run,
                                           saved_model_export, start_server)
 
-serving_apis = pytest.importorskip("tensorflow_serving.apis.prediction_service_pb2_grpc")
-from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,  # noqa: E402
+serving_apis = pytest.importorskip("predict.serving_api.apis.prediction_service_pb2_grpc")
+from predict.serving_api.apis import (classification_pb2, get_model_metadata_pb2,  # noqa: E402
                                      get_model_status_pb2, model_service_pb2_grpc,
                                      predict_pb2, prediction_service_pb2_grpc)
 
@@ -67,6 +72,88 @@ def test_grpc_rest_and_saved_model_cli_agree(served, export_dir, tmp_path):
     assert grpc_out["classes"].tolist() == rest["classes"] == cli["classes"].tolist()
     np.testing.assert_allclose(grpc_out["scores"], cli["scores"], rtol=1e-6)
     np.testing.assert_allclose(rest["scores"], cli["scores"], rtol=1e-6)
+
+
+# TF Serving's released client stubs, installed apart by .ci/setup (--no-deps --target):
+# the server's vendored set and these differ in predict.proto, so no process imports both
+RELEASED = os.environ.get("MLJOB_TFS_CLIENT") or os.path.expanduser(
+    "~/.cache/mljob/tfs-client")
+RELEASED_CLIENT = r"""
+import hashlib, importlib, importlib.util, json, pkgutil, sys, types
+# TensorFlow's protos without tensorflow/__init__ (the whole library, 5-30 s): the stubs
+# import only tensorflow.core's *_pb2 modules
+tf = types.ModuleType("tensorflow")
+tf.__path__ = list(importlib.util.find_spec("tensorflow").submodule_search_locations)
+sys.modules["tensorflow"] = tf
+import grpc
+from tensorflow.core.framework import tensor_pb2, types_pb2
+import tensorflow_serving
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+args = json.loads(sys.argv[1])
+request = predict_pb2.PredictRequest()
+request.model_spec.name = "mnist"
+image = request.inputs["image"]
+image.dtype = types_pb2.DT_FLOAT
+for n in args["shape"]:
+    image.tensor_shape.dim.add(size=n)
+image.float_val.extend(args["image"])
+key = request.inputs["key"]
+key.dtype = types_pb2.DT_INT64
+key.tensor_shape.dim.add(size=len(args["keys"]))
+key.int64_val.extend(args["keys"])
+with grpc.insecure_channel(args["target"]) as channel:
+    answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(
+        request, timeout=60)
+descriptors = {}
+for pkg in ("apis", "config"):
+    for m in pkgutil.iter_modules(importlib.import_module("tensorflow_serving." + pkg).__path__):
+        if m.name.endswith("_pb2"):
+            mod = importlib.import_module(f"tensorflow_serving.{pkg}.{m.name}")
+            descriptors[f"{pkg}.{m.name}"] = mod.DESCRIPTOR.serialized_pb.hex()
+print(json.dumps({"stubs": tensorflow_serving.__file__, "version": answer.model_spec.version.value,
+                  "answer": answer.SerializeToString().hex(), "descriptors": descriptors}))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(RELEASED, "tensorflow_serving")),
+                    reason=f"TF Serving's released stubs are not in {RELEASED} (.ci/setup)")
+def test_the_released_tensorflow_serving_api_stubs_call_the_server(served):
+    """A client of the released `tensorflow-serving-api` 2.21.0 stubs, in its own process,
+    gets the answer the vendored stubs get; the vendored protos (tag 2.20.0) are its
+    own byte for byte but predict.proto, where 2.21.0 adds one request option."""
+    from google.protobuf import descriptor_pb2
+
+    from predict.serving_api import RELEASE
+    client, channel = served
+    port = channel._channel.target().decode().rsplit(":", 1)[1]
+    env = {**os.environ, "PYTHONPATH": RELEASED}
+    out = subprocess.run([sys.executable, "-c", RELEASED_CLIENT, json.dumps({
+        "target": f"127.0.0.1:{port}", "shape": list(IMAGES.shape),
+        "image": IMAGES.ravel().tolist(), "keys": KEYS})], env=env, capture_output=True,
+        text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    released = json.loads(out.stdout.strip().splitlines()[-1])
+    assert released["stubs"].startswith(RELEASED)  # theirs, not the vendored ones
+    ours = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(
+        predict_request(IMAGES, KEYS), timeout=60)
+    theirs = predict_pb2.PredictResponse.FromString(bytes.fromhex(released["answer"]))
+    assert released["version"] == 1
+    assert {k: tf.make_ndarray(v).tolist() for k, v in theirs.outputs.items()} == \
+        {k: tf.make_ndarray(v).tolist() for k, v in ours.outputs.items()}
+    assert tf.make_ndarray(theirs.outputs["key"]).tolist() == KEYS
+    import importlib
+    differ = []
+    for name, hexed in sorted(released["descriptors"].items()):
+        mine = importlib.import_module(f"predict.serving_api.{name}").DESCRIPTOR
+        if mine.serialized_pb != bytes.fromhex(hexed):
+            differ.append(name)
+    assert len(released["descriptors"]) == 20 and differ == ["apis.predict_pb2"], differ
+    theirs_fd = descriptor_pb2.FileDescriptorProto.FromString(
+        bytes.fromhex(released["descriptors"]["apis.predict_pb2"]))
+    options = next(m for m in theirs_fd.message_type if m.name == "PredictRequest")
+    options = next(m for m in options.nested_type if m.name == "RequestOptions")
+    handshake = [f.name for f in options.field if f.name == "handshake"]
+    assert handshake == ["handshake"] and RELEASE == "2.20.0"
 
 
 def test_metadata_status_and_classify(served):

@@ -285,7 +285,7 @@ def test_three_swaps_under_100_concurrent_clients(tmp_path, exports, expected, r
     every answer is one of the published versions' exact outputs (and a gRPC answer's
     model_spec names that version), and the status shows each switch."""
     import grpc
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+    from predict.serving_api.apis import predict_pb2, prediction_service_pb2_grpc
     from mljob.procs import free_ports
     base = tmp_path / "base"
     publish_version(exports[1], str(base), 1)

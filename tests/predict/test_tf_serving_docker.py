@@ -24,7 +24,7 @@ CLIENT = r"""
 import json, sys
 import grpc, httpx, numpy as np, tensorflow as tf
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from predict.serving_api.apis import predict_pb2, prediction_service_pb2_grpc
 host, name = sys.argv[1], sys.argv[2]
 imgs = np.asarray(json.loads(sys.argv[3]), np.float32)
 out = {}

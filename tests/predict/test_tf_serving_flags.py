@@ -145,23 +145,31 @@ def test_version_prints_tf_servings_two_lines_and_exits_0(capsys):
     assert out[1].startswith("TensorFlow Library: 2.")
 
 
-def test_without_the_serving_api_the_server_says_so_before_loading_anything(
+def test_with_a_grpcio_older_than_the_stubs_the_server_says_so_before_loading_anything(
         monkeypatch, capsys, tmp_path):
-    """The default command line needs TF Serving's protos (the gRPC API): without them
-    it fails at once, in one line with the install command, before any model loads
-    (the model dir here does not even exist)."""
+    """The default command line needs TF Serving's protos (the gRPC API, vendored in
+    predict.serving_api): with a grpcio older than the one they were generated for it
+    fails at once, in one line naming what to install, before any model loads (the
+    model dir here does not even exist)."""
     import sys
     import time
 
+    import grpc
+
     from predict import serving
-    for name in [m for m in sys.modules if m.startswith("tensorflow_serving")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "tensorflow_serving", None)  # import fails
+    from predict.serving_api.apis import predict_pb2  # noqa: F401  (TensorFlow's protos: its import)
+    monkeypatch.setattr(grpc, "__version__", "1.60.0")
+    # imported afresh (an earlier test may have imported it): from sys.modules and from
+    # its package, which `from ... import` reads first
+    from predict.serving_api import apis
+    monkeypatch.delitem(sys.modules, "predict.serving_api.apis.prediction_service_pb2_grpc",
+                        raising=False)
+    monkeypatch.delattr(apis, "prediction_service_pb2_grpc", raising=False)
     started = time.monotonic()
     status = serving.main([f"--model_base_path={tmp_path}/none", "--rest_api_port=0"],
                           prog="tensorflow_model_server")
     err = capsys.readouterr().err.strip()
-    assert status == 1 and time.monotonic() - started < 5
+    assert status == 1 and time.monotonic() - started < 5, err
     assert err.count("\n") == 0, err
-    assert "tensorflow-serving-api" in err and \
-        "pip install --no-deps 'tensorflow-serving-api==2.21.*'" in err
+    assert "grpcio>=1.75.1" in err and "pip install 'mljob[serve]'" in err
+    assert "at version 1.60.0" in err  # the stubs' own check said why

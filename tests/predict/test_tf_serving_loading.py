@@ -16,7 +16,7 @@ from predict.versions import LoadOptions, ModelConfig
 from tests.support.tf_serving import (LABELS, classifier_export, example, features,
                                       regressor_export, warmup_file)
 
-pytest.importorskip("tensorflow_serving.apis.prediction_log_pb2")
+pytest.importorskip("predict.serving_api.apis.prediction_log_pb2")
 ROWS = features(3, seed=5)
 
 

@@ -16,12 +16,12 @@ from tests.support.predict_models import start_server
 from tests.support.tf_serving import (LABELS, classifier_export, example, features,
                                       regressor_export, warmup_file)
 
-pytest.importorskip("tensorflow_serving.apis.prediction_service_pb2_grpc")
+pytest.importorskip("predict.serving_api.apis.prediction_service_pb2_grpc")
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
-from tensorflow_serving.apis import (classification_pb2, inference_pb2,  # noqa: E402
+from predict.serving_api.apis import (classification_pb2, inference_pb2,  # noqa: E402
                                      model_management_pb2, model_service_pb2_grpc,
                                      prediction_service_pb2_grpc, regression_pb2)
-from tensorflow_serving.config import model_server_config_pb2  # noqa: E402
+from predict.serving_api.config import model_server_config_pb2  # noqa: E402
 
 ROWS = features(3, seed=9)
 CONFIG = """model_config_list {{
@@ -155,7 +155,7 @@ def test_classify_and_regress_over_rest(server, direct):
 def test_sampled_requests_are_logged_as_prediction_logs(server):
     """logging_config: every request of "iris" (rate 1.0) in TF Serving's PredictionLog
     records, REST and gRPC alike; the file is a valid warmup file; "reg" logs none."""
-    from tensorflow_serving.apis import prediction_log_pb2
+    from predict.serving_api.apis import prediction_log_pb2
     from predict import records, warmup
     (path,) = (server["root"] / "logs").glob("iris-*.tfrecord")
     with open(path, "rb") as f:
@@ -184,7 +184,7 @@ def test_health_vertex_routes_and_metrics(server, direct):
                                                   "parameters": {}})
     np.testing.assert_allclose(answer.json()["predictions"],
                                direct["iris"].predict({"x": ROWS})["outputs"], rtol=1e-5)
-    from tensorflow_serving.apis import prediction_log_pb2
+    from predict.serving_api.apis import prediction_log_pb2
     import tensorflow as tf
     from predict import records
     (path,) = (server["root"] / "logs").glob("iris-*.tfrecord")
@@ -266,7 +266,7 @@ def test_rest_is_off_by_default_timeouts_and_tags(server, reaper):
     off unless --rest_api_port (gRPC alone answers); --rest_api_timeout_in_ms answers
     504 while gRPC waits; --saved_model_tags picks the MetaGraph (a tag set the export
     lacks fails the load, exit 2 after --max_num_load_retries)."""
-    from tensorflow_serving.apis import predict_pb2
+    from predict.serving_api.apis import predict_pb2
     import tensorflow as tf
     model = server["models"]["reg"]
     grpc_port, rest_port = free_ports(2)

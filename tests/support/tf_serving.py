@@ -58,7 +58,7 @@ def warmup_file(path: str, rows: np.ndarray, *, bad: bool = False) -> str:
     """A TFRecord file of PredictionLog records: one predict_log and one classify_log
     for `rows` (with `bad`, the predict request names an input the model lacks)."""
     import tensorflow as tf
-    from tensorflow_serving.apis import prediction_log_pb2
+    from predict.serving_api.apis import prediction_log_pb2
     from predict.records import write_tfrecords
     predict_log = prediction_log_pb2.PredictionLog()
     request = predict_log.predict_log.request

@@ -208,8 +208,8 @@ def served(trained, tmp_path_factory):
 def test_rest_and_grpc_answer_as_the_export_does(trained, served):
     import grpc
     import httpx
-    pytest.importorskip("tensorflow_serving.apis.prediction_service_pb2_grpc")
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+    pytest.importorskip("predict.serving_api.apis.prediction_service_pb2_grpc")
+    from predict.serving_api.apis import predict_pb2, prediction_service_pb2_grpc
     url, grpc_port = served
     with httpx.Client(base_url=url, timeout=120) as client, \
             grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
