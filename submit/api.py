@@ -31,11 +31,11 @@ from typing import Any
 
 from mljob import storage
 from submit import jobs as records
-from submit import lifecycle, listing, models, resource, submission
+from submit import lifecycle, listing, models, resource, runners, submission
 from submit.jobdef import spec as specs
 from submit.errors import (JobCancelled, JobFailed, JobNotFoundError, SubmitError,
                            UsageError)
-from submit.runners import kubeflow_options
+from submit.runners.engine import SHARED, EngineOptions
 
 __all__ = ["Job", "Model", "submit", "submit_prediction", "get_job", "list_jobs",
            "create_model", "get_model", "list_models", "SubmitError", "UsageError",
@@ -119,7 +119,8 @@ def submit(job_id: str, *, package_path: str | None = None,
     `{"trainingInput": {...}, "labels": {...}}`). Every other keyword is the flag of the
     same name (`worker_count=2`, `region="us-central1"`, `image=...` for kubeflow,
     `project=...` for vertex, `ray_address=...`)."""
-    engine = {k: options.pop(k) for k in list(options) if k in _ENGINE_KEYS}
+    engine = {k: options.pop(k) for k in list(options)
+              if k in runners.declared_options() or k in SHARED}
     if "region" in engine:  # every runner records it in trainingInput; vertex runs there
         options["region"] = engine["region"]
     flags = specs.Flags(job_id, scale_tier=scale_tier, job_dir=job_dir,
@@ -130,17 +131,13 @@ def submit(job_id: str, *, package_path: str | None = None,
 
     def echo(text: str, err: bool = False) -> None:
         notes.append(text)
-    engine_options = kubeflow_options.KubeflowOptions(**engine)
+    engine_options = EngineOptions(**engine)
     engine_options.check_for(runner)
     with _config_file(config) as path:
         submission.submit(submission.Submission(
             flags, runner=runner, options=engine_options, config_path=path,
             stream=False, resume=resume), echo)
     return Job(job_id, notes=notes)
-
-
-_ENGINE_KEYS = ("image", "namespace", "context", "project", "region", "service_account",
-                "api", "queue", "ray_address")
 
 
 def _flag_fields(options: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,37 @@ import click
 from submit import runners, submission
 from submit.jobdef import spec as specs
 from submit.cli.cli_base import TrainerArgsCommand, cli, echo
-from submit.runners import kubeflow_options
+from submit.runners.engine import EngineOptions
+
+
+def runner_params() -> list[click.Option]:
+    """`--runner` and every runner's own options, built from the runners' declarations
+    (`submit.runners.OPTIONS`): a new runner's options appear here without a line in
+    this module."""
+    params = [click.Option(
+        ["--runner"], default="local", show_default=True,
+        type=click.Choice(tuple(runners.RUNNERS)),
+        help="Where the job runs: processes on this machine, a Kubeflow TFJob on the "
+             "current kubeconfig's cluster, a Vertex AI CustomJob, or a job on a Ray "
+             "cluster.")]
+    for name, declared in runners.declared_options().items():
+        opt = declared.opt
+        params.append(click.Option(
+            [opt.option, name], metavar=opt.metavar, help=declared.help + ".",
+            type=click.Choice(opt.choices, case_sensitive=False) if opt.choices else None))
+    return params
+
+
+class TrainingCommand(TrainerArgsCommand):
+    """`jobs submit training`: its own flags, then the runners' (read from their
+    declarations when the command is parsed or its help shown)."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        key = f"runner_params:{self.name}"
+        if key not in ctx.meta:
+            ctx.meta[key] = runner_params()
+        return [*self.params, *ctx.meta[key], *params[len(self.params):]]
 
 
 def training_options(command):
@@ -78,42 +108,16 @@ _OPTIONS = [
                  help="Name the chief `chief` in TF_CONFIG, not `master` [default: the "
                       "config's useChiefInTfConfig, else by runtimeVersion: master before "
                       "2.1]."),
-    click.option("--runner", default="local", show_default=True,
-                 type=click.Choice(tuple(runners.RUNNERS)),
-                 help="Where the job runs: processes on this machine, a Kubeflow TFJob on "
-                      "the current kubeconfig's cluster, a Vertex AI CustomJob, or a job on a Ray "
-                      "cluster."),
-    click.option("--image", help="kubeflow: the container image holding the trainer (see "
-                                 "the Dockerfile --dry-run prints); vertex: the executor "
-                                 "image the package is installed into."),
-    click.option("--namespace", help="kubeflow: the namespace [default: the kubeconfig "
-                                     "context's, else default]."),
-    click.option("--kube-context", "context", help="kubeflow: the kubeconfig context "
-                                                   "[default: the current one]."),
-    click.option("--api", type=click.Choice(kubeflow_options.APIS, case_sensitive=False),
-                 help="kubeflow: the job's Kubernetes API, a Kubeflow TFJob or a JobSet "
-                      "(kubernetes-sigs/jobset) [default: tfjob]."),
-    click.option("--queue", metavar="NAME",
-                 help="kubeflow: the Kueue LocalQueue the job waits in (the label "
-                      "kueue.x-k8s.io/queue-name) [default: the config's "
-                      "scheduling.queueName, else none]."),
-    click.option("--project", help="vertex: the Google Cloud project [default: "
-                                   "$GOOGLE_CLOUD_PROJECT]."),
-    click.option("--ray-address", metavar="URL",
-                 help="ray: the Ray cluster's dashboard (job API) address, e.g. "
-                      "http://HEAD:8265 [default: $RAY_ADDRESS]."),
     click.option("--region", help="The region, recorded in trainingInput; vertex runs the "
                                   "job there [default: the config's region, else us-central1]."),
     click.option("--runtime-version", help="Cloud ML's runtime version (e.g. 2.11), recorded "
                                            "in trainingInput."),
     click.option("--python-version", help="Cloud ML's Python version (e.g. 3.7), recorded in "
                                           "trainingInput."),
-    click.option("--service-account", help="kubeflow: the pods' service account; vertex: "
-                                           "the service account email replicas run as."),
 ]
 
 
-@cli.command("submit", cls=TrainerArgsCommand, hidden=True)
+@cli.command("submit", cls=TrainingCommand, hidden=True)
 @click.argument("job_id")
 @training_options
 @click.pass_context
@@ -124,7 +128,7 @@ def submit_command(ctx, job_id, **flags):
     return submit_training(ctx, job_id, **flags)
 
 
-@click.command("training", cls=TrainerArgsCommand)
+@click.command("training", cls=TrainingCommand)
 @click.argument("job_id")
 @training_options
 @click.pass_context
@@ -138,14 +142,12 @@ def training_command(ctx, job_id, **flags):
 def submit_training(ctx, job_id, scale_tier, config_path, job_dir, staging_bucket,
                     package_path, packages, module_name, worker_count,
                     parameter_server_count, evaluator_count, stream_logs, dry_run, resume,
-                    restart_policy, max_restarts, runner, image, namespace, context,
-                    api, queue, project, region, runtime_version, python_version, service_account,
-                    ray_address, **job_definition):
+                    restart_policy, max_restarts, runner, region, runtime_version,
+                    python_version, **job_definition):
     """The submission the flags ask for, run to its end (or its dry run's print)."""
-    options = kubeflow_options.KubeflowOptions(
-        image=image, namespace=namespace, context=context, project=project, region=region,
-        service_account=service_account, api=api and api.lower(), queue=queue,
-        ray_address=ray_address)
+    declared = runners.declared_options()
+    engine = {k: job_definition.pop(k) for k in list(job_definition) if k in declared}
+    options = EngineOptions(region=region, **engine)
     options.check_for(runner)
     flags = specs.Flags(
         job_id, scale_tier=scale_tier, worker_count=worker_count,

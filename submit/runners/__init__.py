@@ -6,6 +6,7 @@ loaded for local jobs, and a missing SDK gets an install hint."""
 from __future__ import annotations
 
 import importlib
+from typing import Any, NamedTuple
 
 from submit.errors import UsageError
 
@@ -17,6 +18,36 @@ RUNNERS = {"local": "submit.runners.local:LocalEngine",
 # Ray's is a study supervised here whose trials are Ray jobs (submit.runners.ray_tuning).
 TUNING = {"ray": "submit.runners.ray_tuning:RayTuningEngine"}
 EXTRAS = {"kubeflow": "kubeflow", "vertex": "vertex", "ray": "ray"}  # setup.py extras per runner
+# Each runner's own options (`RunOpt`s), in a module that imports no SDK, so that the CLI
+# builds its flags (and `--help`) without loading any engine.
+OPTIONS = {"kubeflow": "submit.runners.kubeflow_options:RUNOPTS",
+           "vertex": "submit.runners.vertex_options:RUNOPTS",
+           "ray": "submit.runners.ray_options:RUNOPTS"}
+
+
+class Declared(NamedTuple):
+    opt: Any                    # the first declaring runner's RunOpt (flag, choices)
+    owners: tuple[str, ...]     # the runners that take it
+    help: str                   # each owner's help, prefixed with its name
+
+
+def declared_options() -> dict[str, Declared]:
+    """Every runner option by name, the runners in the registry's order; two runners
+    declaring one name share its flag (the first's flag and choices, both helps)."""
+    found: dict[str, Declared] = {}
+    for runner in RUNNERS:
+        if runner not in OPTIONS:
+            continue
+        module, _, attr = OPTIONS[runner].partition(":")
+        for opt in getattr(importlib.import_module(module), attr):
+            mine = f"{runner}: {opt.help}"
+            if opt.name in found:
+                seen = found[opt.name]
+                found[opt.name] = seen._replace(owners=(*seen.owners, runner),
+                                                help=f"{seen.help}; {mine}")
+            else:
+                found[opt.name] = Declared(opt, (runner,), mine)
+    return found
 
 
 def get(name: str, *, tuning: bool = False):

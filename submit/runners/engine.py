@@ -54,40 +54,76 @@ from submit.jobdef.spec import JobSpec, check_text
 
 
 @dataclasses.dataclass(frozen=True)
+class RunOpt:
+    """One option a runner declares (as torchx's schedulers declare `runopts`): `name`
+    the keyword (`EngineOptions.<name>`, the Python API's keyword), `help` as `--help`
+    shows it, `flag` the command line's (default `--name-with-dashes`), `choices` when
+    only some values are taken, `metavar` for `--help`. A runner lists its options in a
+    module of its own that imports no SDK (`RUNOPTS`), named in the registry
+    (`submit.runners.OPTIONS`); the CLI builds its click options from them. Two runners
+    may declare one name (`--image`): one flag, both helps."""
+
+    name: str
+    help: str
+    flag: str | None = None
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+
+    @property
+    def option(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+
+# Options every runner takes (gcloud's own flags, kept in the job's trainingInput too)
+SHARED = ("region",)
+
+
 class EngineOptions:
-    """The engine flags of `python -m submit` (None when not given).
+    """The runner options given, by name (None when not given): `EngineOptions(
+    image=..., namespace=...)`, read as attributes (`options.image`). Which runner takes
+    which is each runner's declaration (`RunOpt`), not this class."""
 
-    `image`: Kubeflow's container image (the trainer installed, see the generated
-    Dockerfile), or Vertex's `executor_image_uri` (a Python image the staged sdist is
-    pip-installed into). `namespace` and `context` pick the Kubernetes namespace and
-    kubeconfig context; `project` and `region` the Vertex location (every runner accepts
-    `region`, and records it in trainingInput).
-    `service_account` is a Kubernetes service account or a Google service account email.
-    """
+    _given: dict[str, str]
 
-    image: str | None = None
-    namespace: str | None = None
-    context: str | None = None
-    project: str | None = None
-    region: str | None = None
-    service_account: str | None = None
-    ray_address: str | None = None  # ray: the dashboard's address (else $RAY_ADDRESS)
+    def __init__(self, **given: str | None) -> None:
+        object.__setattr__(self, "_given", {k: v for k, v in given.items() if v is not None})
 
-    # which runner each option belongs to (the rest are shared)
-    OWNERS: ClassVar[Mapping[str, tuple[str, ...]]] = {
-        "image": ("kubeflow", "vertex"), "namespace": ("kubeflow",),
-        "context": ("kubeflow",), "project": ("vertex",),
-        "service_account": ("kubeflow", "vertex"), "ray_address": ("ray",)}
+    def __getattr__(self, name: str) -> str | None:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._given.get(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("EngineOptions are read-only")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EngineOptions) and self._given == other._given
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._given.items())))
+
+    def __repr__(self) -> str:
+        return f"EngineOptions({', '.join(f'{k}={v!r}' for k, v in self._given.items())})"
+
+    def given(self) -> dict[str, str]:
+        return dict(self._given)
 
     def check_for(self, runner: str) -> None:
-        """Engine flags given to a runner that has no use for them are mistakes, and so
-        are control characters in any of them."""
-        for name, owners in self.OWNERS.items():
-            flag = "--kube-context" if name == "context" else "--" + name.replace("_", "-")
-            if getattr(self, name) is not None:
-                check_text(getattr(self, name), flag)
-            if getattr(self, name) is not None and runner not in owners:
-                raise UsageError(f"{flag} is for --runner {' or '.join(owners)}, not "
+        """An option no runner declares, or one given to a runner that has no use for
+        it, is a mistake, and so are control characters in any of them."""
+        from submit import runners
+        declared = runners.declared_options()
+        for name, value in self._given.items():
+            if name in SHARED:
+                check_text(value, "--" + name.replace("_", "-"))
+                continue
+            if name not in declared:
+                raise UsageError(f"no runner takes the option {name!r}; use one of "
+                                 f"{', '.join(sorted(declared))}")
+            opt, owners, _ = declared[name]
+            check_text(value, opt.option)
+            if runner not in owners:
+                raise UsageError(f"{opt.option} is for --runner {' or '.join(owners)}, not "
                                  f"--runner {runner}; drop it or change --runner")
 
 

@@ -1,26 +1,23 @@
-"""The engine flags of `--runner kubeflow` beyond the shared ones (`EngineOptions`):
-which Kubernetes API the job is rendered as, and the Kueue queue it waits in. A plain
-dataclass with no cluster client, so the CLI can build it without the kubernetes
-package."""
+"""`--runner kubeflow`'s own options, declared (`RunOpt`) with no cluster client, so the
+CLI builds its flags without the kubernetes package: the container image, namespace,
+kubeconfig context and service account, which Kubernetes API the job is rendered as,
+and the Kueue queue it waits in."""
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
-from typing import ClassVar
-
-from submit.runners.engine import EngineOptions
+from submit.runners.engine import RunOpt
 
 APIS = ("tfjob", "jobset")  # the first is the default
 
-
-@dataclasses.dataclass(frozen=True)
-class KubeflowOptions(EngineOptions):
-    """`api`: `tfjob` (Kubeflow training-operator's TFJob, the default) or `jobset`
-    (kubernetes-sigs/jobset). `queue`: a Kueue LocalQueue (the label
-    `kueue.x-k8s.io/queue-name`); over config.yaml's `scheduling.queueName`."""
-
-    api: str | None = None
-    queue: str | None = None
-
-    OWNERS: ClassVar[Mapping[str, tuple[str, ...]]] = {
-        **EngineOptions.OWNERS, "api": ("kubeflow",), "queue": ("kubeflow",)}
+RUNOPTS = (
+    RunOpt("image", "the container image holding the trainer (see the Dockerfile "
+                    "--dry-run prints)"),
+    RunOpt("namespace", "the namespace [default: the kubeconfig context's, else default]"),
+    RunOpt("context", "the kubeconfig context [default: the current one]",
+           flag="--kube-context"),
+    RunOpt("api", "the job's Kubernetes API, a Kubeflow TFJob or a JobSet "
+                  "(kubernetes-sigs/jobset) [default: tfjob]", choices=APIS),
+    RunOpt("queue", "the Kueue LocalQueue the job waits in (the label "
+                    "kueue.x-k8s.io/queue-name) [default: the config's "
+                    "scheduling.queueName, else none]", metavar="NAME"),
+    RunOpt("service_account", "the pods' service account"),
+)

@@ -39,7 +39,7 @@ from tests.e2e.test_engine_pods_netns import (
     service_dns)
 
 kubeflow = pytest.importorskip("submit.runners.kubeflow")
-from submit.runners.kubeflow_options import KubeflowOptions  # noqa: E402
+from submit.runners.engine import EngineOptions  # noqa: E402
 from tests.submit.test_runner_jobset import kubelet_env  # noqa: E402
 
 pytestmark = [pytest.mark.slow,
@@ -49,7 +49,7 @@ pytestmark = [pytest.mark.slow,
 def render_jobset() -> dict:
     spec = spec_of("job01", TRAINING_INPUT, job_dir=GCS_JOB_DIR,
                          staging_bucket="gs://mljob-staging", args=TRAINER_ARGS)
-    engine = kubeflow.KubeflowEngine(KubeflowOptions(image="img", namespace="team-a",
+    engine = kubeflow.KubeflowEngine(EngineOptions(image="img", namespace="team-a",
                                                      api="jobset"))
     engine.check(spec)
     return yaml.safe_load(engine.render(spec, PACKAGE).text)

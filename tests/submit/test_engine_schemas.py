@@ -19,7 +19,7 @@ from tests.support.specs import resolve as spec_of
 from submit.packaging.package import Package
 
 kubeflow = pytest.importorskip("submit.runners.kubeflow")
-from submit.runners.kubeflow_options import KubeflowOptions  # noqa: E402
+from submit.runners.engine import EngineOptions  # noqa: E402
 
 SHA = "0" * 64
 PACKAGE = Package(file_name="mljob-0.1.0.tar.gz", sha256=SHA, top_dir="mljob-0.1.0",
@@ -50,7 +50,7 @@ def render(case: str, api: str, **options) -> dict:
     spec = spec_of("job01", training_input, scale_tier=tier,
                          job_dir="gs://mljob-test/jobs/job01",
                          staging_bucket="gs://mljob-staging")
-    engine = kubeflow.KubeflowEngine(KubeflowOptions(
+    engine = kubeflow.KubeflowEngine(EngineOptions(
         namespace="team-a", api=api, image=None if case == "containers" else "img:1",
         **options))
     engine.check(spec)
@@ -104,7 +104,7 @@ def test_the_katib_experiment_meets_katibs_openapi_and_its_trial_the_tfjob_crd()
     spec = spec_of("tune01", {**CUSTOM, "hyperparameters": hp},
                          job_dir="gs://mljob-test/jobs/tune01",
                          staging_bucket="gs://mljob-staging")
-    body = kubeflow.KubeflowEngine(KubeflowOptions(namespace="team-a", image="i:1")).render(
+    body = kubeflow.KubeflowEngine(EngineOptions(namespace="team-a", image="i:1")).render(
         spec, PACKAGE).body
     assert body["kind"] == "Experiment"
     assert crd_schema.experiment_errors(body) == []
@@ -162,7 +162,7 @@ def test_a_planted_fault_in_the_experiment_and_the_job_is_refused():
     spec = spec_of("tune01", {"hyperparameters": hp},
                          job_dir="gs://mljob-test/jobs/tune01",
                          staging_bucket="gs://mljob-staging")
-    body = kubeflow.KubeflowEngine(KubeflowOptions(namespace="team-a", image="i:1")).render(
+    body = kubeflow.KubeflowEngine(EngineOptions(namespace="team-a", image="i:1")).render(
         spec, PACKAGE).body
     wrong = copy.deepcopy(body)
     wrong["spec"]["objective"]["objectiveMetricNames"] = ["loss"]

@@ -11,7 +11,7 @@ from tests.support import kubelet
 from tests.support.specs import resolve
 
 kubeflow = pytest.importorskip("submit.runners.kubeflow")
-from submit.runners.kubeflow_options import KubeflowOptions  # noqa: E402
+from submit.runners.engine import EngineOptions  # noqa: E402
 
 ARGS = ["--w", "$(CLOUD_ML_JOB_ID)", "--x", "$$", "a$b", "$(", "$(HOME)", "$", "$(A)$(B",
         "$$(CLOUD_ML_JOB_ID)", "cost=$5"]
@@ -36,7 +36,7 @@ def containers_of(body) -> list[dict]:
 def test_trainer_args_reach_the_trainer_unexpanded(api):
     spec = resolve("job01", CUSTOM, args=ARGS, job_dir="gs://mljob-test/jobs/job01",
                    staging_bucket="gs://mljob-staging")
-    engine = kubeflow.KubeflowEngine(KubeflowOptions(api=api, image=IMAGE, namespace="ml"))
+    engine = kubeflow.KubeflowEngine(EngineOptions(api=api, image=IMAGE, namespace="ml"))
     engine.check(spec)
     body = engine.render(spec, PACKAGE).body
     for container in containers_of(body):
@@ -51,7 +51,7 @@ def test_a_custom_containers_command_and_args():
                                "containerCommand": ["run", "$(HOME)", "$$"],
                                "containerArgs": ["--w", "$(CLOUD_ML_JOB_ID)"]}}
     spec = resolve("job01", custom, job_dir="gs://mljob-test/jobs/job01")
-    engine = kubeflow.KubeflowEngine(KubeflowOptions(namespace="ml"))
+    engine = kubeflow.KubeflowEngine(EngineOptions(namespace="ml"))
     engine.check(spec)
     body = engine.render(spec, None).body
     (master,) = containers_of(body)

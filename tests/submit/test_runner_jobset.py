@@ -26,14 +26,13 @@ from tests.submit.test_runner_kubeflow import (  # noqa: F401 - api is a fixture
 
 kubeflow = pytest.importorskip("submit.runners.kubeflow")
 from submit.runners import kubeflow_jobset  # noqa: E402
-from submit.runners.kubeflow_options import KubeflowOptions  # noqa: E402
 
 JOBSETS = r"/apis/jobset.x-k8s.io/v1alpha2/namespaces/team-a/jobsets"
 
 
 def engine(**options) -> kubeflow.KubeflowEngine:
     options.setdefault("image", IMAGE)
-    return kubeflow.KubeflowEngine(KubeflowOptions(api="jobset", **options))
+    return kubeflow.KubeflowEngine(EngineOptions(api="jobset", **options))
 
 
 def render(spec, **options) -> dict:
@@ -164,7 +163,7 @@ def test_queue_ttl_deadline_spot_and_service_account_from_the_config():
     plain = render(resolve("standard_1"))
     assert "suspend" not in plain["spec"] and "ttlSecondsAfterFinished" not in plain["spec"]
     # the TFJob takes the same keys in its runPolicy
-    tfjob = kubeflow.KubeflowEngine(KubeflowOptions(image=IMAGE, namespace="ml")).render(
+    tfjob = kubeflow.KubeflowEngine(EngineOptions(image=IMAGE, namespace="ml")).render(
         spec, PACKAGE).body
     assert tfjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-q"
     assert sdk_round_trip(tfjob) == tfjob  # the training SDK's RunPolicy has both fields
