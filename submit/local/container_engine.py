@@ -188,7 +188,9 @@ def run_argv(engine: Engine, *, job_id: str, label: str, image: str, hostname: s
     host name. `env_keys` are passed by name: their values come from the environment the
     engine is started with (none of the host's others reach the container)."""
     name = container_name(job_id, label)
-    argv = engine.argv("run", "--rm", "--pull", "never", "--name", name,
+    # --init: a small init is PID 1 and the replica its child, so a SIGTERM reaches the
+    # replica as on a machine (PID 1 ignores the signals it has no handler for)
+    argv = engine.argv("run", "--rm", "--init", "--pull", "never", "--name", name,
                        "--label", f"{JOB_LABEL}={job_id}",
                        "--label", f"{REPLICA_LABEL}={label}",
                        "--network", network_name(job_id), "--hostname", hostname,

@@ -37,8 +37,9 @@ from submit.local import container_engine as ce
 RECIPE = 1
 DEBIAN_PACKAGES = ("python3", "python-is-python3", "ca-certificates")
 REQUIREMENTS = ("tensorflow-cpu==2.21.*", "fsspec>=2024.2", "gcsfs>=2024.2", "psutil>=5.9",
-                "tenacity>=8.2", "pip", "setuptools>=61", "wheel")
+                "tenacity>=8.2", "tensorboard>=2.20", "pip", "setuptools>=61", "wheel")
 BASE_NAME = "localhost/mljob-base"
+CA_PATH = "/etc/ssl/certs/ca-certificates.crt"   # Debian's bundle, where pip finds it
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 
@@ -166,5 +167,48 @@ def build_job_image(engine: ce.Engine, context: str, name: str, base: str | None
             with open(os.path.join(context, "Dockerfile.local"), "w") as f:
                 f.write(text)
             argv += ["-f", os.path.join(context, "Dockerfile.local")]
-    _run(argv + [context], f"{engine.kind} build of {name}")
+    with _pip_trust() as mounts:
+        _run(argv + mounts + [context], f"{engine.kind} build of {name}")
     log(f"built {name} from {context}/Dockerfile in {time.monotonic() - started:.0f} s")
+
+
+@contextlib.contextmanager
+def _pip_trust():
+    """The build's pip trusts what this machine's pip trusts: when pip is given a CA
+    bundle here (PIP_CERT, or `cert` in pip's configuration), the bundle and a pip.conf
+    naming it are mounted into the build's steps (not left in the image)."""
+    cert = os.environ.get("PIP_CERT") or _pip_config("global.cert")
+    if not cert or not os.path.isfile(cert):
+        yield []
+        return
+    with tempfile.NamedTemporaryFile("w", suffix=".conf") as conf:
+        conf.write(f"[global]\ncert = {CA_PATH}\n")
+        conf.flush()
+        yield ["--volume", f"{cert}:{CA_PATH}:ro", "--volume", f"{conf.name}:/etc/pip.conf:ro"]
+
+
+def _pip_config(key: str) -> str | None:
+    out = subprocess.run([sys.executable, "-m", "pip", "config", "get", key],
+                         capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def package_image(engine: ce.Engine, source: str | None, name: str | None, base: str | None,
+                  *, log=print) -> str:
+    """The image of a package folder (`--package-path`; None: this project, its bundled
+    trainer): its sdist, built as a job stages it, installed by the Kubeflow runner's
+    Dockerfile on `base`. Unnamed, it is `localhost/<dist name>:<sdist hash>`, and found
+    already built when that hash was built before."""
+    from submit import package as packages
+    from submit.runners.kubeflow_render import build_context
+    out_dir = tempfile.mkdtemp(prefix="sdist-")
+    try:
+        package = packages.build(packages.resolve_source(source), out_dir)
+        if name is None:
+            name = f"localhost/{package.dist_name}:{package.sha256[:12]}"
+            if ce.image_exists(engine, name):
+                return name
+        build_job_image(engine, build_context(package, gpu=False), name, base, log=log)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return name

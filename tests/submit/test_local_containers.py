@@ -45,7 +45,7 @@ def test_each_replica_runs_its_image_on_the_jobs_network(capsys, tmp_path, monke
     assert plan["containers"]["network"] == "mljob-job01" and plan["mode"] == "container"
     chief, worker, ps = (reps[k]["command"] for k in ("master-replica-0",
                                                       "worker-replica-1", "ps-replica-0"))
-    assert chief[:2] == ["/usr/bin/podman", "run"]
+    assert chief[:2] == ["/usr/bin/podman", "run"] and "--init" in chief
     assert _option(chief, "--name") == ["mljob-job01-master-replica-0"]
     assert _option(chief, "--network") == ["mljob-job01"]
     assert _option(worker, "--hostname") == ["worker-replica-1"]
