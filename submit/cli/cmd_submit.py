@@ -98,8 +98,8 @@ _OPTIONS = [
                  help="GPUs per parameter server (CUSTOM tier)."),
     click.option("--master-image-uri", metavar="IMAGE",
                  help="A custom container for the master (and, unless they have their "
-                      "own, every replica), as Cloud ML's masterConfig.imageUri; runs on "
-                      "--runner kubeflow or vertex."),
+                      "own, every replica), as Cloud ML's masterConfig.imageUri; the local "
+                      "runner runs it with podman or docker."),
     click.option("--worker-image-uri", metavar="IMAGE",
                  help="The workers' container (workerConfig.imageUri)."),
     click.option("--parameter-server-image-uri", metavar="IMAGE",
@@ -149,6 +149,10 @@ def submit_training(ctx, job_id, scale_tier, config_path, job_dir, staging_bucke
     engine = {k: job_definition.pop(k) for k in list(job_definition) if k in declared}
     options = EngineOptions(region=region, **engine)
     options.check_for(runner)
+    if options.build_image is not None or options.base_image is not None:
+        from submit.cli import local_image  # the image tools load only when asked for
+        package_path, module_name = local_image.build_for_submit(
+            options, package_path, module_name, dry_run, job_definition)
     flags = specs.Flags(
         job_id, scale_tier=scale_tier, worker_count=worker_count,
         parameter_server_count=parameter_server_count, evaluator_count=evaluator_count,

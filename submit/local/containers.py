@@ -143,13 +143,15 @@ def check(spec: JobSpec) -> None:
                          "(--package-path) instead of the image")
 
 
-def engine_for_render() -> ce.Engine:
-    """The engine a plan names: the one detected, else podman by name (a dry run renders
-    without an engine; submitting checks it first, `preflight`)."""
+def engine_for_render(choice: str | None) -> ce.Engine:
+    """The engine a plan names: the one chosen or detected, else the choice (or podman)
+    by name (a dry run renders without an engine; submitting checks it first,
+    `preflight`)."""
     try:
-        return ce.detect()
+        return ce.detect(choice)
     except UsageError:
-        return ce.Engine("podman", "podman")
+        name = choice or os.environ.get(ce.ENGINE_ENV) or "podman"
+        return ce.Engine(os.path.basename(name), name)
 
 
 def preflight(rendered) -> None:
@@ -158,7 +160,7 @@ def preflight(rendered) -> None:
     plan = JobPlan.from_dict(rendered.body)
     if plan.containers is None:
         return
-    engine = ce.detect()
+    engine = ce.detect(plan.containers["engine"])
     wanted = [r.container["image"] for r in plan.replicas if r.container]
     ce.check_images(engine, wanted)
     ce.probe(engine, wanted[0])

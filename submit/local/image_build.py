@@ -13,8 +13,9 @@ in the cache folder), the wheels fetched by this machine's pip into the cache fo
 --rootfs`, no network), and the tree imported as the image. The cache folder is
 `$MLJOB_IMAGE_CACHE`, else `~/.cache/mljob/images`.
 
-Users with a registry and base images of their own need none of this: `--build-image`
-builds on `--base-image` (default: TensorFlow's, as the Dockerfile says).
+`python -m submit JOB --build-image NAME [--base-image IMAGE]` builds a package's image
+here and runs the job in it. Users with a registry and base images of their own need none
+of this: they build the Kubeflow runner's Dockerfile on their base and push it.
 """
 from __future__ import annotations
 
@@ -193,22 +194,12 @@ def _pip_config(key: str) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def package_image(engine: ce.Engine, source: str | None, name: str | None, base: str | None,
-                  *, log=print) -> str:
-    """The image of a package folder (`--package-path`; None: this project, its bundled
-    trainer): its sdist, built as a job stages it, installed by the Kubeflow runner's
-    Dockerfile on `base`. Unnamed, it is `localhost/<dist name>:<sdist hash>`, and found
-    already built when that hash was built before."""
-    from submit import package as packages
-    from submit.runners.kubeflow_render import build_context
-    out_dir = tempfile.mkdtemp(prefix="sdist-")
-    try:
-        package = packages.build(packages.resolve_source(source), out_dir)
-        if name is None:
-            name = f"localhost/{package.dist_name}:{package.sha256[:12]}"
-            if ce.image_exists(engine, name):
-                return name
-        build_job_image(engine, build_context(package, gpu=False), name, base, log=log)
-    finally:
-        shutil.rmtree(out_dir, ignore_errors=True)
-    return name
+
+def set_entrypoint(engine: ce.Engine, name: str, entrypoint: list[str]) -> None:
+    """`name` again, with a layer that only sets its entrypoint."""
+    import json
+    with tempfile.TemporaryDirectory() as context:
+        with open(os.path.join(context, "Dockerfile"), "w") as f:
+            f.write(f"FROM {name}\nENTRYPOINT {json.dumps(entrypoint)}\nCMD []\n")
+        _run(engine.argv("build", "--pull=never" if engine.kind == "podman" else "--pull=false",
+                         "-t", name, context), f"{engine.kind} build of {name}'s entrypoint")

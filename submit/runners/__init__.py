@@ -20,7 +20,8 @@ TUNING = {"ray": "submit.runners.ray_tuning:RayTuningEngine"}
 EXTRAS = {"kubeflow": "kubeflow", "vertex": "vertex", "ray": "ray"}  # setup.py extras per runner
 # Each runner's own options (`RunOpt`s), in a module that imports no SDK, so that the CLI
 # builds its flags (and `--help`) without loading any engine.
-OPTIONS = {"kubeflow": "submit.runners.kubeflow_options:RUNOPTS",
+OPTIONS = {"local": "submit.runners.local_options:RUNOPTS",
+           "kubeflow": "submit.runners.kubeflow_options:RUNOPTS",
            "vertex": "submit.runners.vertex_options:RUNOPTS",
            "ray": "submit.runners.ray_options:RUNOPTS"}
 

@@ -83,7 +83,8 @@ class LocalEngine(Runner):
                            source_dir=self.source_dir,
                            gpus_available=local_gpu_count() if spec.gpus_needed else 0)
         if containers.uses_containers(spec):
-            plan = containers.containerize(plan, spec, containers.engine_for_render())
+            plan = containers.containerize(plan, spec, containers.engine_for_render(
+                self.options.container_engine))
         record = dict(  # the record as the plan has it (its job dir, args and mode)
             job_dir=plan.job_dir, scale_tier=plan.scale_tier, package_url=plan.package_url,
             package_sha256=plan.package_sha256, module=plan.module,

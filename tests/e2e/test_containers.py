@@ -25,6 +25,7 @@ import yaml
 from submit import jobs as records
 from submit.local import container_engine as ce
 from submit.local import image_build
+from submit.runners import images
 from tests.support.submit_cli import one_error_line, run
 
 pytestmark = [pytest.mark.slow,
@@ -58,7 +59,7 @@ def engine():
 def image(engine):
     started = time.monotonic()
     base = image_build.base_image(engine)
-    built = image_build.package_image(engine, None, None, base)
+    built = images.package_image(engine, None, None, base)
     print(f"images {base} and {built} ready in {time.monotonic() - started:.0f} s")
     return built
 
@@ -162,3 +163,35 @@ def test_an_engine_that_cannot_start_containers_is_one_line(capsys, monkeypatch,
     line = one_error_line(err)
     assert "podman cannot start containers here" in line and words in line
     assert not (tmp_path / "out").exists()
+
+
+def test_build_image_runs_a_user_package_with_its_dependency(capsys, engine, image,
+                                                             tmp_path):
+    """`--build-image`: a user's package whose setup.py requires a distribution the base
+    lacks (tabulate, from PyPI) built into an image by the Kubeflow runner's Dockerfile,
+    and the job run in it to SUCCEEDED, writing its job dir."""
+    pkg = tmp_path / "pkg"
+    (pkg / "tabjob").mkdir(parents=True)
+    (pkg / "setup.py").write_text(
+        "from setuptools import setup\nsetup(name='tabjob', version='0.1', "
+        "packages=['tabjob'], install_requires=['tabulate>=0.9'])\n")
+    (pkg / "tabjob" / "__init__.py").write_text("")
+    (pkg / "tabjob" / "task.py").write_text(
+        "import os, sys, tabulate\n"
+        "job_dir = sys.argv[sys.argv.index('--job-dir') + 1]\n"
+        "os.makedirs(job_dir, exist_ok=True)\n"
+        "open(os.path.join(job_dir, 'table.txt'), 'w').write(tabulate.tabulate([[1, 2]]))\n"
+        "print('tabulate', tabulate.__version__, os.environ['CLOUD_ML_JOB_ID'])\n")
+    name = f"localhost/tabjob:{os.getpid()}"
+    try:
+        status, out, err = run(capsys, "ctab", "--package-path", str(pkg), "--module-name",
+                               "tabjob.task", "--build-image", name, "--base-image",
+                               image_build.base_image(engine), "--job-dir",
+                               str(tmp_path / "out"))
+        assert status == 0, err[-2000:]
+        assert "Job [ctab] SUCCEEDED." in out
+        assert "master-replica-0\ttabulate 0." in out and " ctab" in out
+        assert (tmp_path / "out" / "table.txt").read_text().strip() != ""
+        assert ce.leftovers(engine, "ctab") == ([], [])
+    finally:
+        subprocess.run([engine.path, "rmi", "-f", name], capture_output=True)

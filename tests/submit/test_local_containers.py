@@ -143,3 +143,20 @@ def test_an_image_that_is_not_there_is_refused(capsys, tmp_path, monkeypatch):
     line = one_error_line(err)
     assert "localhost/mljob-no-such-image:1 is not in podman's local images" in line
     assert "--build-image" in line and not (tmp_path / "jd").exists()
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--base-image", "localhost/b:1"], "--base-image is the base of --build-image"),
+    (["--build-image", "localhost/t:1", "--runner", "kubeflow"],
+     "--build-image is for --runner local, not --runner kubeflow"),
+    (["--build-image", "localhost/t:1", "--master-image-uri", "localhost/m:1"],
+     "--build-image names every replica's image; drop --master-image-uri"),
+    (["--build-image", "Local/T 1"], "--build-image 'Local/T 1' is not a container image"),
+    (["--container-engine", "podman", "--runner", "kubeflow", "--job-dir", "gs://b/j",
+      "--image", "r/i:1"], "--container-engine"),
+])
+def test_build_image_mistakes_are_one_line(capsys, tmp_path, argv, words):
+    status, out, err = run(capsys, "job01", "--job-dir", str(tmp_path / "jd"), *argv)
+    assert status == 2 and out == ""
+    assert words in one_error_line(err)
+    assert not (tmp_path / "jd").exists()
