@@ -10,9 +10,10 @@ shortcuts on (the defaults: an unchanged package's sdist is reused, `submit.pack
 servers import TensorFlow without Keras and serve before the trainer loads its model and
 data; training replicas leave IPython and matplotlib out) and off (MLJOB_QUICK_START=0
 and MLJOB_SDIST_CACHE=0: as before them). The package environment is built once first
-(`cold`, reported), then reused by every measured job. Setups: `single` (BASIC), `ps`
-(CUSTOM: chief + 2 workers + 1 ps), `tuning` (BASIC, 3 trials one at a time) and
-`tuning_ps` (the same trials, each a CUSTOM cluster as `ps`).
+(`cold`, reported), then reused by every measured job. Setups: `single` (BASIC),
+`standard_1` (STANDARD_1: chief + 4 workers + 3 ps, goal: the floor times its 8
+replicas over the cores), `ps` (CUSTOM: chief + 2 workers + 1 ps), `tuning` (BASIC, 3
+trials one at a time) and `tuning_ps` (the same trials, each a CUSTOM cluster as `ps`).
 `--compare prestart` turns a tuning job's processes started ahead off and on instead
 (MLJOB_PRESTART; `submit.local.prestart`), the shortcuts on both ways: per trial after
 the first, the seconds from the tuner's previous trial's last line to this trial's
@@ -77,10 +78,14 @@ TUNING = """trainingInput:
 TUNING_PS = TUNING.replace("scaleTier: BASIC", "scaleTier: CUSTOM\n  masterType: standard\n"
                            "  workerType: standard\n  parameterServerType: standard\n"
                            "  workerCount: 2\n  parameterServerCount: 1")
-SETUPS = {"single": ["--scale-tier", "BASIC"], "tuning": ["--config", "tuning.yaml"],
+SETUPS = {"single": ["--scale-tier", "BASIC"], "standard_1": ["--scale-tier", "STANDARD_1"],
+          "tuning": ["--config", "tuning.yaml"],
           "tuning_ps": ["--config", "tuning_ps.yaml"],
           "ps": ["--scale-tier", "CUSTOM", "--master-machine-type", "standard",
                  "--worker-count", "2", "--parameter-server-count", "1"]}
+# the goal for each setup's start over the floor: BASIC 1.5x; a cluster no more than
+# the imports its replicas must do on the cores there are
+REPLICAS = {"single": 1, "standard_1": 8, "ps": 4}
 CHIEF_PHASES = ("cli", "spec", "package", "plan", "staged", "environment", "process",
                 "main", "tensorflow", "data", "peers", "strategy", "model", "input", "traced",
                 "first_step")
@@ -368,6 +373,9 @@ def main() -> None:
                     # the trials a process started ahead can serve (not the first)
                     "later_trials_to_first_step_s": _mean(t["to_first_step_s"] for t in later),
                     "later_trials_gap_before_s": _mean(t["gap_before_s"] for t in later),
+                    "goal_over_the_floor": 1.5 if REPLICAS.get(setup) == 1 else
+                    round(REPLICAS[setup] / (os.cpu_count() or 1), 2)
+                    if setup in REPLICAS else None,
                     "to_first_step_over_the_floor": _over(
                         _mean(r["to_first_step_s"] for r in runs), _mean(floors)),
                     "chief_cpu_over_the_floors": _over(_mean(

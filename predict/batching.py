@@ -164,7 +164,8 @@ class Batcher:
             if size > rows:  # pad with copies of the first row, as TF Serving does
                 merged = {name: np.concatenate([value, np.repeat(value[:1], size - rows, 0)])
                           for name, value in merged.items()}
-            outputs = model.predict(merged, signature)
+            merged_call = getattr(model, "predict_merged", model.predict)
+            outputs = merged_call(merged, signature)
             if any(len(np.shape(v)) == 0 or len(v) != size for v in outputs.values()):
                 for item in items:  # outputs without a batch dimension: one by one
                     item.result = model.predict(item.batch, signature)

@@ -13,7 +13,9 @@ within RTOL/ATOL (XLA fuses ops, so the last bits of a float can differ, as they
 between batch sizes); otherwise, or when XLA cannot compile the graph (strings, ops
 without an XLA kernel), the signature is left to the executor for good, with one log
 line. Large calls are never compiled: their time is the kernels', not the executor's,
-and compiling a large graph costs seconds of CPU beside the requests.
+and compiling a large graph costs seconds of CPU beside the requests. Nor are the
+batches predict.batching merges from several requests (`Model.predict_merged`): their
+row counts are many, and a compile for each cost a fresh server seconds of CPU.
 """
 from __future__ import annotations
 

@@ -77,6 +77,10 @@ class Model:
         """Column arrays (one per input, equal first dimensions) -> column arrays."""
         raise NotImplementedError
 
+    def predict_merged(self, batch: dict, signature_name: str | None = None) -> dict:
+        """predict() of a batch merged from several requests (predict.batching)."""
+        return self.predict(batch, signature_name)
+
     def close(self) -> None:
         pass
 
@@ -141,13 +145,25 @@ class SavedModel(Model):
                 f"{self.source} signature {name}")
 
     def predict(self, batch: dict, signature_name: str | None = None) -> dict:
+        return self._predict(batch, signature_name, compile_shape=True)
+
+    def predict_merged(self, batch: dict, signature_name: str | None = None) -> dict:
+        """A merged batch's rows are one count of many (each batch takes what the queue
+        held): compiling each count cost a fresh server seconds of CPU beside the
+        requests (at 16 clients, 360 requests/s against 620 with the executor alone), so
+        merged batches stay with TensorFlow's executor, whose cost a call is shared by
+        their rows."""
+        return self._predict(batch, signature_name, compile_shape=False)
+
+    def _predict(self, batch: dict, signature_name: str | None, *,
+                 compile_shape: bool) -> dict:
         import tensorflow as tf
         sig = self.signature(signature_name)
         flat = self._flat[sig.name]
         if flat is not None:  # the callers checked names, dtypes and shapes already
             order, call = flat
             tensors = [tensor(batch[name]) for name, tensor in order]
-            compiled = self._compiled.get(sig.name)
+            compiled = self._compiled.get(sig.name) if compile_shape else None
             if compiled is None:
                 out = call(tensors)
             else:

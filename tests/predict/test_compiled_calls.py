@@ -233,3 +233,46 @@ def test_a_compiled_call_that_fails_leaves_the_request_to_the_executor(user_expo
         _close(model.predict(batch), _executor_answer(path, batch))
     assert calls.off == "a compiled call failed (the executable went away)"
     assert calls.call(((2, 6),)) is None
+
+
+def test_batches_merged_by_the_batcher_are_never_compiled(user_export):
+    """With --enable_batching a merged batch holds as many rows as the queue had, one
+    count of many: compiling each count cost a fresh server seconds of CPU beside the
+    requests. The requests' own shape is compiled; the merged calls stay with the
+    executor and answer each request its own rows."""
+    import threading
+
+    from predict import batching
+    path, data = user_export
+    model = _served(path)
+    calls = model._compiled["serving_default"]
+    merged = []
+    predict_merged = model.predict_merged
+
+    def counted(batch, signature_name=None):
+        merged.append(len(batch["features"]))
+        return predict_merged(batch, signature_name)
+    model.predict_merged = counted
+    batcher = batching.Batcher(max_batch_size=8, timeout_s=0.2)
+    wrapped = batcher.wrap(model, "m")
+    answers: dict = {}
+    start = threading.Barrier(4)
+
+    def client(i):
+        for round_ in range(3):
+            start.wait()
+            row = data[10 * i + round_:10 * i + round_ + 1]
+            answers[i, round_] = (row, wrapped.predict({"features": row}))
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    _twice_then_compiled(model, {"features": data[:1]})  # a request's own shape
+    assert merged and max(merged) > 1  # requests were merged
+    assert calls.off is None and calls.call(((1, 6),)) is not None
+    assert all(key[0][0] == 1 for key in calls._counts), calls._counts
+    rows = list(answers.values())
+    want = _executor_answer(path, {"features": np.concatenate([row for row, _ in rows])})
+    for i, (_, answer) in enumerate(rows):
+        _close(answer, {name: value[i:i + 1] for name, value in want.items()})
