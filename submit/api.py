@@ -31,7 +31,8 @@ from typing import Any
 
 from mljob import storage
 from submit import jobs as records
-from submit import lifecycle, listing, models, resource, runners, submission
+from submit import lifecycle, models, resource, runners, submission
+from submit.cli import listing
 from submit.jobdef import spec as specs
 from submit.errors import (JobCancelled, JobFailed, JobNotFoundError, SubmitError,
                            UsageError)

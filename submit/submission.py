@@ -10,16 +10,15 @@ through `echo(text, err=False)`, so the CLI module alone decides where lines go.
 from __future__ import annotations
 
 import dataclasses
-import os
 import tempfile
 from collections.abc import Callable
 
-from mljob import startup, storage
+from mljob import startup
 from submit import jobs as records
 from submit import lifecycle, runners
-from submit.packaging import package
+from submit.packaging import assembly
 from submit.jobdef import spec as specs
-from submit.errors import PackageUsageError, UsageError
+from submit.errors import UsageError
 from submit.runners.engine import EngineOptions, Rendered, Runner
 
 Echo = Callable[..., None]
@@ -54,22 +53,8 @@ def submit(request: Submission, echo: Echo) -> int:
                          "process, which ends at once; use a path or gs:// URL, or stream")
     if not request.dry_run:  # a dry run reads and writes nothing
         check_job_id_free(spec, request.resume, request.runner)
-    # custom containers run their own images: no package is built, staged or installed
-    containers_only = spec.custom_containers and not spec.package_uri and \
-        not spec.package_path and not spec.extra_packages
-    builds = not containers_only and not spec.package_uri and (
-        spec.package_path or not spec.extra_packages)
-    source = package.resolve_source(spec.package_path) if builds else None
-    for path in spec.extra_packages:
-        if "://" not in path and not os.path.isfile(path):
-            raise PackageUsageError(f"--packages {path} is not a file; give the sdists "
-                                    "(.tar.gz) or wheels (.whl) to install")
     with tempfile.TemporaryDirectory(prefix="mljob-sdist-") as tmp:
-        pkg = None if containers_only else with_extras(
-            spec, (_fetch(spec.package_uri, tmp, request.dry_run) if spec.package_uri
-                   else build_package(spec, source, tmp, request.dry_run) if source
-                   else None),
-            tmp, request.dry_run)
+        pkg = assembly.job_packages(spec, tmp, request.dry_run)
         startup.mark("package")
         rendered = runner.render(spec, pkg)
         startup.mark("plan")
@@ -82,10 +67,7 @@ def submit(request: Submission, echo: Echo) -> int:
             raise UsageError(rendered.blocked)
         if runner.preflight is not None:
             runner.preflight(rendered)
-        for each in pkg.all if pkg else ():
-            if each.local_file and not _given_url(spec, each):
-                assert each.url is not None  # with_extras gives every archive its URL
-                package.stage(each, each.url)
+        assembly.stage(spec, pkg)
         startup.mark("staged")
     return start(runner, rendered, lifecycle.new_record(runner, spec, pkg, rendered), echo,
                  stream=request.stream)
@@ -99,57 +81,6 @@ def start(runner: Runner, rendered: Rendered, record: records.JobRecord, echo: E
         echo(lifecycle.detached_hint(record), err=True)  # a hint: stdout stays the result
         return 0
     return lifecycle.attach(runner, rendered, record, echo)
-
-
-def build_package(spec: specs.JobSpec, source: package.Source, tmp: str,
-                  dry_run: bool = False) -> package.Package:
-    """The sdist of `source` (one built earlier from the same files when there is one:
-    a dry run keeps nothing new), hashed, with the URL it will be staged to."""
-    job_dir = spec.job_dir
-    exclude = (storage.local_path(job_dir),) if job_dir and storage.is_local(job_dir) else ()
-    return _staged(spec, package.build(source, tmp, exclude=exclude, keep=not dry_run))
-
-
-def _fetch(url: str, folder: str, dry_run: bool) -> package.Package:
-    """A staged archive, downloaded; a dry run reads nothing remote (no download, no
-    hash: package.unfetched)."""
-    if dry_run and not storage.is_local(url):
-        return package.unfetched(url)
-    return package.fetch(url, folder)
-
-
-def with_extras(spec: specs.JobSpec, main: package.Package | None,
-                tmp: str, dry_run: bool = False) -> package.Package:
-    """The job's packages: the main one (else the first --packages archive), the other
-    archives, and mljob's core when the user's code imports mljob and does not ship it
-    (not known, so not added, for archives a dry run leaves where they are)."""
-    archives = []
-    for i, path in enumerate(spec.extra_packages):
-        if "://" in path:  # already staged: installed from where it is
-            folder = os.path.join(tmp, f"extra-{i}")
-            os.makedirs(folder)
-            archives.append(_fetch(path, folder, dry_run))
-        else:
-            archives.append(_staged(spec, package.describe(os.path.abspath(path))))
-    if main is None:
-        main, archives = archives[0], archives[1:]
-    found = (main, *archives)
-    if not any(p.dist_name == "mljob" for p in found) and any(
-            p.local_file and package.imports_mljob(p) for p in found):
-        core_dir = os.path.join(tmp, "mljob-core")
-        archives.append(_staged(spec, package.build_mljob_core(core_dir,
-                                                                  keep=not dry_run)))
-    return dataclasses.replace(main, extras=tuple(archives))
-
-
-def _staged(spec: specs.JobSpec, pkg: package.Package) -> package.Package:
-    return dataclasses.replace(pkg, url=package.staging_url(
-        pkg, job_id=spec.job_id, staging_bucket=spec.staging_bucket, job_dir=spec.job_dir))
-
-
-def _given_url(spec: specs.JobSpec, pkg: package.Package) -> bool:
-    """Whether the archive was given as a URL (packageUris, --packages gs://...)."""
-    return pkg.url == spec.package_uri or pkg.url in spec.extra_packages
 
 
 def check_job_id_free(spec: specs.JobSpec, resume: bool, runner: str = "local") -> None:

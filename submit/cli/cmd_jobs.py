@@ -12,9 +12,9 @@ import os
 
 import click
 
-from submit import job_index, jobs as records, lifecycle, listing, resource, submission, \
+from submit import job_index, jobs as records, lifecycle, resource, submission, \
     training_output
-from submit.cli import formats
+from submit.cli import formats, listing
 from submit.local import usage
 from submit.jobdef import spec as specs
 from submit.cli.cli_base import GcloudGroup, cli, echo

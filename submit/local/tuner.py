@@ -54,10 +54,9 @@ from mljob import contracts, hypertune, storage
 from mljob import prestart as mljob_prestart
 from mljob.startup import LIBRARY_ENV, seen_name
 from mljob.procs import free_ports
-from submit.jobdef import hparams
 from submit import jobs, logs
-from submit.local import usage
-from submit.local import prestart
+from submit.jobdef import hparams
+from submit.local import prestart, usage
 from submit.local import study as studies
 from submit.local.joblife import JobLife
 from submit.local.plan import JobPlan

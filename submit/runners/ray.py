@@ -374,11 +374,11 @@ def _replicas(text: str) -> tuple[tuple[ReplicaStatus, ...], tuple | None]:
     last: dict[str, dict] = {}
     result = None
     for line in text.splitlines():
-        event = ray_driver.parse_event(line)
+        event = parse_event(line)
         if event:
             last[event[0]] = event[1]
-        elif ray_driver.parse_result(line):
-            result = ray_driver.parse_result(line)
+        elif parse_result(line):
+            result = parse_result(line)
     states = tuple(ReplicaStatus(label, f.get("state", "?"),
                                  None if f.get("exit", "-") == "-" else int(f["exit"]),
                                  int(f.get("restarts", 0)))
@@ -388,3 +388,39 @@ def _replicas(text: str) -> tuple[tuple[ReplicaStatus, ...], tuple | None]:
 
 def _one_line(exc: BaseException | str) -> str:
     return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
+# --- the lines the driver prints (ray_driver.log_line), read back -----------------------
+
+def _service(line: str, prefix: str) -> str | None:
+    """The text after `prefix` of a driver's service line, else None."""
+    parts = line.split("\t", 3)
+    if len(parts) != 4 or parts[2] != ray_driver.SERVICE or not parts[3].startswith(prefix):
+        return None
+    return parts[3][len(prefix):]
+
+
+def parse_event(line: str) -> tuple[str, dict] | None:
+    """(label, fields) of a driver's replica event line, else None."""
+    text = _service(line, ray_driver.EVENT)
+    if text is None:
+        return None
+    label, *rest = text.split()
+    return label, dict(item.split("=", 1) for item in rest if "=" in item)
+
+
+def parse_result(line: str) -> tuple[str, str | None] | None:
+    text = _service(line, ray_driver.RESULT)
+    if text is None:
+        return None
+    state, _, why = text.partition(": ")
+    return state.strip(), why or None
+
+
+def parse_metric(line: str) -> tuple[str, str] | None:
+    """(replica label, the report's JSON line) of a driver's relayed report, else None."""
+    text = _service(line, ray_driver.METRIC)
+    if text is None:
+        return None
+    label, _, report = text.partition(" ")
+    return (label, report) if report else None

@@ -5,32 +5,21 @@ archives as the Ray job's working_dir; the runtime_env pip-installs the archives
 the job's environment on every node, and this driver runs there as
 `python ray_driver.py job.json`. It imports only the standard library and Ray (it is not
 inside any installed package), so the module can also be imported by the runner for its
-pure parts (`fit`, `log_line`, `parse_event`).
+pure parts (`fit`, `log_line`; `submit.runners.ray` reads the lines it prints).
 
-What it does:
-1. one placement group for the job, one bundle per replica (CPU, memory and GPUs of the
-   replica's machine type from mljob's catalogue, capped at the largest node's: see
-   `fit`), STRICT_SPREAD for a job with parameter servers when the cluster has a node
-   per replica, else PACK; a job that can never fit fails at once with one line;
-2. one actor per replica in its bundle; each reports its node's address and a free port
-   there, and TF_CONFIG is built from those addresses;
-3. each actor runs the replica as a process (`python -m MODULE ARGS`, in the job's
-   environment) and hands its output to this driver, which prints every line in the
-   local runner's log format (`SEVERITY<TAB>time<TAB>label<TAB>text`): the Ray job's log
-   is the job's log;
-4. the chief exiting 0 ends the job SUCCEEDED: ps and workers are then stopped; a
-   replica that exits non-zero (or whose actor dies with its node: status 137) is
-   restarted by its type's restart policy, by re-creating its actor in the same bundle
-   (Ray re-places a lost node's bundles); the new actor takes the replica's old port,
-   and if its address is still not the old one (another node), every replica restarts
-   with the new TF_CONFIG;
-5. SIGTERM (`ray job stop`) stops every replica process before the driver exits, in
-   STOP_ORDER (the chief first, saving while the ps serve; the ps last);
-6. in a tuning trial (`hp_metric_file` in job.json), each replica writes its
-   cloudml-hypertune reports to that file under its own folder on its node
-   (CLOUD_ML_HP_METRIC_FILE), and every new report line is printed as a service line
-   (`hypertune LABEL {json}`): the tuner reads a trial's metric from the Ray job's log,
-   wherever the replica ran.
+What it does (docs/engine-ray.md tells it in full): one placement group for the job, one
+bundle per replica (`fit`: the machine type's CPU, memory and GPUs, capped at the largest
+node's; STRICT_SPREAD for a ps job when there is a node per replica, else PACK; a job that
+can never fit fails at once in one line); one actor per replica in its bundle, reporting
+its node's address and a free port, from which TF_CONFIG is built; each actor runs its
+replica as a process and this driver prints every line in the local runner's log format
+(`SEVERITY<TAB>time<TAB>label<TAB>text`). The chief exiting 0 ends the job SUCCEEDED; a
+replica that exits non-zero (or whose actor dies with its node: status 137) is restarted
+by its type's restart policy in the same bundle (every replica restarts with the new
+TF_CONFIG if its address changed). SIGTERM (`ray job stop`) stops every replica in
+STOP_ORDER (the chief first, saving while the ps serve). In a tuning trial
+(`hp_metric_file` in job.json) every new cloudml-hypertune report line is relayed as
+`hypertune LABEL {json}`, so the tuner reads a trial's metric from the Ray job's log.
 Replica processes die with their actor (PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
@@ -70,44 +59,11 @@ def log_line(label: str, text: str, severity: str = "INFO") -> str:
     return f"{severity}\t{stamp}\t{label}\t{text}"
 
 
-def parse_event(line: str) -> tuple[str, dict] | None:
-    """(label, fields) of a driver's replica event line, else None."""
-    parts = line.split("\t", 3)
-    if len(parts) != 4 or parts[2] != SERVICE or not parts[3].startswith(EVENT):
-        return None
-    label, *rest = parts[3][len(EVENT):].split()
-    return label, dict(item.split("=", 1) for item in rest if "=" in item)
-
-
-def parse_result(line: str) -> tuple[str, str | None] | None:
-    parts = line.split("\t", 3)
-    if len(parts) != 4 or parts[2] != SERVICE or not parts[3].startswith(RESULT):
-        return None
-    state, _, why = parts[3][len(RESULT):].partition(": ")
-    return state.strip(), why or None
-
-
-def parse_metric(line: str) -> tuple[str, str] | None:
-    """(replica label, the report's JSON line) of a driver's relayed report, else None."""
-    parts = line.split("\t", 3)
-    if len(parts) != 4 or parts[2] != SERVICE or not parts[3].startswith(METRIC):
-        return None
-    label, _, report = parts[3][len(METRIC):].partition(" ")
-    return (label, report) if report else None
-
-
 def fit(bundles: list[dict], nodes: list[dict], spread: bool) -> tuple[list[dict], str]:
     """The bundles as the cluster can take them, and the strategy; ValueError (one line)
-    when it never can.
-
-    `nodes` are the alive nodes' total resources ({"CPU": 2.0, "memory": ..., ...}).
-    A bundle asks for its machine type's vCPUs, memory and GPUs; where no node is that
-    large, the CPU and memory asks are capped at the largest node's (a cluster of small
-    machines still runs a job written for Cloud ML's larger ones, each replica then
-    taking a whole node); GPUs are never scaled down: a replica that needs them needs a
-    node that has them. STRICT_SPREAD when asked (a ps job) and there is a node per
-    replica, else PACK.
-    """
+    when it never can. `nodes`: the alive nodes' resources ({"CPU": 2.0, "memory": ...}).
+    CPU and memory asks are capped at the largest node's (each replica then takes a whole
+    node); GPUs never are. STRICT_SPREAD when asked and there is a node per replica."""
     if not nodes:
         raise ValueError("the Ray cluster has no alive node")
     most = {key: max(n.get(key, 0.0) for n in nodes) for key in ("CPU", "memory")}

@@ -338,7 +338,7 @@ class RayTrial:
         self.seen = max(self.seen, cut)
         reports = []
         for line in new:
-            metric = ray_driver.parse_metric(line)
+            metric = rayrunner.parse_metric(line)
             if metric is not None:
                 if metric[1] not in self.reports:
                     self.reports.add(metric[1])

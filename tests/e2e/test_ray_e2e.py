@@ -86,7 +86,7 @@ def test_describe_stream_logs_and_cancel(capsys, ray_head, tmp_path):
     """The cancel stops the chief first (it saves the step it reached, the ps still
     serving, and exits 143), then the worker, then the ps: with no periodic checkpoint
     (--checkpoint-every 0), the newest checkpoint holds every step the chief logged."""
-    from submit.runners import ray_driver
+    from submit.runners import ray as rayrunner
     from tests.support.faults import checkpoint_steps
     long_run = [*FAST, "--train-steps", "1000000", "--checkpoint-every", "0",
                 "--eval-every", "0", "--log-every", "50"]
@@ -124,7 +124,7 @@ def test_describe_stream_logs_and_cancel(capsys, ray_head, tmp_path):
     assert last == "Job [raycancel] CANCELLED."
     assert lines and all("\tservice\t" in line for line in lines)
     assert any("replica ps-replica-0 state=RUNNING" in line for line in lines)
-    stops = [e for e in map(ray_driver.parse_event, lines) if e and e[1]["state"] == "STOPPED"]
+    stops = [e for e in map(rayrunner.parse_event, lines) if e and e[1]["state"] == "STOPPED"]
     assert [label for label, _ in stops] == [
         "master-replica-0", "worker-replica-0", "ps-replica-0"], stops
     assert stops[0][1]["exit"] == "143", stops  # the chief saved and exited as preempted

@@ -95,10 +95,10 @@ def test_driver_lines_are_the_local_runners_format_and_parse_back():
     ours = logfmt.format_line("service", "x")
     assert line.split("\t")[0] == ours.split("\t")[0] and \
         len(line.split("\t")[1]) == len(ours.split("\t")[1])
-    assert ray_driver.parse_event(line) == ("ps-replica-0", {
+    assert ray_runner.parse_event(line) == ("ps-replica-0", {
         "state": "RUNNING", "restarts": "2", "exit": "-", "node": "10.0.0.2"})
     done = ray_driver.log_line("service", "job FAILED: The replica x exited")
-    assert ray_driver.parse_result(done) == ("FAILED", "The replica x exited")
+    assert ray_runner.parse_result(done) == ("FAILED", "The replica x exited")
     states, result = ray_runner._replicas("\n".join([line, done, "INFO\tt\tps\tnoise"]))
     assert states[0].label == "ps-replica-0" and states[0].restarts == 2
     assert result == ("FAILED", "The replica x exited")

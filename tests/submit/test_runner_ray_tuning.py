@@ -20,7 +20,7 @@ from tests.support.submit_cli import dry_run
 
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 ray_tuning = pytest.importorskip("submit.runners.ray_tuning")
-from submit.runners import ray_driver  # noqa: E402
+from submit.runners import ray as rayrunner, ray_driver  # noqa: E402
 
 ADDRESS = "http://10.0.0.5:8265"
 GIB = 1024 ** 3
@@ -100,8 +100,8 @@ def test_a_replicas_reports_are_read_on_its_node(tmp_path, monkeypatch):
     [line] = actor.metrics()
     assert json.loads(line) == {"global_step": "5", "loss": "0.25"}
     relayed = ray_driver.log_line("service", f"{ray_driver.METRIC}master-replica-0 {line}")
-    assert ray_driver.parse_metric(relayed) == ("master-replica-0", line)
-    assert ray_driver.parse_metric(ray_driver.log_line("service", "replica x state=R")) \
+    assert rayrunner.parse_metric(relayed) == ("master-replica-0", line)
+    assert rayrunner.parse_metric(ray_driver.log_line("service", "replica x state=R")) \
         is None
     assert ray_driver.HP_METRIC_FILE_ENV == contracts.HP_METRIC_FILE_ENV
 
