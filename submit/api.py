@@ -16,7 +16,13 @@ Every job is started detached (the CLI's `--async`): `submit` returns once the j
 recorded and its supervisor runs, so a notebook is never tied to it; `wait`, `logs`,
 `cancel` and `describe` work from any process, later. Errors are exceptions:
 `UsageError` (a mistake in what was asked: the CLI's exit 2, the same one-line
-message), `JobNotFoundError`, `JobFailed`, `JobCancelled`, all `SubmitError`s.
+message), `JobNotFoundError`, `JobFailed`, `JobCancelled`, `JobTimeout`, all
+`SubmitError`s.
+
+The job commands of the CLI (`jobs submit training`, `list`, `describe`, `stream-logs`,
+`cancel`, `wait`; submit/cli/cmd_jobs.py, cmd_submit.py) are a few lines each over this
+module: they print what it returns, and its exceptions' messages are their one-line
+errors, so the two cannot drift apart.
 
 The API lives in `submit` (the launcher), not in `mljob`: `mljob` is the core that job
 images install alone, and it imports nothing of the launcher.
@@ -26,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from mljob import storage
@@ -40,8 +46,18 @@ from submit.runners.engine import SHARED, EngineOptions
 
 __all__ = ["Job", "Model", "submit", "submit_prediction", "get_job", "list_jobs",
            "create_model", "get_model", "list_models", "SubmitError", "UsageError",
-           "JobFailed", "JobCancelled", "JobNotFoundError"]
+           "JobFailed", "JobCancelled", "JobNotFoundError", "JobTimeout"]
 POLL_S = 0.5
+
+
+class JobTimeout(SubmitError, TimeoutError):
+    """`wait(timeout=...)` passed its time; the job goes on."""
+
+
+def job_resource(record: records.JobRecord) -> dict[str, Any]:
+    """Cloud ML's Job resource of a record: what `Job.describe()` returns and `jobs
+    describe` / `jobs list --format` print."""
+    return resource.job(record)
 
 
 class Job:
@@ -55,9 +71,15 @@ class Job:
     def __repr__(self) -> str:
         return f"Job({self.job_id!r}, state={self.state!r})"
 
-    def _record(self) -> records.JobRecord:
+    def record(self, *, refresh: bool = True) -> records.JobRecord:
+        """The job's record (mljob's own form: replicas, PIDs, log paths), as its runner
+        reports it now (`refresh=False`: as the index holds it)."""
         record = records.load(self.job_id)
+        if not refresh:
+            return record
         return lifecycle.refresh(submission.runner_for(record), record)
+
+    _record = record
 
     @property
     def state(self) -> str:
@@ -71,12 +93,12 @@ class Job:
 
     def describe(self) -> dict[str, Any]:
         """Cloud ML's Job resource, as `jobs describe --format json` prints it."""
-        return resource.job(self._record())
+        return job_resource(self.record())
 
     def wait(self, timeout: float | None = None) -> Job:
         """Block until the job ends; itself when it SUCCEEDED. JobFailed (with the
-        job's error message) or JobCancelled otherwise; TimeoutError past `timeout`
-        seconds (the job goes on)."""
+        job's error message) or JobCancelled otherwise; JobTimeout (a TimeoutError)
+        past `timeout` seconds (the job goes on)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             record = self._record()
@@ -87,8 +109,8 @@ class Job:
                 raise SubmitError(f"job {self.job_id}'s supervisor is gone and the job "
                                   f"never ended; cancel it with Job.cancel()")
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {self.job_id} is still {record.state} after "
-                                   f"{timeout} s")
+                raise JobTimeout(f"job {self.job_id} is still {record.state} after "
+                                 f"{timeout:g} s; wait again, or cancel it")
             time.sleep(POLL_S)
 
     def logs(self, *, follow: bool = False, task_name: str | None = None) -> Iterator[str]:
@@ -98,6 +120,15 @@ class Job:
         runner = submission.runner_for(record)
         yield from runner.logs(lifecycle.handle(record), task_name=task_name,
                                follow=follow)
+
+    def follow(self, echo: Callable[..., None] = print, *,
+               task_name: str | None = None) -> int:
+        """Print (`echo`) the job's log lines as they come until it ends, then how it
+        ended; 0 when it SUCCEEDED, else JobFailed / JobCancelled. Ctrl-C stops
+        following (the job goes on) with the status JobCancelled's."""
+        record = records.load(self.job_id)
+        return lifecycle.follow(submission.runner_for(record), record, echo,
+                                task_name=task_name)
 
     def cancel(self) -> Job:
         """Stop every replica (or worker); the job ends CANCELLED. UsageError when it
@@ -109,9 +140,9 @@ class Job:
 
 def submit(job_id: str, *, package_path: str | None = None,
            module_name: str | None = None, job_dir: str | None = None,
-           args: Sequence[str] = (), scale_tier: str | None = None,
+           args: Sequence[str] | None = None, scale_tier: str | None = None,
            config: str | Mapping[str, Any] | None = None,
-           labels: Mapping[str, str] | None = None, runner: str = "local",
+           labels: Mapping[str, str] | Sequence[str] | None = None, runner: str = "local",
            resume: bool = False, **options: Any) -> Job:
     """Submit a training (or, with `trainingInput.hyperparameters` in `config`, a
     tuning) job, as `python -m submit jobs submit training JOB_ID --async`; the Job.
@@ -120,25 +151,49 @@ def submit(job_id: str, *, package_path: str | None = None,
     `{"trainingInput": {...}, "labels": {...}}`). Every other keyword is the flag of the
     same name (`worker_count=2`, `region="us-central1"`, `image=...` for kubeflow,
     `project=...` for vertex, `ray_address=...`)."""
+    notes: list[str] = []
+    run_submission(job_id, package_path=package_path, module_name=module_name,
+                   job_dir=job_dir, args=args, scale_tier=scale_tier, config=config,
+                   labels=labels, runner=runner, resume=resume,
+                   echo=lambda text, err=False: notes.append(text), **options)
+    return Job(job_id, notes=notes)
+
+
+def run_submission(job_id: str, *, echo: Callable[..., None], stream: bool = False,
+                   dry_run: bool = False, args: Sequence[str] | None = None,
+                   config: str | Mapping[str, Any] | None = None,
+                   labels: Mapping[str, str] | Sequence[str] | None = None,
+                   packages: str | Sequence[str] | None = None, runner: str = "local",
+                   resume: bool = False, **options: Any) -> int:
+    """`submit`'s work, and the command line's: the job the flags describe submitted
+    (`stream`: followed to its end; `dry_run`: its plan printed, nothing run), what it
+    says given to `echo(text, err=False)`; the exit status (0, or the job's end raised
+    as JobFailed / JobCancelled)."""
     engine = {k: options.pop(k) for k in list(options)
               if k in runners.declared_options() or k in SHARED}
     if "region" in engine:  # every runner records it in trainingInput; vertex runs there
         options["region"] = engine["region"]
-    flags = specs.Flags(job_id, scale_tier=scale_tier, job_dir=job_dir,
-                        package_path=package_path, module_name=module_name,
-                        args=tuple(args), labels=dict(labels) if labels else None,
-                        **_flag_fields(options))
-    notes: list[str] = []
-
-    def echo(text: str, err: bool = False) -> None:
-        notes.append(text)
     engine_options = EngineOptions(**engine)
     engine_options.check_for(runner)
+    if engine_options.build_image is not None or engine_options.base_image is not None:
+        from submit.cli import local_image  # the image tools load only when asked for
+        options["package_path"], options["module_name"] = local_image.build_for_submit(
+            engine_options, options.get("package_path"), options.get("module_name"),
+            dry_run, options)
+    if isinstance(packages, str):
+        packages = (packages,)
+    given: tuple[str, ...] | dict[str, str] | None = None
+    if isinstance(labels, Mapping):
+        given = dict(labels) or None
+    elif labels:
+        given = tuple(labels)  # --labels' KEY=VALUE,... words
+    flags = specs.Flags(job_id, args=None if args is None else tuple(args), labels=given,
+                        packages=tuple(p for given in packages for p in given.split(",") if p)
+                        if packages else None, **_flag_fields(options))
     with _config_file(config) as path:
-        submission.submit(submission.Submission(
+        return submission.submit(submission.Submission(
             flags, runner=runner, options=engine_options, config_path=path,
-            stream=False, resume=resume), echo)
-    return Job(job_id, notes=notes)
+            dry_run=dry_run, stream=stream, resume=resume), echo)
 
 
 def _flag_fields(options: dict[str, Any]) -> dict[str, Any]:
@@ -210,15 +265,21 @@ def get_job(job_id: str) -> Job:
     return Job(job_id)
 
 
+def select(filter: str | None = None, *, sort_by: str | None = None,
+           limit: int | None = None) -> list[records.JobRecord]:
+    """The index's summaries (records without their bulky fields) of the jobs `filter`
+    chooses, oldest first (or by `sort_by`): what `list_jobs` and `jobs list` list."""
+    from submit import job_index
+    return listing.select(job_index.summaries(), filter_text=filter, sort_by=sort_by,
+                          limit=limit)
+
+
 def list_jobs(filter: str | None = None, *, sort_by: str | None = None,
               limit: int | None = None) -> list[Job]:
     """Jobs in the local index, oldest first; `filter` is gcloud's expression language
     (`state=RUNNING OR labels.team:*`), as `jobs list --filter`."""
-    from submit import job_index
-    chosen = listing.select(job_index.summaries(), filter_text=filter, sort_by=sort_by,
-                            limit=limit)
     out = []
-    for light in chosen:
+    for light in select(filter, sort_by=sort_by, limit=limit):
         try:
             out.append(Job(light.job_id))
         except SubmitError:  # removed meanwhile

@@ -1,9 +1,12 @@
-"""`jobs submit|list|describe|stream-logs|cancel|update`, as `gcloud ai-platform jobs`.
+"""`jobs submit|list|describe|stream-logs|cancel|wait|update`, as `gcloud ai-platform
+jobs` (`wait` is mljob's: block until the job ends).
 
 `jobs list` and `jobs describe` print Cloud ML's Job resource (`submit.resource`) in
 gcloud's `--format`s; describe's default is its YAML (as gcloud's), and hints go to
 stderr so that stdout stays the resource alone. `jobs submit` is a group: its commands
-(`training`, and others) are added by `submit.__main__`.
+(`training`, and others) are added by `submit.__main__`. The job commands are the
+Python API's (`submit.api`) calls, printed: what the API returns or raises is what they
+print or exit with.
 """
 from __future__ import annotations
 
@@ -12,9 +15,8 @@ import os
 
 import click
 
-from submit import job_index, jobs as records, lifecycle, resource, submission, \
-    training_output
-from submit.cli import formats, listing
+from submit import api, jobs as records, resource, submission, training_output
+from submit.cli import formats
 from submit.local import usage
 from submit.jobdef import spec as specs
 from submit.cli.cli_base import GcloudGroup, cli, echo
@@ -52,15 +54,14 @@ def jobs_list(filter_text, sort_by, limit, page_size, uri, fmt):
     if uri and fmt:
         raise UsageError("--uri and --format both say what to print; give one")
     # The index's summary (submit.job_index): the whole records only of the chosen jobs.
-    chosen = listing.select(job_index.summaries(), filter_text=filter_text,
-                            sort_by=sort_by, limit=limit)
+    chosen = api.select(filter_text, sort_by=sort_by, limit=limit)
     if uri:
         for r in chosen:
             echo(resource.uri(r))
         return EXIT_OK
     if fmt:
-        formats.emit(echo, [resource.job(r) for r in _whole(chosen)], fmt, single=False,
-                     default_keys=LIST_KEYS)
+        formats.emit(echo, [api.job_resource(r) for r in _whole(chosen)], fmt,
+                     single=False, default_keys=LIST_KEYS)
         return EXIT_OK
     echo(f"{'JOB_ID':<24} {'STATUS':<11} {'CREATED':<20} JOB_DIR")
     size = page_size or len(chosen) or 1
@@ -93,9 +94,8 @@ def jobs_describe(job_id, summarize, fmt):
     fields (runner, replicas, PIDs, restarts, log paths) are under `mljob`."""
     if summarize and fmt:
         raise UsageError("--summarize and --format both say what to print; give one")
-    record = records.load(job_id)
-    record = lifecycle.refresh(submission.runner_for(record), record)
-    job = resource.job(record, state(record).rstrip("?"))
+    record = api.get_job(job_id).record()
+    job = api.job_resource(record)
     if summarize:
         echo(summary(job))
     else:
@@ -189,17 +189,28 @@ def jobs_stream_logs(job_id, task_name, polling_interval, allow_multiline_logs):
     if allow_multiline_logs:
         echo("--allow-multiline-logs: no effect here, each line of a replica's output "
              "prints as written, so a multiline message prints whole", err=True)
-    record = records.load(job_id)
-    return lifecycle.follow(submission.runner_for(record), record, echo, task_name=task_name)
+    return api.get_job(job_id).follow(echo, task_name=task_name)
 
 
 @jobs_group.command("cancel")
 @click.argument("job_id")
 def jobs_cancel(job_id):
     """Cancel a running job: every replica is stopped, then the job is CANCELLED."""
-    record = records.load(job_id)
-    record = lifecycle.cancel(submission.runner_for(record), record)
-    echo(f"Job [{job_id}] {record.state}.")
+    job = api.get_job(job_id).cancel()
+    echo(f"Job [{job_id}] {job.record(refresh=False).state}.")
+    return EXIT_OK
+
+
+@jobs_group.command("wait")
+@click.argument("job_id")
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), metavar="SECONDS",
+              help="Give up after this long (exit 1; the job goes on) [default: wait "
+                   "until it ends].")
+def jobs_wait(job_id, timeout):
+    """Wait until the job ends: exit 0 when it SUCCEEDED, else the status of `jobs
+    stream-logs` (failed 1, cancelled 130) with its one line."""
+    api.get_job(job_id).wait(timeout)
+    echo(f"Job [{job_id}] SUCCEEDED.")
     return EXIT_OK
 
 

@@ -1,13 +1,13 @@
 """`jobs submit training JOB_ID` and its short form `python -m submit JOB_ID`: the flags
-of `gcloud ai-platform jobs submit training`, handed to `submit.submission`."""
+of `gcloud ai-platform jobs submit training`, handed to the Python API's
+`run_submission` (submit.api), which `api.submit` runs too."""
 from __future__ import annotations
 
 import click
 
-from submit import runners, submission
+from submit import api, runners
 from submit.jobdef import spec as specs
 from submit.cli.cli_base import TrainerArgsCommand, cli, echo
-from submit.runners.engine import EngineOptions
 
 
 def runner_params() -> list[click.Option]:
@@ -139,29 +139,8 @@ def training_command(ctx, job_id, **flags):
     return submit_training(ctx, job_id, **flags)
 
 
-def submit_training(ctx, job_id, scale_tier, config_path, job_dir, staging_bucket,
-                    package_path, packages, module_name, worker_count,
-                    parameter_server_count, evaluator_count, stream_logs, dry_run, resume,
-                    restart_policy, max_restarts, runner, region, runtime_version,
-                    python_version, **job_definition):
-    """The submission the flags ask for, run to its end (or its dry run's print)."""
-    declared = runners.declared_options()
-    engine = {k: job_definition.pop(k) for k in list(job_definition) if k in declared}
-    options = EngineOptions(region=region, **engine)
-    options.check_for(runner)
-    if options.build_image is not None or options.base_image is not None:
-        from submit.cli import local_image  # the image tools load only when asked for
-        package_path, module_name = local_image.build_for_submit(
-            options, package_path, module_name, dry_run, job_definition)
-    flags = specs.Flags(
-        job_id, scale_tier=scale_tier, worker_count=worker_count,
-        parameter_server_count=parameter_server_count, evaluator_count=evaluator_count,
-        job_dir=job_dir, staging_bucket=staging_bucket, package_path=package_path,
-        module_name=module_name, args=ctx.meta["trainer_args"],
-        restart_policy=restart_policy, max_restarts=max_restarts,
-        packages=tuple(p for given in packages for p in given.split(",") if p)
-        if packages else None, region=region, runtime_version=runtime_version,
-        python_version=python_version, **job_definition)
-    return submission.submit(submission.Submission(
-        flags, runner=runner, options=options, config_path=config_path, dry_run=dry_run,
-        stream=stream_logs, resume=resume), echo)
+def submit_training(ctx, job_id, stream_logs, config_path, **flags):
+    """The submission the flags ask for, run to its end (or its dry run's print): the
+    Python API's (submit.api.run_submission), printing what it says."""
+    return api.run_submission(job_id, echo=echo, stream=stream_logs, config=config_path,
+                              args=ctx.meta["trainer_args"], **flags)

@@ -4,14 +4,18 @@ filter; a failure and a cancel as exceptions; a model's versions; and README's e
 run as it is written. The tuning and batch prediction jobs are in the slow step."""
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 import time
 
 import pytest
 
 from submit import api, logs
 from submit import jobs as records
+from tests.support.common import ROOT
 from tests.support.submit_cli import write_package
 
 README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
@@ -25,9 +29,13 @@ def test_failure_and_cancel_are_exceptions(tmp_path):
     pkg = write_package(tmp_path / "pkg", TASK)
     job = api.submit("api_fail", package_path=pkg, module_name="fakejob.task",
                      job_dir=str(tmp_path / "api_fail"))
-    with pytest.raises(api.JobFailed, match="job api_fail failed"):
+    done = subprocess.run([sys.executable, "-m", "submit", "jobs", "wait", "api_fail",
+                           "--timeout", "300"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=330)  # the command waits as the API does
+    with pytest.raises(api.JobFailed, match="job api_fail failed") as raised:
         job.wait(timeout=300)
     assert job.state == "FAILED"
+    assert done.returncode == 1 and done.stderr.strip() == f"error: {raised.value}"
 
     job = api.submit("api_cancel", package_path=pkg, module_name="fakejob.task",
                      job_dir=str(tmp_path / "api_cancel"), args=["--sleep"],
@@ -103,6 +111,29 @@ def test_readmes_example_runs_as_written(tmp_path, monkeypatch, capsys):
     with pytest.raises(api.UsageError, match="already ended SUCCEEDED"):
         job.cancel()
     assert list(job.logs(follow=True)) == list(job.logs())  # an ended job: no wait
+
+    # the commands are the API's calls, printed: the same resource, the same list, the
+    # same end, the same one-line errors
+    def cli(*argv):
+        done = subprocess.run([sys.executable, "-m", "submit", *argv], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        return done.returncode, done.stdout, done.stderr.strip()
+    status, out, _ = cli("jobs", "describe", "demo01", "--format", "json")
+    assert status == 0 and json.loads(out) == job.describe()
+    status, out, _ = cli("jobs", "list", "--filter", "labels.team=demo", "--format", "json")
+    assert json.loads(out) == [j.describe() for j in api.list_jobs(filter="labels.team=demo")]
+    assert cli("jobs", "list", "--filter", "state=FAILED", "--format", "json")[:2] == (
+        0, "[]\n")
+    assert cli("jobs", "wait", "demo01", "--timeout", "30")[:2] == (
+        0, "Job [demo01] SUCCEEDED.\n")
+    status, _, err = cli("jobs", "cancel", "demo01")
+    with pytest.raises(api.UsageError) as raised:
+        job.cancel()
+    assert status == 2 and err.splitlines()[-1].endswith(str(raised.value))
+    status, _, err = cli("jobs", "wait", "nothing_here")
+    with pytest.raises(api.JobNotFoundError) as raised:
+        api.get_job("nothing_here").wait()
+    assert status == 2 and err == f"error: {raised.value}"
 
 
 @pytest.mark.slow
