@@ -145,7 +145,9 @@ def test_max_failed_trials_ends_the_study(capsys, ray_head, tmp_path):
 
 def test_early_stopping_stops_a_hopeless_trials_ray_job(capsys, ray_head, tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient
-    config = tuning(tmp_path, algorithm="RANDOM_SEARCH", maxTrials=3,
+    # the grid: three distinct points (a random search may draw a point again, which
+    # the study answers from the earlier trial instead of running it)
+    config = tuning(tmp_path, algorithm="GRID_SEARCH", maxTrials=3,
                     maxParallelTrials=1, enableTrialEarlyStopping=True)
     status, out, err = submit(capsys, ray_head, tmp_path, "rayprune", config,
                               args=["--by-trial"])
