@@ -37,13 +37,9 @@ _NoArgsIsHelp = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8
 # `jobs submit KIND`: one line each
 cmd_jobs.jobs_submit.add_command(cmd_submit.training_command)
 cmd_jobs.jobs_submit.add_command(cmd_prediction.prediction_command)
-cli.add_command(cmd_prediction.supervise_command)
 
 
-@cli.command("_supervise", hidden=True)
-@click.argument("plan_file", type=click.Path(exists=True, dir_okay=False))
-def supervise_command(plan_file):
-    """Run a submitted job to its end (started detached by --async)."""
+def _supervise_job(plan_file: str) -> int:
     with open(plan_file) as f:
         plan = plans.JobPlan.from_dict(json.load(f))
     record = records.load(plan.job_id)
@@ -51,17 +47,27 @@ def supervise_command(plan_file):
     return lifecycle.report(record, echo)
 
 
-@cli.command("_supervise-ray-tuning", hidden=True)
-@click.argument("body_file", type=click.Path(exists=True, dir_okay=False))
-def supervise_ray_tuning_command(body_file):
-    """Run a tuning job's study on a Ray cluster to its end (started detached by
-    --async)."""
+def _supervise_ray_tuning(body_file: str) -> int:
     from submit.runners import ray_tuning  # Ray's and Optuna's, only here
     with open(body_file) as f:
         body = json.load(f)
     record = records.load(body["plan"]["job_id"])
     ray_tuning.run(body, record, stream=False)
     return lifecycle.report(record, echo)
+
+
+# what a detached supervisor (`submit.local.entry.detach`) runs, by the job's kind
+SUPERVISED = {"job": _supervise_job, "ray-tuning": _supervise_ray_tuning,
+              "prediction": cmd_prediction.supervise_file}
+
+
+@cli.command("_supervise", hidden=True)
+@click.argument("kind", type=click.Choice(tuple(SUPERVISED)))
+@click.argument("body_file", type=click.Path(exists=True, dir_okay=False))
+def supervise_command(kind, body_file):
+    """Run a submitted job of KIND to its end, supervised here (started detached by
+    --async): a training or tuning job, a tuning job on Ray, a batch prediction job."""
+    return SUPERVISED[kind](body_file)
 
 
 def main(argv=None, standalone_mode: bool = True):

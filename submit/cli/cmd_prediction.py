@@ -8,20 +8,18 @@ supervisor. `--runner vertex|kubeflow` renders the engine's own job instead
 (`submit.prediction.render`).
 
 `submit.__main__` adds the command to `jobs submit`, and the hidden
-`_supervise-prediction` that a detached job runs under to the CLI.
+`_supervise prediction` that a detached job runs under to the CLI.
 """
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import click
 
-from mljob import contracts, storage
-from submit import jobs, logs
+from mljob import storage
+from submit import jobs
 from submit.prediction import spec as prediction_spec
-from submit.errors import UsageError
+from submit.runners.engine import EngineOptions
 from submit.prediction.plan import build_plan
 from submit.prediction.job import PredictionJob, PredictionPlan
 from submit.lifecycle import ended
@@ -66,13 +64,8 @@ def prediction_command(job_id, run_async, resume, runner, dry_run, project, imag
                        namespace, **flags):
     """Submit batch prediction job JOB_ID, as `gcloud ai-platform jobs submit prediction`."""
     spec = prediction_spec.resolve(job_id, **flags)
-    engine_flags = {"--project": project, "--image": image, "--namespace": namespace}
-    owners = {"--project": ("vertex",), "--image": ("vertex", "kubeflow"),
-              "--namespace": ("kubeflow",)}
-    for flag, value in engine_flags.items():
-        if value is not None and runner not in owners[flag]:
-            raise UsageError(f"{flag} is for --runner {' or '.join(owners[flag])}, not "
-                             f"--runner {runner}; drop it or change --runner")
+    # the runners' own declarations say which runner takes which option
+    EngineOptions(project=project, image=image, namespace=namespace).check_for(runner)
     if runner != "local":
         from submit.prediction import render as prediction_render
         return prediction_render.submit(spec, runner, project=project, image=image,
@@ -97,10 +90,9 @@ def prediction_command(job_id, run_async, resume, runner, dry_run, project, imag
     return run(plan, record, stream=True)
 
 
-@click.command("_supervise-prediction", hidden=True)
-@click.argument("plan_file", type=click.Path(exists=True, dir_okay=False))
-def supervise_command(plan_file):
-    """Run a batch prediction job to its end (started detached by --async)."""
+def supervise_file(plan_file: str) -> int:
+    """Run a batch prediction job to its end (`_supervise prediction`, started detached
+    by --async)."""
     with open(plan_file, "rb") as f:
         plan = PredictionPlan.from_json(f.read())
     return run(plan, jobs.load(plan.job_id), stream=False)
@@ -116,29 +108,16 @@ def new_record(spec: prediction_spec.PredictionSpec, plan: PredictionPlan) -> jo
 
 def run(plan: PredictionPlan, record: jobs.JobRecord, *, stream: bool) -> int:
     """Supervise the job in this process, holding its lock; its exit status."""
-    from submit.local.entry import hold_lock
-    lock = hold_lock(record.job_id)
-    try:
-        record.adopt_supervisor()
-        jobs.save(record)
-        terminal = logs.Terminal(sys.stdout, stream=stream)
-        state = PredictionJob(plan, record, publish=jobs.save, terminal=terminal).run()
-    finally:
-        lock.close()
+    from submit.local import entry
+    state = entry.supervise(record, lambda terminal: PredictionJob(
+        plan, record, publish=jobs.save, terminal=terminal).run(), stream=stream)
     click.echo(f"Job [{plan.job_id}] {state}.")
     return ended(record, f"; see {plan.log_dir}")
 
 
 def _detach(plan: PredictionPlan) -> int:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, contracts.MLJOB_JOB_ID_ENV: plan.job_id,
-           "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    with open(os.path.join(plan.run_dir, "supervisor.log"), "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "submit", "_supervise-prediction", plan.job_file],
-            cwd=plan.run_dir, env=env, stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True)
-    return proc.pid
+    from submit.local import entry
+    return entry.detach("prediction", plan.job_id, plan.run_dir, plan.job_file)
 
 
-__all__ = ["prediction_command", "supervise_command", "run"]
+__all__ = ["prediction_command", "supervise_file", "run"]

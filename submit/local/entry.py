@@ -4,8 +4,9 @@ a tuning job by its `Tuner`: the entry picks by the plan's tuning spec), and a
 job stopped from another process.
 
 The process that runs a job (the submitting one when attached, `python -m submit
-_supervise` when detached) holds the job's lock file open and locked throughout and owns
-its record: `jobs cancel` signals the recorded PID only when that process holds the
+_supervise KIND FILE` when detached, started by `detach`), for every kind of job
+supervised here (`supervise`), holds the job's lock file open and locked throughout and
+owns its record: `jobs cancel` signals the recorded PID only when that process holds the
 lock (see `procs.is_ours`), and writes the record itself only when the supervisor is
 gone.
 """
@@ -13,8 +14,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from mljob import contracts, procs
 from submit import jobs, logs
@@ -27,6 +31,8 @@ from submit.jobdef.spec import JobSpec
 # stop deadline to save, 60 s by default, then workers and ps their grace)
 CANCEL_WAIT_S = 90.0
 MAX_PARALLEL_TRIALS = 16   # tuning trials at once, each a job of its own on this machine
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+T = TypeVar("T")
 
 
 def check(spec: JobSpec) -> None:
@@ -50,17 +56,42 @@ def check(spec: JobSpec) -> None:
 def run(plan: JobPlan, record: jobs.JobRecord, *, stream: bool) -> str:
     """Run a job to its end in this process, which becomes its supervisor; the final
     state (also in `record`)."""
-    lock = hold_lock(record.job_id)
-    try:
-        record.adopt_supervisor()
-        jobs.save(record)
-        terminal = logs.Terminal(sys.stdout, stream=stream)
+    def work(terminal: logs.Terminal) -> str:
         if plan.tuning is not None:  # a tuning job: trials of this plan
             from submit.local.tuner import Tuner  # Optuna's, only for a study
             return Tuner(plan, record, terminal=terminal).run()
         return Supervisor(plan, record, publish=jobs.save, terminal=terminal).run()
+    return supervise(record, work, stream=stream)
+
+
+def supervise(record: jobs.JobRecord, work: Callable[[logs.Terminal], T], *,
+              stream: bool) -> T:
+    """Run `work` in this process as the job's supervisor, for every kind of job
+    supervised here (a plain or tuning job, a tuning job on Ray, a batch prediction
+    job): the job's lock held throughout, the record adopted (this PID) and saved
+    first, the job's lines on a terminal (streamed when attached)."""
+    lock = hold_lock(record.job_id)
+    try:
+        record.adopt_supervisor()
+        jobs.save(record)
+        return work(logs.Terminal(sys.stdout, stream=stream))
     finally:
         lock.close()
+
+
+def detach(kind: str, job_id: str, run_dir: str, body_file: str) -> int:
+    """Start the job's supervisor in a session of its own, `python -m submit _supervise
+    KIND BODY_FILE` (KIND: job, ray-tuning, prediction), its output in the run folder's
+    supervisor.log and the job's marker in its environment; its PID. The job's record is
+    saved before: the supervisor reads it."""
+    env = {**os.environ, contracts.MLJOB_JOB_ID_ENV: job_id,  # its marker
+           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with open(os.path.join(run_dir, "supervisor.log"), "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "submit", "_supervise", kind, body_file], cwd=run_dir,
+            env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    return proc.pid
 
 
 def hold_lock(job_id: str):

@@ -10,8 +10,6 @@ keeps. `status` and `logs` read what the supervisor writes; `cancel` signals it.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -28,7 +26,6 @@ from submit.runners.engine import SUPERVISOR, EngineOptions, EngineStatus, Rende
 from submit.jobdef.spec import JobSpec, check_gpus, local_gpu_count
 
 MAX_REPLICAS_PER_TYPE = 64  # one process per replica on this machine
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def supervise_here(rendered: Rendered, record: jobs.JobRecord) -> str:
@@ -101,14 +98,8 @@ class LocalEngine(Runner):
         os.makedirs(plan.run_dir, exist_ok=True)
         plan_file = os.path.join(plan.run_dir, "plan.json")
         storage.write_bytes(plan_file, rendered.text.encode())
-        env = {**os.environ, contracts.MLJOB_JOB_ID_ENV: plan.job_id,  # its marker
-               "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        with open(os.path.join(plan.run_dir, "supervisor.log"), "ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "submit", "_supervise", plan_file], cwd=plan.run_dir,
-                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        return {"job_id": plan.job_id, "supervisor_pid": proc.pid}
+        pid = entry.detach("job", plan.job_id, plan.run_dir, plan_file)
+        return {"job_id": plan.job_id, "supervisor_pid": pid}
 
     def status(self, handle: Mapping[str, Any]) -> EngineStatus:
         record = jobs.load(handle["job_id"])

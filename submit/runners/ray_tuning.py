@@ -36,8 +36,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -58,7 +56,6 @@ from submit.runners.engine import SUPERVISOR, EngineOptions, EngineStatus, Rende
     ReplicaStatus
 from submit.jobdef.spec import JobSpec
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BODY_FILE = "ray-tuning.json"
 METRIC_FILE = "hypertune/output.metrics"  # under each replica's folder on its node
 POLL_S = 1.0
@@ -72,15 +69,9 @@ def supervise_here(rendered: Rendered, record: jobs.JobRecord) -> str:
 def run(body: Mapping[str, Any], record: jobs.JobRecord, *, stream: bool) -> str:
     """Run the study in this process, which becomes the job's supervisor (its lock held,
     its record owned); the final state."""
-    lock = entry.hold_lock(record.job_id)
-    try:
-        record.adopt_supervisor()
-        jobs.save(record)
-        terminal = logs.Terminal(sys.stdout, stream=stream)
-        return RayTuner(plans.JobPlan.from_dict(body["plan"]), record, trial=body["trial"],
-                        terminal=terminal).run()
-    finally:
-        lock.close()
+    return entry.supervise(record, lambda terminal: RayTuner(
+        plans.JobPlan.from_dict(body["plan"]), record, trial=body["trial"],
+        terminal=terminal).run(), stream=stream)
 
 
 class RayTuningEngine(rayrunner.RayEngine):
@@ -137,21 +128,15 @@ class RayTuningEngine(rayrunner.RayEngine):
     preflight = _fits_trials
 
     def create(self, rendered: Rendered) -> Mapping[str, Any]:
-        """Start `python -m submit _supervise-ray-tuning` in its own session: it runs
+        """Start `python -m submit _supervise ray-tuning` in its own session: it runs
         the study and owns the record (saved before: it reads it)."""
         run_dir = rendered.body["plan"]["run_dir"]
         job_id = rendered.body["plan"]["job_id"]
         os.makedirs(run_dir, exist_ok=True)
         body_file = os.path.join(run_dir, BODY_FILE)
         storage.write_bytes(body_file, rendered.text.encode())
-        env = {**os.environ, contracts.MLJOB_JOB_ID_ENV: job_id,  # its marker
-               "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        with open(os.path.join(run_dir, "supervisor.log"), "ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "submit", "_supervise-ray-tuning", body_file],
-                cwd=run_dir, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True)
-        return {**rendered.handle, "supervisor_pid": proc.pid}
+        pid = entry.detach("ray-tuning", job_id, run_dir, body_file)
+        return {**rendered.handle, "supervisor_pid": pid}
 
     def status(self, handle: Mapping[str, Any]) -> EngineStatus:
         record = jobs.load(handle["job_id"])
