@@ -2,7 +2,7 @@
 
 The job lives as every local job does (`submit.local.joblife.JobLife`: PREPARING, RUNNING, an
 ending state, everything stopped on every way out, the record published after each
-change), supervised in the foreground or by a detached `_supervise-prediction` process
+change), supervised in the foreground or by a detached `_supervise prediction` process
 holding the job's lock, so `jobs list/describe/stream-logs/cancel` work on it unchanged.
 
 Each worker (`python -m predict.batch_worker`) loads the export once and is handed

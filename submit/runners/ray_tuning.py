@@ -24,7 +24,7 @@ local path).
 
 The job's record is owned by the process that runs the study (`record_owner =
 SUPERVISOR`): the submitting process when attached, `python -m submit
-_supervise-ray-tuning` with --async. It keeps the running trials' Ray submission ids in
+_supervise ray-tuning` with --async. It keeps the running trials' Ray submission ids in
 `engine["trials"]`; `jobs cancel` signals the study's process, which stops every
 running trial's Ray job (`ray job stop`: the driver stops its replicas), and stops any
 the record still names if that process is gone. Each trial's Ray log is copied into
