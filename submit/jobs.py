@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from submit import record_values
-from submit.errors import JobNotFoundError, SubmitError
+from submit.errors import JobNotFoundError, SubmitError, UsageError
 from submit.home import mljob_home
 from submit.jobdef.spec import check_job_id
 from mljob import contracts, procs, storage
@@ -120,6 +120,13 @@ class JobRecord:
         trials) its supervisor still there to end it."""
         supervised = self.runner == "local" or self.supervisor_pid is not None
         return not self.done and (not supervised or self.supervisor_alive())
+
+    def refuse_if_running(self) -> None:
+        """A job id still running is not submitted again: one line naming the fix."""
+        if self.running():
+            raise UsageError(f"job {self.job_id!r} is still {self.state}; cancel it with "
+                             f"`python -m submit jobs cancel {self.job_id}` or pick "
+                             "another id")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

@@ -93,9 +93,7 @@ def check_job_id_free(spec: specs.JobSpec, resume: bool, runner: str = "local") 
         old = records.load(spec.job_id)
     except UsageError:
         return
-    if old.running():
-        raise UsageError(f"job {spec.job_id!r} is still {old.state}; cancel it with "
-                         f"`python -m submit jobs cancel {spec.job_id}` or pick another id")
+    old.refuse_if_running()
     if not (resume and old.job_dir and old.job_dir == spec.job_dir
             and old.runner == runner):
         # job ids are unique, as in a gcloud project: the index entry is never replaced

@@ -57,9 +57,7 @@ def _check_job_id(spec: prediction_spec.PredictionSpec, resume: bool) -> None:
         old = jobs.load(spec.job_id)
     except JobNotFoundError:
         return
-    if old.running():
-        raise UsageError(f"job {spec.job_id!r} is still {old.state}; cancel it with "
-                         f"`python -m submit jobs cancel {spec.job_id}` or pick another id")
+    old.refuse_if_running()
     earlier_output = old.prediction_input.get("outputPath")
     if not resume or earlier_output != spec.output_path:
         again = (f", or pass --resume with --output-path {earlier_output} to finish it"

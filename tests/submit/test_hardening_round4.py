@@ -123,3 +123,22 @@ def test_every_commands_name_is_reserved_as_a_job_id(capsys, tmp_path):
     assert status == 2 and "'console' is a command's name, never a job id; pick " \
         "another, e.g. console_1" in one_error_line(err)
     assert not os.path.exists(tmp_path / "job")
+
+
+def test_a_job_id_still_running_is_refused_for_training_and_prediction(capsys, tmp_path):
+    """A running job's id (a cluster job: running while not ended) is not submitted
+    again, as a training job or as a batch prediction job, with or without --resume."""
+    records.save(records.JobRecord("busy01", state=records.RUNNING, runner="vertex"))
+    expected = ("job 'busy01' is still RUNNING; cancel it with `python -m submit jobs "
+                "cancel busy01` or pick another id")
+    for resume in ((), ("--resume",)):
+        status, _, err = run(capsys, "jobs", "submit", "training", "busy01", "--job-dir",
+                             str(tmp_path / "job"), *resume)
+        assert status == 2 and one_error_line(err).endswith(expected), err
+        status, _, err = run(capsys, "jobs", "submit", "prediction", "busy01",
+                             "--model-dir", str(tmp_path / "m"), "--input-paths",
+                             "/data/a-*.json", "--output-path", str(tmp_path / "out"),
+                             "--data-format", "text", "--region", "us-central1", *resume)
+        assert status == 2 and one_error_line(err).endswith(expected), err
+    assert records.load("busy01").state == records.RUNNING
+    assert not os.path.exists(tmp_path / "out")
