@@ -129,6 +129,18 @@ def kill(replica: ReplicaPlan) -> None:
         ce.call(engine, *ce.rm_argv(engine, [info["name"]])[1:])
 
 
+def host_pid(replica: ReplicaPlan) -> int | None:
+    """The PID on this machine of the replica's container (its init, whose child is the
+    replica): what its resource figures are sampled from. None until it runs."""
+    info = replica.container
+    if not info:
+        return None
+    engine = ce.Engine(info["kind"], info["engine"])
+    out = ce.call(engine, "inspect", "--format", "{{.State.Pid}}", info["name"], timeout=10)
+    text = out.stdout.strip()
+    return int(text) if out.returncode == 0 and text.isdigit() and int(text) > 0 else None
+
+
 def clean_up(plan: JobPlan) -> None:
     """Every container and the network of the job gone (called at every end)."""
     if plan.containers is not None:

@@ -10,7 +10,9 @@ version), and a build finds the image already there when nothing changed. Buildi
 `debootstrap --variant=minbase` from the mirror this machine's apt uses (its .debs kept
 in the cache folder), the wheels fetched by this machine's pip into the cache folder
 (its own index settings apply), installed inside the new root by its own Python (`run
---rootfs`, no network), and the tree imported as the image. The cache folder is
+--rootfs`, no network) and compiled (without the .pyc files every container compiled
+TensorFlow's modules as it started: a STANDARD_1-shaped test job took 93 s to 130 s
+instead of 52 s), and the tree imported as the image. The cache folder is
 `$MLJOB_IMAGE_CACHE`, else `~/.cache/mljob/images`.
 
 `python -m submit JOB --build-image NAME [--base-image IMAGE]` builds a package's image
@@ -35,7 +37,7 @@ from submit.jobdef.containers import check_image
 from submit.errors import UsageError
 from submit.local import container_engine as ce
 
-RECIPE = 1
+RECIPE = 2
 DEBIAN_PACKAGES = ("python3", "python-is-python3", "ca-certificates")
 REQUIREMENTS = ("tensorflow-cpu==2.21.*", "fsspec>=2024.2", "gcsfs>=2024.2", "psutil>=5.9",
                 "tenacity>=8.2", "tensorboard>=2.20", "pip", "setuptools>=61", "wheel")
@@ -133,7 +135,7 @@ def _build_base(engine: ce.Engine, name: str, suite: str, mirror: str, log) -> N
         _run(engine.argv("run", "--rm", "--network", "none", "-v", f"{wheels}:/wheels:ro",
                          "--rootfs", rootfs, "sh", "-c",
                          "python3 $(ls /wheels/pip-*.whl | tail -1)/pip install -q "
-                         "--no-index --find-links /wheels --no-cache-dir --no-compile "
+                         "--no-index --find-links /wheels --no-cache-dir "
                          f"--root-user-action=ignore {reqs} && pip --version"),
              "pip install in the base image")
         tar = subprocess.Popen(["tar", "-C", rootfs, "-c", "."], stdout=subprocess.PIPE)

@@ -96,6 +96,7 @@ class Replica:
         self.prestarted = False        # its process was a ready one (submit.local.prestart)
         self.finished = False          # exited and not to be restarted
         self.reaped = False            # stopped and waited for: never signal its PID again
+        self._sampled_pid: int | None = None  # a container's PID on this machine
         self._file_lock = threading.Lock()
         self._file: TextIO | None = None
 
@@ -115,6 +116,7 @@ class Replica:
             self.proc = spawn(self.plan.command, cwd, env, subprocess.DEVNULL)
         self.restart_at = None
         self.reaped = False
+        self._sampled_pid = None
         self.readers = [threading.Thread(target=self._read, args=(pipe, name), daemon=True)
                         for pipe, name in ((self.proc.stdout, "stdout"),
                                            (self.proc.stderr, "stderr"))]
@@ -142,6 +144,15 @@ class Replica:
                 emit(text, text)
         repeats.flush()
         pipe.close()
+
+    def usage_pid(self) -> int | None:
+        """The process its resource figures are read from: its own, or its container's
+        (the engine's `run` is a client; the container's processes are not its children)."""
+        if self.proc is None or not self.plan.container:
+            return self.proc.pid if self.proc else None
+        if self._sampled_pid is None:
+            self._sampled_pid = containers.host_pid(self.plan)
+        return self._sampled_pid
 
     def signal_group(self, sig: int) -> None:
         if self.proc is None:
@@ -230,7 +241,8 @@ class Supervisor(JobLife):
         self.pool = pool  # ready processes reserved for this trial (submit.local.prestart)
         self.replicas = [Replica(r, self.terminal) for r in plan.replicas]
         self.usage = usage.Sampler(os.path.join(plan.run_dir, usage.FILE), lambda: {
-            r.plan.label: r.proc.pid for r in self.replicas if r.proc and r.running})
+            r.plan.label: pid for r in self.replicas
+            if r.proc and r.running and (pid := r.usage_pid()) is not None})
 
     def _live(self) -> tuple[str, str | None]:
         self._prepare()
