@@ -60,6 +60,13 @@ def image(engine):
     started = time.monotonic()
     base = image_build.base_image(engine)
     built = images.package_image(engine, None, None, base)
+    # earlier sources' images of this project go (each run of changed sources builds one)
+    tags = subprocess.run([engine.path, "images", "--format", "{{.Repository}}:{{.Tag}}",
+                           "--filter", "reference=localhost/mljob"], capture_output=True,
+                          text=True).stdout.split()
+    stale = [t for t in tags if t != built]
+    if stale:
+        subprocess.run([engine.path, "rmi", *stale], capture_output=True)
     print(f"images {base} and {built} ready in {time.monotonic() - started:.0f} s")
     return built
 
