@@ -23,6 +23,7 @@ network (`container_engine.remove_job`).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 
@@ -37,6 +38,11 @@ PASSED = ("TF_CONFIG", contracts.JOB_ID_ENV, "PYTHONUNBUFFERED", "GRPC_FAIL_FAST
           "TF_NUM_INTRAOP_THREADS", "TF_CPP_MIN_LOG_LEVEL", contracts.STOP_DEADLINE_ENV,
           contracts.TRIAL_ID_ENV)
 DROPPED = ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")  # the host's, meaningless inside
+FIRST_HOST = 10  # replicas' addresses on the job's network: .10, .11, ... in plan order
+# Each container's address on its job's network, fixed when the network is made
+# (`prepare`): a restarted replica comes back at the same address, as its peers' gRPC
+# channels (which resolved its name once) expect.
+_ADDRESSES: dict[str, str] = {}
 
 
 def uses_containers(spec: JobSpec) -> bool:
@@ -117,8 +123,32 @@ def prepare(plan: JobPlan) -> str:
     if out.returncode != 0:
         raise RuntimeError(f"{engine.kind} could not create network "
                            f"{ce.network_name(plan.job_id)}: {ce.first_line(out.stderr)}")
+    if engine.kind == "podman":  # docker takes --ip only on a network given a subnet
+        _fix_addresses(engine, plan)
     return (f"containers run by {engine.kind} ({engine.path}) on network "
             f"{ce.network_name(plan.job_id)}")
+
+
+def _fix_addresses(engine: ce.Engine, plan: JobPlan) -> None:
+    out = ce.call(engine, "network", "inspect", "--format",
+                  "{{range .Subnets}}{{.Subnet}} {{end}}", ce.network_name(plan.job_id))
+    try:
+        subnet = ipaddress.ip_network(out.stdout.split()[0])
+    except (IndexError, ValueError):
+        return  # the engine assigns them (a restarted replica may then change address)
+    hosts = list(subnet.hosts())[FIRST_HOST - 1:]
+    for replica, address in zip(plan.replicas, hosts, strict=False):
+        if replica.container:
+            _ADDRESSES[replica.container["name"]] = str(address)
+
+
+def command(replica: ReplicaPlan) -> tuple[str, ...]:
+    """The replica's command as it starts now: a container's `run` gets its fixed
+    address on the job's network (`prepare`)."""
+    address = _ADDRESSES.get((replica.container or {}).get("name", ""))
+    if address is None:
+        return replica.command
+    return (*replica.command[:2], "--ip", address, *replica.command[2:])
 
 
 def kill(replica: ReplicaPlan) -> None:
@@ -145,6 +175,8 @@ def clean_up(plan: JobPlan) -> None:
     """Every container and the network of the job gone (called at every end)."""
     if plan.containers is not None:
         ce.remove_job(engine_of(plan.containers), plan.job_id)
+        for replica in plan.replicas:
+            _ADDRESSES.pop((replica.container or {}).get("name", ""), None)
 
 
 def check(spec: JobSpec) -> None:

@@ -110,10 +110,11 @@ class Replica:
         if self._file is None:
             self._file = open(self.plan.log_file, "a", encoding="utf-8", buffering=1)
         env, self.quiet = replica_env(self.plan.env, parent_pid)
-        self.proc = pool.take(self.plan.command, cwd, env) if pool is not None else None
+        command = containers.command(self.plan)
+        self.proc = pool.take(command, cwd, env) if pool is not None else None
         self.prestarted = self.proc is not None
         if self.proc is None:
-            self.proc = spawn(self.plan.command, cwd, env, subprocess.DEVNULL)
+            self.proc = spawn(command, cwd, env, subprocess.DEVNULL)
         self.restart_at = None
         self.reaped = False
         self._sampled_pid = None

@@ -110,6 +110,8 @@ def test_a_ps_job_in_containers_survives_a_killed_worker(capsys, engine, image, 
     assert replicas["worker-replica-0"].restarts == 1
     assert replicas["worker-replica-0"].exit_codes[0] == 137   # killed, then restarted
     assert replicas["master-replica-0"].exit_code == 0
+    # the worker came back at its address: the chief's channels reached it, never failing
+    assert replicas["master-replica-0"].restarts == 0, replicas["master-replica-0"]
     status, out, err = run(capsys, "jobs", "describe", "cps")
     assert status == 0, err
     assert "worker-replica-0: " in err and "1 restart; exit status of each run: 137" in err
