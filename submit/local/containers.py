@@ -28,6 +28,7 @@ import json
 import os
 
 from mljob import contracts, storage
+from mljob.errors import ascii_digits
 from submit.local import container_engine as ce
 from submit.local.plan import JobPlan, ReplicaPlan
 from submit.errors import UsageError
@@ -168,7 +169,7 @@ def host_pid(replica: ReplicaPlan) -> int | None:
     engine = ce.Engine(info["kind"], info["engine"])
     out = ce.call(engine, "inspect", "--format", "{{.State.Pid}}", info["name"], timeout=10)
     text = out.stdout.strip()
-    return int(text) if out.returncode == 0 and text.isdigit() and int(text) > 0 else None
+    return int(text) if out.returncode == 0 and ascii_digits(text) and int(text) > 0 else None
 
 
 def clean_up(plan: JobPlan) -> None:
