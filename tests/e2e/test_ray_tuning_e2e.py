@@ -41,10 +41,17 @@ parser.add_argument("--job-dir")
 parser.add_argument("--fail", action="store_true")
 parser.add_argument("--hang", action="store_true")
 parser.add_argument("--by-trial", action="store_true")  # later trials worse; 3 waits
+parser.add_argument("--meet", action="store_true")  # run until a second trial has started
 args, _ = parser.parse_known_args()
 task = json.loads(os.environ["TF_CONFIG"])["task"]
 started = time.time()
 print(f"trial {task.get('trial')} x={args.x}", flush=True)
+if args.meet:  # two at once shown whatever a Ray job's start costs (60 s at most)
+    met = os.path.join(os.path.dirname(args.job_dir), "started")
+    os.makedirs(met, exist_ok=True)
+    open(os.path.join(met, str(task.get("trial"))), "w").close()
+    while len(os.listdir(met)) < 2 and time.time() < started + 60:
+        time.sleep(0.1)
 path, tag = os.environ["CLOUD_ML_HP_METRIC_FILE"], os.environ["CLOUD_ML_HP_METRIC_TAG"]
 os.makedirs(os.path.dirname(path), exist_ok=True)
 for step in (1, 2):
@@ -96,7 +103,8 @@ def submit(capsys, ray_head, tmp_path, job_id, config, *extra, args=()):
 
 def test_a_grid_study_runs_its_trials_as_ray_jobs(capsys, ray_head, tmp_path):
     config = tuning(tmp_path, algorithm="GRID_SEARCH", maxTrials=3, maxParallelTrials=2)
-    status, out, err = submit(capsys, ray_head, tmp_path, "raytune", config)
+    status, out, err = submit(capsys, ray_head, tmp_path, "raytune", config,
+                              args=["--meet"])
     assert status == 0, err[-3000:] + out[-3000:]
     record = records.load("raytune")
     assert record.state == records.SUCCEEDED and record.runner == "ray"
