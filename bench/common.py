@@ -81,6 +81,13 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system) a process has used so far, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 

@@ -78,13 +78,6 @@ def client(port: int, calls: int) -> None:
     print(round(1e6 * float(np.median(times)), 1))
 
 
-def _cpu_s(pid: int) -> float:
-    import os
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -103,11 +96,11 @@ def main(argv=None) -> None:
         rounds: dict = {mode: [] for mode in MODES}
         for _ in range(args.rounds):
             for mode, (proc, port) in servers.items():
-                cpu = _cpu_s(proc.pid)
+                cpu = common.cpu_seconds(proc.pid)
                 done = subprocess.run([sys.executable, "-m", "bench.grpc_servers", "--client",
                                        str(port), str(args.calls)],
                                       capture_output=True, text=True, check=True, timeout=600)
-                cpu_us = 1e6 * (_cpu_s(proc.pid) - cpu) / (args.calls + 200)
+                cpu_us = 1e6 * (common.cpu_seconds(proc.pid) - cpu) / (args.calls + 200)
                 rounds[mode].append({"p50_us": float(done.stdout.split()[-1]),
                                      "server_cpu_us_per_call": round(cpu_us, 1)})
                 print(mode, rounds[mode][-1], flush=True)

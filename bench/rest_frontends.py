@@ -92,12 +92,6 @@ def _uvloop_run(coro) -> None:
     uvloop.run(coro)
 
 
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -133,7 +127,7 @@ def main(argv=None) -> None:
         for _ in range(args.rounds):
             for route, (method, path) in ROUTES.items():
                 for kind, (proc, port) in servers.items():
-                    cpu = _cpu_s(proc.pid)
+                    cpu = common.cpu_seconds(proc.pid)
                     done = subprocess.run(
                         [client, "127.0.0.1", str(port), method, path,
                          body_file if method == "POST" else "-", "200", str(args.requests)],
@@ -143,7 +137,7 @@ def main(argv=None) -> None:
                     times = json.loads(done.stdout)
                     cell = {"p50_us": round(1e6 * float(np.percentile(times, 50)), 1),
                             "p99_us": round(1e6 * float(np.percentile(times, 99)), 1),
-                            "server_cpu_us": round(1e6 * (_cpu_s(proc.pid) - cpu)
+                            "server_cpu_us": round(1e6 * (common.cpu_seconds(proc.pid) - cpu)
                                                    / (args.requests + 200), 1)}
                     cells[kind, route].append(cell)
                     print(kind, route, cell, flush=True)

@@ -34,12 +34,6 @@ from bench.serving_bench import BATCHING, grpc_maker, mlp_export, rest_maker, ru
 from bench.serving_one_client import LONE_CLIENT, build_client
 
 
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _start(root: str, export_dir: str, flags: list):
     rest, grpc_port = common.free_ports(2)
     env = {**os.environ, **common.REPLICA_ENV, "PYTHONPATH": root}
@@ -128,23 +122,23 @@ def main(argv=None) -> None:
                 run_clients(floor16, 16, args.seconds) | {"server_cpu_us_per_request": 0.0})
             for side, (proc, rest, grpc_port) in servers.items():
                 side = labels[side]
-                cpu = _cpu_s(proc.pid)
+                cpu = common.cpu_seconds(proc.pid)
                 times = _lone([client, "127.0.0.1", str(rest), "POST",
                                "/v1/models/default:predict", body_file, "30",
                                str(args.requests)], env)
                 cells.setdefault(f"{side}: REST, C client", []).append(
-                    _cell(times, _cpu_s(proc.pid) - cpu))
-                cpu = _cpu_s(proc.pid)
+                    _cell(times, common.cpu_seconds(proc.pid) - cpu))
+                cpu = common.cpu_seconds(proc.pid)
                 times = _lone([sys.executable, "-c", LONE_CLIENT, "grpc",
                                f"127.0.0.1:{grpc_port}", str(args.requests)], env)
                 cells.setdefault(f"{side}: gRPC", []).append(
-                    _cell(times, _cpu_s(proc.pid) - cpu))
+                    _cell(times, common.cpu_seconds(proc.pid) - cpu))
                 for api, make in (("REST", rest_maker(f"http://127.0.0.1:{rest}", body)),
                                   ("gRPC", grpc_maker(grpc_port, request))):
-                    cpu = _cpu_s(proc.pid)
+                    cpu = common.cpu_seconds(proc.pid)
                     got = run_clients(make, 16, args.seconds)
                     got["server_cpu_us_per_request"] = round(
-                        1e6 * (_cpu_s(proc.pid) - cpu) / max(got["requests"], 1), 1)
+                        1e6 * (common.cpu_seconds(proc.pid) - cpu) / max(got["requests"], 1), 1)
                     cells.setdefault(f"{side}: {api}, 16 clients", []).append(got)
             print(json.dumps({k: v[-1] for k, v in cells.items()}), flush=True)
     finally:
