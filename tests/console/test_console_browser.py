@@ -87,9 +87,12 @@ def test_a_training_job_watched_to_succeeded_with_live_logs(tmp_path, reaper):
                 "() => document.querySelector('#curves tr[data-tag=\"metrics/loss\"]"
                 "[data-run=\"train\"]') && document.getElementById('state')"
                 ".textContent === 'RUNNING'", timeout=300_000)
+            # a row while the job is RUNNING is the live poll (the page fetched it before
+            # the end); its step may already be the last one on a loaded machine, where
+            # the chief is still exporting and evaluating after step 1,500
             early = int(page.locator('#curves tr[data-tag="metrics/loss"][data-run="train"]'
                                      " td").nth(2).text_content())
-            assert early < 1500
+            assert 1 <= early <= 1500  # a step the trainer summarised
             page.wait_for_function(
                 "() => document.getElementById('state').textContent === 'SUCCEEDED'",
                 timeout=300_000)
