@@ -56,9 +56,18 @@ def _supervise_ray_tuning(body_file: str) -> int:
     return lifecycle.report(record, echo)
 
 
+def _supervise_prediction(plan_file: str) -> int:
+    from submit.prediction.job import PredictionPlan
+    with open(plan_file, "rb") as f:
+        plan = PredictionPlan.from_json(f.read())
+    record = records.load(plan.job_id)
+    entry.run_prediction(plan, record, stream=False)
+    return lifecycle.report(record, echo)
+
+
 # what a detached supervisor (`submit.local.entry.detach`) runs, by the job's kind
 SUPERVISED = {"job": _supervise_job, "ray-tuning": _supervise_ray_tuning,
-              "prediction": cmd_prediction.supervise_file}
+              "prediction": _supervise_prediction}
 
 
 @cli.command("_supervise", hidden=True)

@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from mljob import storage
 from submit import jobs as records
 from submit import lifecycle, models, resource, runners, submission
 from submit.cli import listing
@@ -240,24 +239,18 @@ def submit_prediction(job_id: str, *, model_dir: str | None = None,
     """Submit a batch prediction job on this machine, as `python -m submit jobs submit
     prediction JOB_ID --async`; the Job. `input_paths`: globs (a list, or
     comma-separated)."""
-    from submit.cli import cmd_prediction
     from submit.prediction import spec as prediction_spec
-    from submit.prediction.plan import build_plan
     paths = input_paths if isinstance(input_paths, str) else ",".join(input_paths)
     spec = prediction_spec.resolve(
         job_id, model_dir=model_dir, model=model, version=version, input_paths=paths,
         output_path=output_path, data_format=data_format, region=region,
         max_worker_count=max_worker_count, batch_size=batch_size,
-        signature_name=signature_name,
+        signature_name=signature_name, resume=resume,
         labels=(",".join(f"{k}={v}" for k, v in labels.items()),) if labels else ())
-    plan = build_plan(spec, resume=resume)
-    record = cmd_prediction.new_record(spec, plan)
-    os.makedirs(plan.run_dir, exist_ok=True)
-    storage.write_bytes(plan.job_file, plan.to_json().encode())
-    records.save(record)
-    record.adopt_supervisor(cmd_prediction._detach(plan))  # the CLI's --async
-    records.save(record)
-    return Job(job_id)
+    notes: list[str] = []
+    submission.submit_prediction(spec, "local", EngineOptions(),
+                                 lambda text, err=False: notes.append(text), stream=False)
+    return Job(job_id, notes=notes)
 
 
 def get_job(job_id: str) -> Job:

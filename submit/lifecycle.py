@@ -4,7 +4,10 @@
 they declare (`record_owner`, `supervise_here`) and what their render says
 (`Rendered.blocked`, `Rendered.record`).
 
-- `new_record`: the job's record before it starts, from the spec and the render.
+- `new_record`: the job's record before it starts, from the spec and the render. A
+  batch prediction job is one more kind of job: its spec (`PredictionSpec`) has no
+  training fields, and its render gives the record's `mode`, `prediction_input` and
+  `prediction_output`; everything after is the same for both kinds.
 - `start`: create the job and record its handle; the line that says so. A runner whose
   supervisor owns the record gets the record saved first (its supervisor reads it) and
   an attached job of a runner that supervises here is not created: `attach` runs it.
@@ -27,19 +30,23 @@ from submit.errors import JobCancelled, JobFailed, UsageError
 from submit.packaging.package import Package
 from submit.runners.engine import SUPERVISOR, Rendered, Runner
 from submit.jobdef.spec import JobSpec
+from submit.prediction.spec import PredictionSpec
 
 Echo = Callable[..., None]
 
 
-def new_record(runner: Runner, spec: JobSpec, package: Package | None,
+def new_record(runner: Runner, spec: JobSpec | PredictionSpec, package: Package | None,
                rendered: Rendered) -> records.JobRecord:
-    """The job's record before it starts; replicas are as the runner reports them."""
-    fields: dict[str, Any] = dict(
-        job_id=spec.job_id, job_dir=spec.job_dir, scale_tier=spec.scale_tier,
-        package_url=package.url if package else None,
-        package_sha256=package.sha256 if package else None,
-        module=spec.module_name, trainer_args=list(spec.trainer_args),
-        training_input=dict(spec.training_input), labels=dict(spec.labels))
+    """The job's record before it starts; replicas are as the runner reports them, and
+    so is a batch prediction job's kind (`Rendered.record`)."""
+    fields: dict[str, Any] = dict(job_id=spec.job_id, labels=dict(spec.labels))
+    if isinstance(spec, JobSpec):
+        fields.update(
+            job_dir=spec.job_dir, scale_tier=spec.scale_tier,
+            package_url=package.url if package else None,
+            package_sha256=package.sha256 if package else None,
+            module=spec.module_name, trainer_args=list(spec.trainer_args),
+            training_input=dict(spec.training_input))
     return records.JobRecord(**{**fields, **rendered.record, "runner": runner.name})
 
 
@@ -64,7 +71,8 @@ def start(runner: Runner, rendered: Rendered, record: records.JobRecord, *,
         if owned:
             record.adopt_supervisor(created["supervisor_pid"])
         records.save(record)
-    return f"Job [{record.job_id}] submitted successfully to {runner.name}."
+    named = rendered.named.format(**record.engine)  # the engine's name for it, if another
+    return f"Job [{record.job_id}] submitted successfully to {runner.name}{named}."
 
 
 def detached_hint(record: records.JobRecord) -> str:

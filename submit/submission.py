@@ -1,4 +1,5 @@
-"""Submitting a job: flags and config.yaml -> JobSpec -> package -> the runner's job.
+"""Submitting a job: flags and config.yaml -> JobSpec -> package -> the runner's job;
+a batch prediction job: flags -> PredictionSpec -> the runner's job (`submit_prediction`).
 
 The same steps for every runner (`submit.runners.engine.Runner`'s verbs, driven by
 `submit.lifecycle`): resolve and check the spec, build (or fetch) and hash the package,
@@ -19,6 +20,7 @@ from submit import lifecycle, runners
 from submit.packaging import assembly
 from submit.jobdef import spec as specs
 from submit.errors import UsageError
+from submit.prediction.spec import PredictionSpec
 from submit.runners.engine import EngineOptions, Rendered, Runner
 
 Echo = Callable[..., None]
@@ -71,6 +73,26 @@ def submit(request: Submission, echo: Echo) -> int:
         startup.mark("staged")
     return start(runner, rendered, lifecycle.new_record(runner, spec, pkg, rendered), echo,
                  stream=request.stream)
+
+
+def submit_prediction(spec: PredictionSpec, runner_name: str, options: EngineOptions,
+                      echo: Echo, *, dry_run: bool = False, stream: bool = True) -> int:
+    """A batch prediction job: the same steps, with no package. The runner renders it
+    (checking what it cannot run, `Runner.render_prediction`); a job on this machine
+    (a runner that supervises here) is followed to its end unless `stream` is False, a
+    job on an engine returns once created, as gcloud's `jobs submit prediction` does."""
+    runner = runners.get(runner_name)(options)
+    rendered = runner.render_prediction(spec)
+    for note in rendered.notes:
+        echo(note, err=True)
+    if dry_run:
+        echo(rendered.text)
+        return 0
+    if rendered.blocked:
+        raise UsageError(rendered.blocked)
+    record = lifecycle.new_record(runner, spec, None, rendered)
+    return start(runner, rendered, record, echo,
+                 stream=stream and runner.supervise_here is not None)
 
 
 def start(runner: Runner, rendered: Rendered, record: records.JobRecord, echo: Echo, *,

@@ -1,5 +1,7 @@
-"""A batch prediction job on the engines: Vertex AI's BatchPredictionJob, or a Kubernetes
-Indexed Job whose completions are the shards.
+"""A batch prediction job's object on the engines: Vertex AI's BatchPredictionJob, or a
+Kubernetes Indexed Job whose completions are the shards. Not a runner: the runners'
+`render_prediction` (`submit.runners.vertex`, `submit.runners.kubeflow`) call these
+renderings and create, follow and cancel what they render.
 
 Vertex (`--runner vertex`): a `CreateBatchPredictionJobRequest` built from
 `aiplatform_v1`'s own types. `--model M [--version V]` is the Model resource
@@ -22,13 +24,10 @@ retried twice (`backoffLimitPerIndex`), and one shard failing for good fails the
 from __future__ import annotations
 
 import json
-import os
 import re
-from typing import Any
 
 import yaml
 
-from submit import jobs
 from submit.jobdef import spec as specs
 from submit.errors import UsageError
 from submit.prediction.spec import PredictionSpec
@@ -153,11 +152,20 @@ def k8s_objects(spec: PredictionSpec, plan: dict, image: str, namespace: str) ->
     return [config_map, job]
 
 
-def submit(spec: PredictionSpec, runner: str, *, project, image, namespace, dry_run,
-           echo) -> int:
-    """Render (and unless dry_run, create) the job on an engine."""
-    if runner == "vertex":
-        return _submit_vertex(spec, project, image, dry_run, echo)
+def vertex_output(job) -> dict:
+    """A BatchPredictionJob's outcome (aiplatform_v1's) as Cloud ML's predictionOutput."""
+    stats = job.completion_stats
+    return {"outputPath": job.output_info.gcs_output_directory
+            or job.output_config.gcs_destination.output_uri_prefix,
+            "predictionCount": str(stats.successful_count),
+            "errorCount": str(stats.failed_count),
+            "nodeHours": job.resources_consumed.replica_hours}
+
+
+def k8s_job(spec: PredictionSpec, image: str | None,
+            namespace: str | None) -> tuple[list[dict], str]:
+    """The ConfigMap and Indexed Job of a job on Kubernetes, everything checked, and
+    the YAML `--dry-run` prints."""
     _require_gs(spec)
     if not image:
         raise UsageError(f"--runner kubeflow needs --image: {K8S_IMAGE_HINT}")
@@ -173,73 +181,7 @@ def submit(spec: PredictionSpec, runner: str, *, project, image, namespace, dry_
     plan = json.loads(build_plan(spec, resume=True).to_json())
     plan["run_dir"] = plan["log_dir"] = ""
     objects = k8s_objects(spec, plan, image, namespace or "default")
-    text = yaml.safe_dump_all(objects, sort_keys=False)
-    if dry_run:
-        echo(text.rstrip())
-        return 0
-    return _create_k8s(objects, image, namespace, echo)
+    return objects, yaml.safe_dump_all(objects, sort_keys=False).rstrip()
 
 
-def _create_k8s(objects: list[dict], image: str, namespace: str | None, echo) -> int:
-    """Create the ConfigMap, then the Job, with the kubeconfig's credentials. Kubernetes
-    keeps the Job; it is followed with kubectl (the local index keeps training jobs)."""
-    import kubernetes
-
-    from submit.runners import kubeflow
-    from submit.runners.engine import EngineOptions
-    engine = kubeflow.KubeflowEngine(EngineOptions(image=image, namespace=namespace))
-    config_map, job = objects
-    ns = job["metadata"]["namespace"]
-    handle = {"name": job["metadata"]["name"], "namespace": ns, "kind": "Job"}
-    client = engine._client(handle)
-    with kubeflow._api_errors(handle, "create the Job's plan ConfigMap"):
-        kubernetes.client.CoreV1Api(client).create_namespaced_config_map(
-            ns, config_map, _request_timeout=kubeflow.TIMEOUT_S)
-    with kubeflow._api_errors(handle, "create the Job"):
-        kubernetes.client.BatchV1Api(client).create_namespaced_job(
-            ns, job, _request_timeout=kubeflow.TIMEOUT_S)
-    name = handle["name"]
-    echo(f"Job [{name}] submitted successfully to kubeflow (namespace {ns}).\n"
-         f"Follow it with:\n  kubectl get job {name} -n {ns}\n"
-         f"  kubectl logs -n {ns} -l job-name={name} --prefix -f")
-    return 0
-
-
-def _submit_vertex(spec, project, image, dry_run, echo) -> int:
-    from google.protobuf import json_format
-
-    from submit.runners import vertex
-    project = project or next((os.environ[k] for k in vertex.PROJECT_ENVS
-                               if os.environ.get(k)), None)
-    if not project:
-        raise UsageError("--runner vertex needs a Google Cloud project; pass --project "
-                         "PROJECT_ID (or set GOOGLE_CLOUD_PROJECT)")
-    if not vertex._PROJECT.fullmatch(project):
-        raise UsageError(f"--project {project!r:.60} is not a Google Cloud project id")
-    if image is not None:
-        specs.check_text(image, "--image")
-    request = vertex_request(spec, project, image)
-    text = json_format.MessageToJson(type(request).pb(request), sort_keys=True, indent=2)
-    if spec.model_dir and image is None:
-        echo(prebuilt_note(), err=True)
-    if dry_run:
-        echo(text)
-        return 0
-    handle: dict[str, Any] = {"project": project, "region": spec.region,
-                              "parent": request.parent, "display_name": spec.job_id,
-                              "kind": vertex.BATCH_KIND}
-    from submit.runners.google_api import CALL_TIMEOUT_S, api_errors
-    with api_errors(f"create batch prediction job {spec.job_id}", handle):
-        created = vertex._job_client(spec.region).create_batch_prediction_job(
-            request=request, timeout=CALL_TIMEOUT_S)
-    handle["name"] = created.name
-    handle["id"] = created.name.rsplit("/", 1)[-1]
-    record = jobs.JobRecord(job_id=spec.job_id, runner="vertex", engine=handle,
-                            labels=dict(spec.labels), mode="prediction",
-                            prediction_input=spec.prediction_input())
-    jobs.save(record)
-    echo(f"Job [{spec.job_id}] submitted successfully to vertex ({created.name}).")
-    return 0
-
-
-__all__ = ["vertex_request", "k8s_objects", "submit"]
+__all__ = ["vertex_request", "vertex_output", "k8s_objects", "k8s_job"]

@@ -27,6 +27,7 @@ DEFAULT_WORKERS = 10            # gcloud: "Defaults to 10 if not specified"
 MAX_WORKERS = 1000
 MAX_BATCH_SIZE = 4096
 NAME = r"[A-Za-z][A-Za-z0-9_]{0,127}"  # Cloud ML's model and version names
+MODE = "prediction"             # a batch prediction job's record mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,12 @@ class PredictionSpec:
     signature_name: str | None = None
     runtime_version: str | None = None
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    resume: bool = False        # --resume: continue this job (the local runner's)
+
+    def record(self) -> dict[str, Any]:
+        """The job record's fields a runner's render gives a batch prediction job."""
+        return {"mode": MODE, "prediction_input": self.prediction_input(),
+                "prediction_output": {"outputPath": self.output_path}}
 
     def prediction_input(self) -> dict[str, Any]:
         """Cloud ML's PredictionInput, as `jobs describe` shows it."""
@@ -68,7 +75,7 @@ class PredictionSpec:
 def resolve(job_id: str, *, model_dir=None, model=None, version=None, input_paths=None,
             output_path=None, data_format=None, region=None, max_worker_count=None,
             batch_size=None, signature_name=None, runtime_version=None,
-            labels=None) -> PredictionSpec:
+            labels=None, resume=False) -> PredictionSpec:
     """The flags, checked; the first mistake is a one-line UsageError naming the flag."""
     specs.check_job_id(job_id)
     if bool(model_dir) == bool(model):
@@ -130,7 +137,8 @@ def resolve(job_id: str, *, model_dir=None, model=None, version=None, input_path
         job_id=job_id, input_paths=paths, output_path=output, data_format=data_format,
         region=region, model_dir=model_dir_url, model=model, version=version,
         max_worker_count=workers, batch_size=size, signature_name=signature_name,
-        runtime_version=runtime_version, labels=specs.parse_labels_flag(labels))
+        runtime_version=runtime_version, labels=specs.parse_labels_flag(labels),
+        resume=bool(resume))
 
 
 def local_model_dir(spec: PredictionSpec) -> str:

@@ -17,6 +17,9 @@ RUNNERS = {"local": "submit.runners.local:LocalEngine",
 # Runners that run a tuning job (trainingInput.hyperparameters) as a runner of its own:
 # Ray's is a study supervised here whose trials are Ray jobs (submit.runners.ray_tuning).
 TUNING = {"ray": "submit.runners.ray_tuning:RayTuningEngine"}
+# Runners that take a batch prediction job (`Runner.render_prediction`); the others refuse
+# one in a line naming these.
+PREDICTION = ("local", "vertex", "kubeflow")
 EXTRAS = {"kubeflow": "kubeflow", "vertex": "vertex", "ray": "ray"}  # setup.py extras per runner
 # Each runner's own options (`RunOpt`s), in a module that imports no SDK, so that the CLI
 # builds its flags (and `--help`) without loading any engine.

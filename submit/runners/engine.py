@@ -10,7 +10,11 @@ The verbs, and nothing else (a new runner implements these; see docs/architectur
   dir its replicas cannot reach), before anything is built or staged. Raises UsageError.
 - `render(spec, package)`: the runner's own job object (`Rendered`): the local plan, or
   the engine's job built through the engine SDK's types so that a wrong field fails
-  here. No network. `--dry-run` prints its `text`.
+  here. No network. `--dry-run` prints its `text`. A batch prediction job
+  (`submit.prediction.spec.PredictionSpec`) is rendered by `render_prediction(spec)`,
+  which checks it too; a runner that does not take one keeps the default, a one-line
+  refusal naming the runners that do (`submit.runners.PREDICTION`). Its `Rendered` is
+  created, followed, refreshed and cancelled by the same verbs as a training job's.
 - `create(rendered)`: start the job; returns its handle (names, namespace, region, or
   the local supervisor's pid), JSON-able, which the job record keeps so that later
   commands in any process can find the job again.
@@ -33,8 +37,10 @@ asks the engine whether it can take the job, raising UsageError when it cannot: 
 before anything is staged, never for a dry run; Ray's placement check). What a render
 says beside the job object is data in `Rendered` too: `notes` for the user (Kubeflow's
 image build context), `blocked` when the job cannot be created as rendered though a dry
-run may print it (Kubeflow without --image), and `record`, fields of the job record only
-the runner knows.
+run may print it (Kubeflow without --image), `record`, fields of the job record only
+the runner knows (a batch prediction job's `mode`, `prediction_input` and
+`prediction_output`), and `named`, how the engine names the created job in the line
+that says it was created (formatted with the created handle).
 
 Engine SDKs are heavy; each engine module imports its SDK at the top and the registry in
 `submit.runners` imports the module only when that runner is asked for, with an install
@@ -51,6 +57,7 @@ from submit import jobs as records
 from submit.errors import UsageError
 from submit.packaging.package import Package
 from submit.jobdef.spec import JobSpec, check_text
+from submit.prediction.spec import MODE as PREDICTION_MODE, PredictionSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +139,9 @@ class Rendered:
     """A runner's job object: `body` as the engine's API takes it (JSON-able), `text`
     as `--dry-run` prints it, and the `handle` the job will be known by once created;
     `notes` for the user (stderr), `blocked` saying why it cannot be created as it is
-    (None when it can), `record` the job record's fields the runner fills."""
+    (None when it can), `record` the job record's fields the runner fills, `named` the
+    engine's name for the created job in the line that says so (`str.format`ted with
+    the created handle: " ({name})"), empty when the job id is its name."""
 
     body: Mapping[str, Any]
     text: str
@@ -140,6 +149,12 @@ class Rendered:
     notes: tuple[str, ...] = ()
     blocked: str | None = None
     record: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    named: str = ""
+
+    @property
+    def prediction(self) -> bool:
+        """Whether this is a batch prediction job (its record's mode says so)."""
+        return self.record.get("mode") == PREDICTION_MODE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +208,13 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def render(self, spec: JobSpec, package: Package | None) -> Rendered:
         """The runner's job object for a package staged at `package.url`."""
+
+    def render_prediction(self, spec: PredictionSpec) -> Rendered:
+        """A batch prediction job's object, checked (UsageError for one this runner
+        cannot run); by default the runner takes none."""
+        from submit import runners
+        raise UsageError(f"--runner {self.name} does not run batch prediction jobs; use "
+                         f"--runner {' or '.join(runners.PREDICTION)}")
 
     @abc.abstractmethod
     def create(self, rendered: Rendered) -> Mapping[str, Any]:

@@ -8,6 +8,9 @@ only a cluster needs (a gs:// job dir: pods cannot see this machine's files or
 memory://), and creates, follows, reads the logs of and deletes the TFJob (or JobSet)
 through the kubernetes client.
 
+A batch prediction job is a `batch/v1` Indexed Job and a ConfigMap of its shard plan
+(`submit.runners.kubeflow_batch`), created, followed and deleted the same way.
+
 A tuning job (`trainingInput.hyperparameters`) is a Katib Experiment
 (kubeflow.org/v1beta1) whose trial template is that TFJob, each trial's parameters
 appended to the args as `--<name>=${trialParameters.<name>}` and its job dir
@@ -41,7 +44,8 @@ from submit import logs as logfmt
 from submit.jobdef import engine_keys, spec as specs
 from submit.errors import SubmitError, UsageError
 from submit.packaging.package import Package
-from submit.runners import kubeflow_jobset, kubeflow_render
+from submit.prediction.spec import PredictionSpec
+from submit.runners import kubeflow_batch, kubeflow_jobset, kubeflow_render
 from submit.runners.kubeflow_katib import (  # noqa: F401 - the engine's names, as before
     EXPERIMENT, EXPERIMENTS, KATIB_ALGORITHMS, KATIB_METRICS_FILE, KATIB_TYPES,
     KATIB_VERSION, experiment)
@@ -59,6 +63,8 @@ TYPE_LABEL, INDEX_LABEL = "training.kubeflow.org/replica-type", \
     "training.kubeflow.org/replica-index"
 
 SERVICE_ACCOUNT = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # fullmatch
+STATE_OF = {kubeflow_jobset.KIND: kubeflow_jobset.state_of,
+            kubeflow_batch.KIND: kubeflow_batch.state_of}
 STATES = {"Created": records.QUEUED, "Suspended": records.QUEUED,
           "Running": records.RUNNING, "Restarting": records.RUNNING,
           "Succeeded": records.SUCCEEDED, "Failed": records.FAILED}
@@ -174,6 +180,9 @@ class KubeflowEngine(ClusterEngine):
             spec, package, body, image, kind=kind), blocked=blocked,
             notes=tuple(self._build_context(spec, package, self.options.image)))
 
+    def render_prediction(self, spec: PredictionSpec) -> Rendered:
+        return kubeflow_batch.render(spec, self.options)  # an Indexed Job, its plan
+
     def _namespace(self) -> str:
         if self.options.namespace:
             return self.options.namespace
@@ -213,13 +222,17 @@ class KubeflowEngine(ClusterEngine):
         if rendered.blocked:
             raise UsageError(rendered.blocked)
         handle = dict(rendered.handle)
-        api = kubernetes.client.CustomObjectsApi(self._client(handle))
-        group, version, plural = _resource(handle)
-        with _api_errors(handle, f"create the {handle.get('kind', 'TFJob')}"):
-            created = api.create_namespaced_custom_object(
-                group, version, handle["namespace"], plural, dict(rendered.body),
-                _request_timeout=TIMEOUT_S)
-        handle["uid"] = (created.get("metadata") or {}).get("uid")
+        if handle.get("kind") == kubeflow_batch.KIND:
+            handle["uid"] = kubeflow_batch.create(self._client(handle), rendered,
+                                                  _api_errors)
+        else:
+            api = kubernetes.client.CustomObjectsApi(self._client(handle))
+            group, version, plural = _resource(handle)
+            with _api_errors(handle, f"create the {handle.get('kind', 'TFJob')}"):
+                created = api.create_namespaced_custom_object(
+                    group, version, handle["namespace"], plural, dict(rendered.body),
+                    _request_timeout=TIMEOUT_S)
+            handle["uid"] = (created.get("metadata") or {}).get("uid")
         if not handle.get("context"):
             try:
                 _, current = kubernetes.config.list_kube_config_contexts(_kubeconfig())
@@ -232,18 +245,21 @@ class KubeflowEngine(ClusterEngine):
         client = self._client(handle)
         api = kubernetes.client.CustomObjectsApi(client)
         try:
-            group, version, plural = _resource(handle)
-            with _api_errors(handle, f"read the {handle.get('kind', 'TFJob')}"):
-                job = api.get_namespaced_custom_object(
-                    group, version, handle["namespace"], plural, handle["name"],
-                    _request_timeout=TIMEOUT_S)
+            if handle.get("kind") == kubeflow_batch.KIND:
+                job = kubeflow_batch.read(client, handle, _api_errors)
+            else:
+                group, version, plural = _resource(handle)
+                with _api_errors(handle, f"read the {handle.get('kind', 'TFJob')}"):
+                    job = api.get_namespaced_custom_object(
+                        group, version, handle["namespace"], plural, handle["name"],
+                        _request_timeout=TIMEOUT_S)
         except _Gone:
             return EngineStatus(records.CANCELLED, f"the {handle.get('kind', 'TFJob')} "
                                 f"{handle['name']} is gone "
                                 f"from namespace {handle['namespace']} (deleted)")
         state, message = records.QUEUED, None
-        if handle.get("kind") == kubeflow_jobset.KIND:
-            state, message = kubeflow_jobset.state_of(job)
+        if handle.get("kind") in STATE_OF:  # a JobSet, a batch prediction Job
+            state, message = STATE_OF[handle["kind"]](job)
         else:
             for condition in (job.get("status") or {}).get("conditions") or []:
                 if condition.get("status") == "True" and condition.get("type") in STATES:
@@ -256,8 +272,9 @@ class KubeflowEngine(ClusterEngine):
     def _pods(self, client, handle) -> list:
         core = kubernetes.client.CoreV1Api(client)
         with _api_errors(handle, "list the job's pods"):
-            label = kubeflow_jobset.JOBSET_NAME_LABEL \
-                if handle.get("kind") == kubeflow_jobset.KIND else JOB_NAME_LABEL
+            label = {kubeflow_jobset.KIND: kubeflow_jobset.JOBSET_NAME_LABEL,
+                     kubeflow_batch.KIND: kubeflow_batch.NAME_LABEL}.get(
+                handle.get("kind", ""), JOB_NAME_LABEL)
             pods = core.list_namespaced_pod(
                 handle["namespace"], label_selector=f"{label}={handle['name']}",
                 _request_timeout=TIMEOUT_S).items
@@ -273,6 +290,8 @@ class KubeflowEngine(ClusterEngine):
         client = self._client(handle)
         core = kubernetes.client.CoreV1Api(client)
         lines: queue.Queue = queue.Queue()
+        container = kubeflow_batch.CONTAINER if handle.get("kind") == kubeflow_batch.KIND \
+            else CONTAINER
         readers: dict[tuple[str, int], threading.Thread] = {}
         while True:
             # the state first: a pod that ends between the two reads is still read below
@@ -282,11 +301,11 @@ class KubeflowEngine(ClusterEngine):
                 # a pod the operator re-creates has the same name and a new uid
                 key = (pod.metadata.uid or pod.metadata.name, _restarts(pod))
                 if (task_name and label != task_name) or key in readers or \
-                        not _started(pod):
+                        not _started(pod, container):
                     continue
                 reader = threading.Thread(
                     target=_read_log, daemon=True,
-                    args=(core, handle["namespace"], pod.metadata.name, label,
+                    args=(core, handle["namespace"], pod.metadata.name, label, container,
                           follow and pod.status.phase == "Running", lines))
                 readers[key] = reader
                 reader.start()
@@ -307,6 +326,8 @@ class KubeflowEngine(ClusterEngine):
         """The TFJob's (or Experiment's) labels, by a merge patch: removed keys are set to
         null, mljob's own labels are left as they are. Running pods keep theirs."""
         handle = record.engine
+        if handle.get("kind") == kubeflow_batch.KIND:
+            return "a batch prediction Job keeps its labels; they are changed in its record"
         api = kubernetes.client.CustomObjectsApi(self._client(handle))
         group, version, plural = _resource(handle)
         body = {"metadata": {"labels": {**{k: None for k in old if k not in new}, **new}}}
@@ -322,6 +343,9 @@ class KubeflowEngine(ClusterEngine):
         return None
 
     def cancel(self, handle: Mapping[str, Any]) -> str:
+        if handle.get("kind") == kubeflow_batch.KIND:  # the Job's pods go with it
+            kubeflow_batch.delete(self._client(handle), handle, _api_errors, _Gone)
+            return records.CANCELLED
         api = kubernetes.client.CustomObjectsApi(self._client(handle))
         group, version, plural = _resource(handle)
         try:  # an Experiment's trials and their TFJobs are its children: deleted with it
@@ -342,8 +366,6 @@ def _resource(handle: Mapping[str, Any]) -> tuple[str, str, str]:
     if handle.get("kind") == kubeflow_jobset.KIND:
         return kubeflow_jobset.GROUP, kubeflow_jobset.VERSION, kubeflow_jobset.PLURAL
     return GROUP, VERSION, PLURAL
-
-
 
 
 class _Gone(SubmitError):
@@ -414,18 +436,19 @@ def _one_line(exc: BaseException) -> str:
 
 def _label(pod) -> str:
     labels = pod.metadata.labels or {}
-    if TYPE_LABEL not in labels and kubeflow_jobset.pod_label(labels):
-        return kubeflow_jobset.pod_label(labels) or ""
+    found = kubeflow_jobset.pod_label(labels) or kubeflow_batch.pod_label(labels)
+    if TYPE_LABEL not in labels and found:  # a JobSet's pod, or a batch prediction Job's
+        return found
     kind, index = labels.get(TYPE_LABEL, "?"), labels.get(INDEX_LABEL, "0")
     if kind.lower() in contracts.LABEL_KINDS:  # the operator's replica type, lower-cased
         return contracts.replica_label(kind.lower(), index)
     return f"{kind}-replica-{index}"
 
 
-def _started(pod) -> bool:
+def _started(pod, container: str = CONTAINER) -> bool:
     """The container runs or ran: it has a log to read (a waiting one has none yet)."""
     for status in pod.status.container_statuses or []:
-        if status.name == CONTAINER and status.state:
+        if status.name == container and status.state:
             return bool(status.state.running or status.state.terminated)
     return False
 
@@ -440,18 +463,18 @@ def _replica_status(pod) -> ReplicaStatus:
     exit_code = None
     for status in pod.status.container_statuses or []:
         terminated = status.state and status.state.terminated
-        if status.name == CONTAINER and terminated:
+        if status.name in (CONTAINER, kubeflow_batch.CONTAINER) and terminated:
             exit_code = terminated.exit_code
     state = {"Pending": "PENDING", "Running": "RUNNING", "Succeeded": "EXITED",
              "Failed": "FAILED"}.get(phase, phase.upper())
     return ReplicaStatus(_label(pod), state, exit_code, _restarts(pod))
 
 
-def _read_log(core, namespace: str, pod: str, label: str, follow: bool,
+def _read_log(core, namespace: str, pod: str, label: str, container: str, follow: bool,
               out: queue.Queue) -> None:
     try:
         response = core.read_namespaced_pod_log(
-            pod, namespace, container=CONTAINER, follow=follow, timestamps=True,
+            pod, namespace, container=container, follow=follow, timestamps=True,
             _preload_content=False)
         pending = b""
         for chunk in response.stream(decode_content=True):  # chunks, not lines

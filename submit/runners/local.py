@@ -1,14 +1,18 @@
 """`--runner local`: the six verbs (`submit.runners.engine`) over the local wing
 (`submit.local`), which runs one process per replica on this machine.
 
-Its rendered job is the plan `--dry-run` prints. It declares that its supervisor owns
-the job record (`record_owner = SUPERVISOR`): an attached job (the default, streaming)
-is supervised in the submitting process (`supervise_here`), a detached one (`--async`)
-by the `python -m submit _supervise` process `create` starts, whose PID the record
-keeps. `status` and `logs` read what the supervisor writes; `cancel` signals it.
+Its rendered job is the plan `--dry-run` prints: a training job's (`submit.local.plan`)
+or a batch prediction job's shard plan (`submit.prediction.plan`, whose worker
+processes share the shards). It declares that its supervisor owns the job record
+(`record_owner = SUPERVISOR`): an attached job (the default, streaming) is supervised in
+the submitting process (`supervise_here`), a detached one (`--async`) by the `python -m
+submit _supervise KIND FILE` process `create` starts (KIND `job` or `prediction`), whose
+PID the record keeps. `status` and `logs` read what the supervisor writes; `cancel`
+signals it.
 """
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -24,13 +28,26 @@ from submit.packaging.package import Package
 from submit.runners.engine import SUPERVISOR, EngineOptions, EngineStatus, Rendered, \
     ReplicaStatus, Runner
 from submit.jobdef.spec import JobSpec, check_gpus, local_gpu_count
+from submit.prediction.spec import PredictionSpec
 
 MAX_REPLICAS_PER_TYPE = 64  # one process per replica on this machine
 
 
 def supervise_here(rendered: Rendered, record: jobs.JobRecord) -> str:
     """Run an attached job to its end in this process (Ctrl-C cancels it)."""
+    if rendered.prediction:
+        return entry.run_prediction(_prediction_plan(rendered), record, stream=True)
     return entry.run(JobPlan.from_dict(rendered.body), record, stream=True)
+
+
+def _prediction_plan(rendered: Rendered):
+    """A rendered batch prediction job's plan, written where its workers read it (and
+    a later --resume finds it)."""
+    from submit.prediction.job import PredictionPlan
+    plan = PredictionPlan.from_json(rendered.text)
+    os.makedirs(plan.run_dir, exist_ok=True)
+    storage.write_bytes(plan.job_file, rendered.text.encode())
+    return plan
 
 
 def recorded_logs(job_id: str, task_name: str | None, follow: bool, use) -> Iterator[str]:
@@ -91,9 +108,21 @@ class LocalEngine(Runner):
         return Rendered(body=plan.to_dict(), text=plan.to_json(),
                         handle={"job_id": plan.job_id}, record=record)
 
+    def render_prediction(self, spec: PredictionSpec) -> Rendered:
+        """The shard plan, everything checked (the job id, model, inputs and output)."""
+        from submit.prediction.plan import build_plan
+        plan = build_plan(spec, resume=spec.resume)
+        text = plan.to_json()
+        return Rendered(body=json.loads(text), text=text, handle={"job_id": plan.job_id},
+                        record={**spec.record(), "log_dir": plan.log_dir})
+
     def create(self, rendered: Rendered) -> Mapping[str, Any]:
         """Start `python -m submit _supervise` in its own session; it runs the job and
         owns its record (saved before: it reads it)."""
+        if rendered.prediction:
+            pplan = _prediction_plan(rendered)
+            pid = entry.detach("prediction", pplan.job_id, pplan.run_dir, pplan.job_file)
+            return {"job_id": pplan.job_id, "supervisor_pid": pid}
         plan = JobPlan.from_dict(rendered.body)
         os.makedirs(plan.run_dir, exist_ok=True)
         plan_file = os.path.join(plan.run_dir, "plan.json")

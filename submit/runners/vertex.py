@@ -1,4 +1,6 @@
-"""The Vertex AI engine: the job as a CustomJob of up to four worker pools.
+"""The Vertex AI engine: the job as a CustomJob of up to four worker pools (a tuning job
+a HyperparameterTuningJob, a batch prediction job a BatchPredictionJob rendered by
+`submit.prediction.render`).
 
 Vertex AI runs a Python package the way Cloud ML Engine did: each replica pip-installs
 the staged sdists (`package_uris`: the package, its `--packages`, and mljob's core when
@@ -36,6 +38,8 @@ from submit import training_output as training_outputs
 from submit.errors import UsageError
 from submit.packaging.package import Package
 from submit.runners import vertex_logs
+from submit.prediction import render as prediction_render
+from submit.prediction.spec import PredictionSpec
 from submit.runners.engine import ClusterEngine, EngineOptions, EngineStatus, Rendered
 from submit.runners.google_api import CALL_TIMEOUT_S, api_errors, one_line
 from submit.runners.vertex_logs import (  # noqa: F401 - the engine's names, as before
@@ -48,7 +52,7 @@ DEFAULT_REGION = "us-central1"
 # The job id as submitted. Not CLOUD_ML_JOB_ID: Vertex sets that one itself, to the
 # CustomJob's numeric id, and its own tools (the TensorBoard profiler) read it.
 JOB_ID_ENV = contracts.MLJOB_JOB_ID_ENV
-BATCH_KIND = "batchPredictionJob"        # a batch prediction job (prediction_render)
+BATCH_KIND = "batchPredictionJob"        # the handle's kind of a batch prediction job
 TUNING_KIND = "hyperparameterTuningJob"  # the handle's kind when it is one, else CustomJob
 # The newest TensorFlow prebuilt training images Vertex lists (TF 2.17, Python 3.10).
 IMAGE = "{registry}-docker.pkg.dev/vertex-ai/training/tf-{kind}.2-17.py310:latest"
@@ -177,7 +181,19 @@ class VertexEngine(ClusterEngine):
         text = _to_json(request)
         return Rendered(body=json.loads(text), text=text, handle=handle)
 
-    def _location(self, spec: JobSpec) -> tuple[str, str]:
+    def render_prediction(self, spec: PredictionSpec) -> Rendered:
+        """A CreateBatchPredictionJobRequest (`submit.prediction.render`), in the
+        spec's region."""
+        project, image = self._location(None)[0], self.options.image
+        request = prediction_render.vertex_request(spec, project, image)
+        text = _to_json(request)
+        handle = {"project": project, "region": spec.region, "parent": request.parent,
+                  "display_name": spec.job_id, "kind": BATCH_KIND}
+        notes = (prediction_render.prebuilt_note(),) if spec.model_dir and not image else ()
+        return Rendered(body=json.loads(text), text=text, handle=handle, notes=notes,
+                        record=spec.record(), named=" ({name})")
+
+    def _location(self, spec: JobSpec | None) -> tuple[str, str]:
         project = self.options.project or next(
             (os.environ[k] for k in PROJECT_ENVS if os.environ.get(k)), None)
         if not project:
@@ -186,7 +202,7 @@ class VertexEngine(ClusterEngine):
         if not _PROJECT.fullmatch(project):
             raise UsageError(f"--project {project!r} is not a Google Cloud project id; "
                              "pass one like my-project-123 (see `gcloud projects list`)")
-        region = self.options.region or spec.region or DEFAULT_REGION
+        region = self.options.region or (spec and spec.region) or DEFAULT_REGION
         if not _REGION.fullmatch(region):
             raise UsageError(f"--region {region!r} is not a Google Cloud region; pass one "
                              f"like {DEFAULT_REGION} or europe-west4")
@@ -198,7 +214,11 @@ class VertexEngine(ClusterEngine):
         handle = dict(rendered.handle)
         with api_errors(f"create job {handle['display_name']}", handle):
             client = _job_client(handle["region"])
-            if handle.get("kind") == TUNING_KIND:
+            if handle.get("kind") == BATCH_KIND:
+                job = client.create_batch_prediction_job(
+                    request=aiplatform_v1.CreateBatchPredictionJobRequest.from_json(
+                        rendered.text), timeout=CALL_TIMEOUT_S)
+            elif handle.get("kind") == TUNING_KIND:
                 job = client.create_hyperparameter_tuning_job(
                     request=aiplatform_v1.CreateHyperparameterTuningJobRequest.from_json(
                         rendered.text), timeout=CALL_TIMEOUT_S)
@@ -217,7 +237,7 @@ class VertexEngine(ClusterEngine):
             if handle.get("kind") == BATCH_KIND:
                 job = client.get_batch_prediction_job(name=handle["name"],
                                                       timeout=CALL_TIMEOUT_S)
-                predicted = prediction_output(job)
+                predicted = prediction_render.vertex_output(job)
             else:
                 get = (client.get_hyperparameter_tuning_job
                        if handle.get("kind") == TUNING_KIND else client.get_custom_job)
@@ -316,16 +336,6 @@ def _engine_keys(job_spec: aiplatform_v1.CustomJobSpec, spec: JobSpec,
         job_spec.tensorboard = keys.tensorboard
     if keys.enable_web_access:
         job_spec.enable_web_access = True
-
-
-def prediction_output(job: aiplatform_v1.BatchPredictionJob) -> dict:
-    """A BatchPredictionJob's outcome as Cloud ML's predictionOutput."""
-    stats = job.completion_stats
-    return {"outputPath": job.output_info.gcs_output_directory
-            or job.output_config.gcs_destination.output_uri_prefix,
-            "predictionCount": str(stats.successful_count),
-            "errorCount": str(stats.failed_count),
-            "nodeHours": job.resources_consumed.replica_hours}
 
 
 TRIAL_STATES = {"SUCCEEDED": jobs.SUCCEEDED, "INFEASIBLE": jobs.FAILED,

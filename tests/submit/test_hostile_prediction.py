@@ -70,6 +70,8 @@ CASES = [  # (flags changed, words the one-line error holds)
     ({"--project": "p"}, "--project is for --runner vertex"),
     ({"--namespace": "n"}, "--namespace is for --runner kubeflow"),
     ({"--runner": "cloud"}, "Invalid value for '--runner'"),
+    ({"--runner": "ray"}, "--runner ray does not run batch prediction jobs; use --runner "
+                          "local or vertex or kubeflow"),
 ]
 
 

@@ -219,4 +219,10 @@ def test_kubeflow_create_posts_the_plan_then_the_job(capsys, gs_inputs, tmp_path
                                                   "/apis/batch/v1/namespaces/team-a/jobs"]
         assert api.requests[1].headers["authorization"] == "Bearer t0ken"
         assert api.requests[1].json()["spec"]["completions"] == 3
-        assert "kubectl get job job-01 -n team-a" in out
+        # kept in the local index, as every job: followed, described, cancelled by id
+        assert out == "Job [job_01] submitted successfully to kubeflow (namespace team-a).\n"
+        assert "python -m submit jobs stream-logs job_01" in err
+        record = jobs.load("job_01")
+        assert (record.runner, record.mode) == ("kubeflow", "prediction")
+        assert record.engine["kind"] == "Job" and record.engine["name"] == "job-01"
+        assert record.prediction_input["inputPaths"] == [f"{gs_inputs}/in/*"]

@@ -14,10 +14,19 @@ head's start and each Ray job's start cost seconds).
 A runner joins the suite by one line in `FARS` (a harness: its runner, a job spec, a
 job it refuses, and the far side of its verbs); `test_every_runner_is_in_the_suite`
 fails until it does.
+
+A batch prediction job is one more kind of job of the same life: every runner the
+registry says takes one (`runners.PREDICTION`) runs one through the same verbs and
+`lifecycle` (`prediction_spec`: the harness's batch prediction job, ending as asked),
+and every other runner refuses one in a line naming those that do. On the local runner
+the job is real: worker processes (`python -m predict.batch_worker`) over an export,
+a real one (built once for the module, slow) for the job that succeeds, an export that
+cannot load for the job that fails.
 """
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -25,12 +34,14 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from mljob import procs
+from mljob import procs, storage
 from tests.support.specs import resolve as spec_of
 from submit import jobs as records, lifecycle, runners
 from submit.jobdef import spec as specs
 from submit.errors import JobCancelled, JobFailed, JobNotFoundError, UsageError
 from submit.packaging.package import Package
+from submit.prediction import spec as prediction_specs
+from submit.prediction.spec import PredictionSpec
 from submit.runners.engine import EngineOptions, Runner
 from tests.support import ray_cluster
 from tests.support.api_edge import ApiEdge
@@ -86,6 +97,26 @@ class Far:
     def close(self) -> None:
         pass
 
+    prediction_marks: dict[str, tuple] = {}  # pytest marks of its batch prediction cases
+    fixture = staticmethod(lambda name: None)  # the test's fixture of that name
+
+    def prediction_runner(self) -> Runner:
+        return self.runner()
+
+    def prediction_spec(self, job_id: str, ending: str) -> PredictionSpec:
+        """A batch prediction job that ends as `ending` says (`succeed`, `fail`, `hang`)."""
+        raise NotImplementedError
+
+    def prediction_cancelled(self, job_id: str) -> bool:
+        return self.cancelled(job_id)
+
+
+def prediction_of(job_id: str, inputs: str, output: str, model_dir: str,
+                  region: str = "us-central1") -> PredictionSpec:
+    return prediction_specs.resolve(job_id, model_dir=model_dir, input_paths=inputs,
+                                    output_path=output, data_format="text",
+                                    region=region, max_worker_count=1)
+
 
 class LocalFar(Far):
     package = None
@@ -115,6 +146,29 @@ class LocalFar(Far):
         record = records.load(job_id)
         wait_for(lambda: not record.supervisor_alive(), "the supervisor to exit")
         return [r.pid for r in record.replicas if r.pid and procs.pid_alive(r.pid)]
+
+    prediction_marks = {"succeed": (pytest.mark.slow,)}  # a real export, built once
+
+    def prediction_spec(self, job_id: str, ending: str) -> PredictionSpec:
+        inputs = self.tmp / f"{job_id}-in"
+        inputs.mkdir()
+        (inputs / "a.json").write_text('{"image": [0.5], "key": 1}\n' * 3)
+        if ending == "succeed":
+            from tests.support.predict_models import images, instance_lines
+            (inputs / "a.json").write_text(instance_lines(images(3, seed=1), keys=range(3)))
+            export = self.fixture("conformance_export")
+        else:  # an export that cannot load: the worker fails with status 2 once it
+            export = str(self.tmp / f"{job_id}-export")  # has imported TensorFlow
+            os.makedirs(export)
+            with open(os.path.join(export, "saved_model.pb"), "wb") as f:
+                f.write(b"not a SavedModel")
+        return prediction_of(job_id, str(inputs / "*.json"), str(self.tmp / f"{job_id}-out"),
+                             export)
+
+    def prediction_cancelled(self, job_id: str) -> bool:
+        record = records.load(job_id)
+        return bool(record.replicas) and self.left_running(job_id) == [] and \
+            all(r.exit_code in (137, 143) for r in record.replicas)
 
     def close(self) -> None:
         """Every supervisor a test started, stopped by its PID (with its group)."""
@@ -156,6 +210,15 @@ class EdgeFar(Far):
     def close(self) -> None:
         self.edge.__exit__(None, None, None)
 
+    def prediction_spec(self, job_id: str, ending: str) -> PredictionSpec:
+        """Inputs and an export on gs:// (the GCS emulator), where the engine's workers
+        read them."""
+        self.endings[job_id] = ending
+        base = f"gs://mljob-test/conf/{job_id}"
+        storage.write_bytes(f"{base}/in/a.json", b'{"image": [0.5], "key": 1}\n')
+        storage.write_bytes(f"{base}/model/saved_model.pb", b"")
+        return prediction_of(job_id, f"{base}/in/*.json", f"{base}/out", f"{base}/model")
+
 
 class KubeflowFar(EdgeFar):
     """The Kubernetes API of a cluster with the Training Operator, reached through a
@@ -182,9 +245,59 @@ class KubeflowFar(EdgeFar):
         self.edge.route("GET", self.PODS, 200, self._pods)
         self.edge.route("GET", self.PODS + "/([a-z0-9-]+)-chief-0/log", 200,
                         f"2026-11-22T10:00:01Z {HELLO}\n", "text/plain")
+        self.edge.route("GET", self.PODS + "/([a-z0-9-]+)-0-x7k2p/log", 200,
+                        f"2026-11-22T10:00:01Z {HELLO}\n", "text/plain")
+        self.edge.route("POST", self.CONFIGMAPS, 201, lambda r: r.json())
+        self.edge.route("DELETE", self.CONFIGMAPS + "/([a-z0-9-]+)-plan", 200,
+                        {"kind": "Status", "status": "Success"})
+        self.edge.route("POST", self.JOBS, 201, lambda r: {**r.json(), "metadata": {
+            **r.json()["metadata"], "uid": "u-" + r.json()["metadata"]["name"]}})
+        self.edge.route("GET", self.JOBS + "/([a-z0-9-]+)", 200, self._job)
+        self.edge.route("DELETE", self.JOBS + "/([a-z0-9-]+)", 200, self._delete_job)
+
+    CONFIGMAPS = "/api/v1/namespaces/team-a/configmaps"
+    JOBS = "/apis/batch/v1/namespaces/team-a/jobs"
 
     def runner(self) -> Runner:
         return runners.get("kubeflow")(EngineOptions(image=IMAGE))
+
+    def prediction_runner(self) -> Runner:
+        return runners.get("kubeflow")(EngineOptions(image=IMAGE, namespace="team-a"))
+
+    def _job(self, request):
+        """A batch/v1 Job as Kubernetes reports it for each ending."""
+        name = self._name(request)
+        status = {"succeed": {"succeeded": 1, "conditions": [
+                      {"type": "Complete", "status": "True"}]},
+                  "fail": {"failed": 3, "conditions": [
+                      {"type": "Failed", "status": "True", "reason": "FailedIndexes",
+                       "message": "Job has failed indexes"}]},
+                  "hang": {"active": 1}}[self.endings.get(name, "succeed")]
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+            "name": name, "namespace": "team-a", "uid": "u-" + name}, "status": status}
+
+    def _delete_job(self, request):
+        name = self._name(request)
+        self.stopped.add(name)
+        self.edge.route("GET", f"{self.JOBS}/{name}", 404, {
+            "kind": "Status", "code": 404, "reason": "NotFound", "message": "not found"})
+        return {"kind": "Status", "status": "Success"}
+
+    def _batch_pods(self, name: str):
+        """The Job's one pod (completion index 0), as the Job controller labels it."""
+        phase, code = {"succeed": ("Succeeded", 0), "fail": ("Failed", 2),
+                       "hang": ("Running", None)}[self.endings.get(name, "succeed")]
+        if name in self.stopped:
+            return {"items": []}
+        state = {"terminated": {"exitCode": code}} if code is not None else \
+            {"running": {"startedAt": "2026-11-22T10:00:00Z"}}
+        return {"items": [{
+            "metadata": {"name": f"{name}-0-x7k2p", "uid": f"p-{name}", "labels": {
+                "job-name": name, "batch.kubernetes.io/job-completion-index": "0"}},
+            "status": {"phase": phase, "containerStatuses": [{
+                "name": "predict", "restartCount": 0, "state": state,
+                "ready": phase == "Running", "image": IMAGE, "imageID": "",
+                "started": phase == "Running"}]}}]}
 
     @staticmethod
     def _name(request) -> str:
@@ -211,7 +324,9 @@ class KubeflowFar(EdgeFar):
         return {"kind": "Status", "status": "Success"}
 
     def _pods(self, request):
-        name = request.query["labelSelector"][0].rsplit("=", 1)[1]
+        key, name = request.query["labelSelector"][0].rsplit("=", 1)
+        if key == "job-name":
+            return self._batch_pods(name)
         ending = self.endings.get(name, "succeed")
         phase, code = {"succeed": ("Succeeded", 0), "fail": ("Failed", 3),
                        "hang": ("Running", None)}[ending]
@@ -250,30 +365,41 @@ class VertexFar(EdgeFar):
         self.edge.route("POST", "/v1/projects/1/locations/us-central1/customJobs/"
                         "([0-9]+):cancel", 200, self._cancel)
         self.edge.route("POST", "/v2/entries:list", 200, self._entries)
+        self.edge.route("POST", f"/v1/{self.PARENT}/batchPredictionJobs", 200,
+                        lambda r: self._create(r, "batchPredictionJobs"))
+        self.edge.route("GET", "/v1/projects/1/locations/us-central1/batchPredictionJobs/"
+                        "([0-9]+)", 200, lambda r: self._job(r, "batchPredictionJobs"))
+        self.edge.route("POST", "/v1/projects/1/locations/us-central1/batchPredictionJobs/"
+                        "([0-9]+):cancel", 200, self._cancel)
 
     def runner(self) -> Runner:
         runner = runners.get("vertex")(EngineOptions(project="mljob-test"))
         runner.poll_s = 0.05  # type: ignore[attr-defined]  # Cloud Logging's quota
         return runner
 
-    def _create(self, request):
+    def _create(self, request, kind: str = "customJobs"):
         job_id = request.json()["displayName"]
         number = str(7200000000000000000 + len(self.ids) + 1)
         self.ids[number] = job_id
-        return {"name": self._path(number), "displayName": job_id,
+        return {"name": self._path(number, kind), "displayName": job_id,
                 "state": "JOB_STATE_QUEUED"}
 
-    def _path(self, number: str) -> str:
-        return f"projects/1/locations/us-central1/customJobs/{number}"
+    def _path(self, number: str, kind: str = "customJobs") -> str:
+        return f"projects/1/locations/us-central1/{kind}/{number}"
 
-    def _job(self, request):
+    def _job(self, request, kind: str = "customJobs"):
         number = request.path.rsplit("/", 1)[1]
         job_id = self.ids[number]
         state = {"succeed": "JOB_STATE_SUCCEEDED", "fail": "JOB_STATE_FAILED",
                  "hang": "JOB_STATE_RUNNING"}[self.endings[job_id]]
         if job_id in self.stopped:
             state = "JOB_STATE_CANCELLED"
-        job = {"name": self._path(number), "displayName": job_id, "state": state}
+        job = {"name": self._path(number, kind), "displayName": job_id, "state": state}
+        if kind == "batchPredictionJobs" and state == "JOB_STATE_SUCCEEDED":
+            job.update(outputInfo={"gcsOutputDirectory": f"gs://mljob-test/conf/{job_id}/"
+                                                         "out/prediction-1"},
+                       completionStats={"successfulCount": "1", "failedCount": "0"},
+                       resourcesConsumed={"replicaHours": 0.01})
         if state == "JOB_STATE_FAILED":
             job["error"] = {"code": 3, "message": "The replica workerpool0-0 exited with "
                                                   "a non-zero status of 3."}
@@ -355,18 +481,37 @@ FARS: dict[str, type[Far]] = {"local": LocalFar, "kubeflow": KubeflowFar,
                               "vertex": VertexFar, "ray": RayFar}
 
 
-@pytest.fixture(params=[pytest.param(name, marks=FARS[name].marks)
-                        for name in sorted(FARS)])
-def far(request, tmp_path, monkeypatch) -> Iterator[Far]:
-    kind = FARS[request.param]
+@pytest.fixture(scope="module")
+def conformance_export(tmp_path_factory) -> str:
+    """A real SavedModel export, for the local runner's batch prediction job."""
+    from tests.support.predict_models import saved_model_export
+    return saved_model_export(str(tmp_path_factory.mktemp("conformance") / "export"))
+
+
+def harness_of(name: str, request, tmp_path, monkeypatch) -> Iterator[Far]:
+    kind = FARS[name]
     if kind.job_dirs_on_gcs:
         request.getfixturevalue("gcs_emulator")
     harness = kind(tmp_path, monkeypatch,  # type: ignore[call-arg]
                    **{name: request.getfixturevalue(name) for name in kind.fixtures})
+    harness.fixture = request.getfixturevalue  # type: ignore[method-assign]
     try:
         yield harness
     finally:
         harness.close()
+
+
+@pytest.fixture(params=[pytest.param(name, marks=FARS[name].marks)
+                        for name in sorted(FARS)])
+def far(request, tmp_path, monkeypatch) -> Iterator[Far]:
+    yield from harness_of(request.param, request, tmp_path, monkeypatch)
+
+
+def prediction_cases(ending: str) -> list:
+    """Each runner that takes a batch prediction job, with its marks for this ending."""
+    return [pytest.param(name, marks=(*FARS[name].marks,
+                                      *FARS[name].prediction_marks.get(ending, ())))
+            for name in sorted(runners.PREDICTION) if name in FARS]
 
 
 def wait_for(check, what: str, timeout: float = WAIT_S):
@@ -471,3 +616,91 @@ def test_a_job_that_is_cancelled(far):
         lifecycle.ended(record)
     with pytest.raises(UsageError, match="already ended CANCELLED"):
         lifecycle.cancel(runner, record)
+
+
+# --- a batch prediction job: one more kind of job of the same life ----------------------
+
+def started_prediction(far: Far, job_id: str, ending: str
+                       ) -> tuple[Runner, records.JobRecord]:
+    """A batch prediction job rendered and created detached (as --async), through the
+    same life as a training job."""
+    runner = far.prediction_runner()
+    spec = far.prediction_spec(job_id, ending)
+    rendered = runner.render_prediction(spec)
+    assert json.loads(json.dumps(rendered.body)) == rendered.body
+    assert job_id in rendered.text and far.requests() == []  # no network yet
+    record = lifecycle.new_record(runner, spec, None, rendered)
+    assert (record.mode, record.runner) == ("prediction", runner.name)
+    assert record.prediction_input["outputPath"] == spec.output_path
+    assert record.training_input == {} and record.job_dir is None
+    line = lifecycle.start(runner, rendered, record, attach=False)
+    assert line.startswith(f"Job [{job_id}] submitted successfully to {runner.name}")
+    return runner, record
+
+
+def test_every_runner_takes_a_batch_prediction_job_or_refuses_it_in_one_line(
+        tmp_path, monkeypatch):
+    """The runners the registry names run one (each has a harness here); any other
+    refuses one in a line naming them, before anything is rendered."""
+    assert set(runners.PREDICTION) <= set(FARS) | set(PENDING)
+    for name in runners.PREDICTION:
+        assert FARS[name].prediction_spec is not Far.prediction_spec, name
+
+    class Plain(Runner):  # a runner of the six verbs only
+        name = "plain"
+        render = create = status = logs = cancel = None  # type: ignore[assignment]
+    Plain.__abstractmethods__ = frozenset()
+    with pytest.raises(UsageError) as info:
+        Plain.__new__(Plain).render_prediction(
+            prediction_of("p", "/in/*.json", "/out", "/model"))
+    assert str(info.value) == ("--runner plain does not run batch prediction jobs; use "
+                               "--runner local or vertex or kubeflow")
+
+
+@pytest.mark.parametrize("name", prediction_cases("succeed"))
+def test_a_batch_prediction_job_that_succeeds(name, request, tmp_path, monkeypatch):
+    for far in harness_of(name, request, tmp_path, monkeypatch):
+        runner, record = started_prediction(far, "pok01", "succeed")
+        assert records.load("pok01").engine == record.engine
+        assert ended_state(runner, record) == records.SUCCEEDED
+        record = lifecycle.refresh(runner, records.load("pok01"))
+        assert record.state == records.SUCCEEDED and record.mode == "prediction"
+        assert record.prediction_output["outputPath"].startswith(
+            record.prediction_input["outputPath"])
+        if name in ("local", "vertex"):  # the engines that count predictions
+            assert record.prediction_output["predictionCount"] in ("1", "3")
+        lines = list(runner.logs(lifecycle.handle(record), follow=True))
+        assert any(line.split("\t")[2:3] == ["worker-replica-0"] or HELLO in line
+                   for line in lines), lines
+        assert lifecycle.ended(record) == 0
+        with pytest.raises(UsageError, match="already ended SUCCEEDED"):
+            lifecycle.cancel(runner, record)
+        assert not far.cancelled("pok01") and far.left_running("pok01") == []
+
+
+@pytest.mark.parametrize("name", prediction_cases("fail"))
+def test_a_batch_prediction_job_that_fails(name, request, tmp_path, monkeypatch):
+    for far in harness_of(name, request, tmp_path, monkeypatch):
+        runner, record = started_prediction(far, "pfail01", "fail")
+        said: list[str] = []
+        with pytest.raises(JobFailed) as info:
+            lifecycle.follow(runner, record, said.append, task_name=None)
+        assert said[-1] == "Job [pfail01] FAILED."
+        assert ("status 2" in str(info.value) or "status of 3" in str(info.value)
+                or "failed indexes" in str(info.value)), info.value
+        assert records.load("pfail01").state == records.FAILED
+
+
+@pytest.mark.parametrize("name", prediction_cases("hang"))
+def test_a_batch_prediction_job_that_is_cancelled(name, request, tmp_path, monkeypatch):
+    for far in harness_of(name, request, tmp_path, monkeypatch):
+        runner, record = started_prediction(far, "phang01", "hang")
+        wait_for(lambda: runner.status(lifecycle.handle(record)).state == records.RUNNING,
+                 "the job to run")
+        record = lifecycle.cancel(runner, records.load("phang01"))
+        assert record.state in (records.CANCELLING, records.CANCELLED)
+        record = wait_for(lambda: (r := lifecycle.refresh(runner, records.load("phang01")))
+                          .state == records.CANCELLED and r, "the job to be cancelled")
+        assert far.prediction_cancelled("phang01")
+        with pytest.raises(JobCancelled):
+            lifecycle.ended(record)
