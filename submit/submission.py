@@ -83,6 +83,8 @@ def submit_prediction(spec: PredictionSpec, runner_name: str, options: EngineOpt
     job on an engine returns once created, as gcloud's `jobs submit prediction` does."""
     runner = runners.get(runner_name)(options)
     rendered = runner.render_prediction(spec)
+    if not dry_run:  # a dry run creates nothing, so it takes any id
+        check_prediction_id_free(spec, runner.name)
     for note in rendered.notes:
         echo(note, err=True)
     if dry_run:
@@ -93,6 +95,21 @@ def submit_prediction(spec: PredictionSpec, runner_name: str, options: EngineOpt
     record = lifecycle.new_record(runner, spec, None, rendered)
     return start(runner, rendered, record, echo,
                  stream=stream and runner.supervise_here is not None)
+
+
+def check_prediction_id_free(spec: PredictionSpec, runner: str) -> None:
+    """A batch prediction job's id is used once in the local index too, whichever runner
+    takes it: only --resume continues the same job (same runner, same output path). The
+    local runner's plan has refused the others already, naming --resume."""
+    try:
+        old = records.load(spec.job_id)
+    except UsageError:
+        return
+    old.refuse_if_running()
+    if not (spec.resume and old.runner == runner
+            and old.prediction_input.get("outputPath") == spec.output_path):
+        raise UsageError(f"job id {spec.job_id!r} already exists ({old.state}, runner "
+                         f"{old.runner}); pick another job id")
 
 
 def start(runner: Runner, rendered: Rendered, record: records.JobRecord, echo: Echo, *,

@@ -124,6 +124,20 @@ def test_vertex_create_describe_and_cancel_over_rest(capsys, monkeypatch):
         assert api.requests[-1].path == f"/v1/{NAME}"
 
 
+def test_an_engine_job_takes_no_id_the_index_holds(capsys, monkeypatch):
+    """A batch prediction job on an engine is refused an id the local index already
+    holds (another job's record is never written over), before any API call."""
+    with ApiEdge() as api:
+        monkeypatch.setenv(vertex.VERTEX_ENDPOINT_ENV, api.url)
+        jobs.save(jobs.JobRecord("job_01", state=jobs.SUCCEEDED, job_dir="/tmp/j"))
+        for extra in ([], ["--resume"]):
+            status, _, err = run(capsys, *argv("vertex", "--project", "mljob-test", *extra))
+            assert status == 2 and one_error_line(err) == (
+                "error: job id 'job_01' already exists (SUCCEEDED, runner local); pick "
+                "another job id")
+        assert api.requests == [] and jobs.load("job_01").job_dir == "/tmp/j"
+
+
 def test_vertex_cancel_posts_cancel(capsys, monkeypatch):
     with ApiEdge() as api:
         monkeypatch.setenv(vertex.VERTEX_ENDPOINT_ENV, api.url)
