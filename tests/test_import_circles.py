@@ -122,18 +122,26 @@ WINGS = ("submit.jobdef", "submit.packaging", "submit.prediction", "submit.home"
 
 
 def reaching_up(g: dict[str, set[str]]) -> dict[str, list[str]]:
-    """Each wing module's imports of the commands (submit.cli) or the job life."""
-    up = {m for m in g if m.startswith(("submit.cli", "submit.lifecycle"))}
+    """Each wing module's imports of the commands (submit.cli), the job life, the
+    submission, the Python API or the runners (a batch prediction job's engine
+    renderings, submit.prediction.render, are the runners' to call, never callers of
+    a runner)."""
+    up = {m for m in g if m.startswith(("submit.cli", "submit.lifecycle", "submit.runners",
+                                        "submit.submission", "submit.api"))}
     return {m: sorted(g[m] & up) for m in g
             if m.startswith(WINGS) and g[m] & up}
 
 
 def test_the_wings_never_reach_up_into_the_commands_or_the_job_life():
-    """jobdef, packaging, prediction and home are read by the commands and the job life,
-    never the other way round: a wing importing submit.cli or submit.lifecycle (at the top
-    or in a function) is an arrow back up."""
+    """jobdef, packaging, prediction and home are read by the commands, the job life and
+    the runners, never the other way round: a wing importing submit.cli,
+    submit.lifecycle, submit.submission, submit.api or a runner (at the top or in a
+    function) is an arrow back up."""
     g = graph()
     assert {w for w in WINGS if any(m == w or m.startswith(w + ".") for m in g)} == set(WINGS)
     assert reaching_up(g) == {}
     planted = dict(g, **{"submit.jobdef.spec": g["submit.jobdef.spec"] | {"submit.cli.formats"}})
     assert reaching_up(planted) == {"submit.jobdef.spec": ["submit.cli.formats"]}
+    planted = dict(g, **{"submit.prediction.render": g["submit.prediction.render"]
+                         | {"submit.runners.vertex"}})
+    assert reaching_up(planted) == {"submit.prediction.render": ["submit.runners.vertex"]}
