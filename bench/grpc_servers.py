@@ -6,20 +6,29 @@ uvloop; what the server costs before any work of ours.
 
 The three servers run at once, each in its own process, answering a 64-byte message to a
 3,200-byte request (about the size of a one-image PredictRequest). One client at a time,
-in its own process (grpc's sync stub, as users call `Predict`), sends `--calls`
-sequential calls to one server; the servers are visited in turn in each round. Reported
-per server: the p50 latency of each round and the server process's CPU microseconds per
-call (from /proc), medians over the rounds. Writes bench/results/grpc_servers.json.
+in its own process, sends `--calls` sequential calls to one server: grpc's sync stub (as
+users call `Predict`) and a C++ client (bench/grpc_latency_client.cc, no client-side
+Python in its figure); the servers are visited in turn in each round. Reported per
+server and client: the p50 latency of each round and the server process's CPU
+microseconds per call (from /proc), medians over the rounds. Writes
+bench/results/grpc_servers.json.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
+from bench.serving_one_client import build_grpc_client
+
 MODES = ("thread pool", "asyncio", "asyncio on uvloop")
+CLIENTS = ("python stub", "C++")
 SERVICE, METHOD = "bench.Echo", "Call"
 
 
@@ -93,24 +102,39 @@ def main(argv=None) -> None:
             proc = subprocess.Popen([sys.executable, "-m", "bench.grpc_servers", "--serve", mode],
                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
             servers[mode] = (proc, int(proc.stdout.readline()))  # type: ignore[union-attr]
-        rounds: dict = {mode: [] for mode in MODES}
+        folder = tempfile.mkdtemp(prefix="grpc-servers-")
+        cxx = build_grpc_client(folder)
+        request_file = os.path.join(folder, "request")
+        with open(request_file, "wb") as f:
+            f.write(b"x" * 3200)
+        cells = [(mode, client) for mode in MODES for client in CLIENTS]
+        rounds: dict = {cell: [] for cell in cells}
         for _ in range(args.rounds):
-            for mode, (proc, port) in servers.items():
+            for mode, client_kind in cells:
+                proc, port = servers[mode]
+                command = [sys.executable, "-m", "bench.grpc_servers", "--client",
+                           str(port), str(args.calls)] if client_kind == "python stub" else \
+                    [cxx, f"127.0.0.1:{port}", f"/{SERVICE}/{METHOD}", request_file, "200",
+                     str(args.calls)]
                 cpu = common.cpu_seconds(proc.pid)
-                done = subprocess.run([sys.executable, "-m", "bench.grpc_servers", "--client",
-                                       str(port), str(args.calls)],
-                                      capture_output=True, text=True, check=True, timeout=600)
+                done = subprocess.run(command, capture_output=True, text=True, check=True,
+                                      timeout=600)
                 cpu_us = 1e6 * (common.cpu_seconds(proc.pid) - cpu) / (args.calls + 200)
-                rounds[mode].append({"p50_us": float(done.stdout.split()[-1]),
-                                     "server_cpu_us_per_call": round(cpu_us, 1)})
-                print(mode, rounds[mode][-1], flush=True)
+                out = done.stdout.strip().splitlines()[-1]
+                p50 = float(out) if client_kind == "python stub" else \
+                    round(1e6 * float(np.median(json.loads(out))), 1)
+                rounds[(mode, client_kind)].append(
+                    {"p50_us": p50, "server_cpu_us_per_call": round(cpu_us, 1)})
+                print(mode, client_kind, rounds[(mode, client_kind)][-1], flush=True)
+        shutil.rmtree(folder, ignore_errors=True)
     finally:
         for proc, _ in servers.values():
             common.stop_process(proc)
-    results = {mode: {"p50_us": float(np.median([r["p50_us"] for r in cells])),
-                      "server_cpu_us_per_call": float(np.median(
-                          [r["server_cpu_us_per_call"] for r in cells])),
-                      "rounds": cells} for mode, cells in rounds.items()}
+    results = {f"{mode}, {client_kind}": {
+        "p50_us": float(np.median([r["p50_us"] for r in each])),
+        "server_cpu_us_per_call": float(np.median(
+            [r["server_cpu_us_per_call"] for r in each])),
+        "rounds": each} for (mode, client_kind), each in rounds.items()}
     common.write_json("grpc_servers", {
         "what": "an empty unary call, one client in its own process, servers in turn",
         "calls_per_round": args.calls, "results": results,

@@ -23,9 +23,15 @@ request is counted. The clients run in this process, so they share the
 machine's 2 cores with the server: compare the rows with each other, not with a
 bigger machine.
 
+Each count of clients runs a second time with compiled clients in their own process
+(REST: bench/latency_client.c, a connection each; gRPC: bench/grpc_latency_client.cc, a
+channel each; the `, compiled clients` rows, with the server's CPU a request): no
+client-side Python taking the GIL or the cores' time beside the server.
+
 One client alone in its own process (`--rounds` interleaved rounds, medians): the
 floor, REST with httpx, with http.client and with a small C client
-(bench/latency_client.c, built with gcc: no client-side Python in the figure), gRPC, and
+(bench/latency_client.c, built with gcc: no client-side Python in the figure), gRPC with
+the official stub and with a C++ client (bench/grpc_latency_client.cc), and
 the empty route (GET /healthz: the HTTP round trip alone) with each REST client; the
 goal is REST's p50 within 2x of the floor's. Beside them the server's own call in
 process (`SavedModel.predict` on arrays, compiled with XLA for the shape as the server
@@ -55,7 +61,8 @@ import time
 import numpy as np
 
 from bench import common
-from bench.serving_one_client import lone_client, summary
+from bench.serving_one_client import (build_client, build_grpc_client, compiled_clients,
+                                      lone_client, request_files, summary)
 
 CLIENTS = (1, 16, 64)
 BATCHING = ["--enable_batching", "--max_batch_size=64", "--batch_timeout_micros=2000"]
@@ -198,6 +205,9 @@ def main(argv=None) -> None:
         results["floor, 16 threads"] = run_clients(floor_call, 16, args.seconds)
         print(f"floor, 16 threads: {results['floor, 16 threads']}", flush=True)
 
+    folder = tempfile.mkdtemp(prefix="serving-clients-")
+    binaries = {"rest": build_client(folder), "grpc": build_grpc_client(folder)}
+    request_files(folder)
     for batching in (False, True):
         proc, url, grpc_port = start_server(export_dir, BATCHING if batching else [])
         try:
@@ -213,8 +223,20 @@ def main(argv=None) -> None:
                     cell = run_clients(make, clients, args.seconds)
                     results.setdefault(row, {})[str(clients)] = cell
                     print(f"{row}, {clients} clients: {cell}", flush=True)
+            # the same counts of compiled clients, in their own process
+            for api, target in (("rest", url), ("grpc", f"127.0.0.1:{grpc_port}")):
+                for clients in clients_list:
+                    row = f"{api} batching {'on' if batching else 'off'}, compiled clients"
+                    cpu = common.cpu_seconds(proc.pid)
+                    cell = compiled_clients(api, target, clients, args.seconds, folder,
+                                            binaries)
+                    cell["server_cpu_us_per_request"] = round(
+                        1e6 * (common.cpu_seconds(proc.pid) - cpu) / max(cell["requests"], 1), 1)
+                    results.setdefault(row, {})[str(clients)] = cell
+                    print(f"{row}, {clients} clients: {cell}", flush=True)
         finally:
             common.stop_process(proc)
+    shutil.rmtree(folder, ignore_errors=True)
 
     ratios = {}
     for api in ("rest", "grpc"):
@@ -256,9 +278,14 @@ def goals(results: dict) -> dict:
         if "grpc" in lone and rest in lone:
             out[f"grpc p50 over {rest}'s"] = round(
                 lone["grpc"]["p50_ms"] / lone[rest]["p50_ms"], 2)
+    if "grpc C++ client" in lone and "rest C client" in lone:
+        out["grpc C++ client p50 over rest C client's"] = round(
+            lone["grpc C++ client"]["p50_ms"] / lone["rest C client"]["p50_ms"], 2)
     floor16 = results.get("floor, 16 threads", {}).get("throughput_per_s")
     for row in ("rest batching off", "rest batching on", "grpc batching off",
-                "grpc batching on"):
+                "grpc batching on", "rest batching off, compiled clients",
+                "rest batching on, compiled clients", "grpc batching off, compiled clients",
+                "grpc batching on, compiled clients"):
         cell = results.get(row, {}).get("16")
         if floor16 and cell:
             out[f"{row}, 16 clients, throughput over the floor's from 16 threads"] = round(
