@@ -353,3 +353,27 @@ def test_an_export_that_cannot_load_fails_the_job_at_once_in_one_line(tmp_path, 
     assert jobs.load("j").replicas[0].restarts == 0
     assert jobs.load("j").state == jobs.FAILED
     assert [n for n in os.listdir(tmp_path / "out")] == [".mljob-job.json"]
+
+
+def test_ctrl_c_cancels_a_foreground_job_and_stops_its_workers(export_dir, tmp_path,
+                                                                reaper):
+    """A job in the foreground (the default) is supervised by the submitting process:
+    Ctrl-C there cancels it, every worker stopped, exit status 130."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for i in range(4):
+        (inputs / f"{i}.json").write_text(instance_lines(images(40, seed=i)))
+    proc = _submit(reaper, flags(export_dir, str(inputs / "*.json"), tmp_path / "out",
+                                 "text", "--max-worker-count", "2", "--batch-size", "1"))
+    record = wait_for(lambda: (r := jobs.load("j") if os.path.exists(jobs.index_path("j"))
+                               else None) and r.state == jobs.RUNNING and r.replicas and r,
+                      JOB_TIMEOUT, "the job to run")
+    assert record.supervisor_pid == proc.pid  # supervised here, not detached
+    proc.send_signal(signal.SIGINT)
+    said = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == 130, said
+    assert said.splitlines()[0] == "Job [j] submitted successfully to local."
+    assert "Job [j] CANCELLED." in said
+    record = jobs.load("j")
+    assert record.state == jobs.CANCELLED
+    assert record.replicas and not any(pid_alive(r.pid) for r in record.replicas if r.pid)
