@@ -235,10 +235,11 @@ def submit_prediction(job_id: str, *, model_dir: str | None = None,
                       max_worker_count: int | None = None, batch_size: int | None = None,
                       signature_name: str | None = None,
                       labels: Mapping[str, str] | None = None,
-                      resume: bool = False) -> Job:
-    """Submit a batch prediction job on this machine, as `python -m submit jobs submit
-    prediction JOB_ID --async`; the Job. `input_paths`: globs (a list, or
-    comma-separated)."""
+                      resume: bool = False, runner: str = "local", **options: str) -> Job:
+    """Submit a batch prediction job, as `python -m submit jobs submit prediction JOB_ID
+    --async`; the Job. `input_paths`: globs (a list, or comma-separated). `runner`:
+    local (this machine), vertex or kubeflow, with that runner's options by name
+    (`project=...`, `image=...`, `namespace=...`)."""
     from submit.prediction import spec as prediction_spec
     paths = input_paths if isinstance(input_paths, str) else ",".join(input_paths)
     spec = prediction_spec.resolve(
@@ -248,7 +249,7 @@ def submit_prediction(job_id: str, *, model_dir: str | None = None,
         signature_name=signature_name, resume=resume,
         labels=(",".join(f"{k}={v}" for k, v in labels.items()),) if labels else ())
     notes: list[str] = []
-    submission.submit_prediction(spec, "local", EngineOptions(),
+    submission.submit_prediction(spec, runner, EngineOptions(**options),
                                  lambda text, err=False: notes.append(text), stream=False)
     return Job(job_id, notes=notes)
 

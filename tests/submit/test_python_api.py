@@ -63,6 +63,14 @@ def test_mistakes_are_the_clis_errors_as_exceptions(tmp_path):
         api.submit("job1", job_dir=str(tmp_path / "j"), wrker_count=2)
     with pytest.raises(api.JobNotFoundError):
         api.get_job("nothing_here")
+    predict = dict(model_dir=str(tmp_path / "m"), input_paths=[str(tmp_path / "*.json")],
+                   output_path=str(tmp_path / "out"))
+    with pytest.raises(api.UsageError, match="--runner ray does not run batch prediction"):
+        api.submit_prediction("p1", runner="ray", **predict)
+    with pytest.raises(api.UsageError, match="--image is for --runner"):
+        api.submit_prediction("p1", image="r/i:1", **predict)
+    with pytest.raises(api.UsageError, match="no runner takes the option 'projct'"):
+        api.submit_prediction("p1", runner="vertex", projct="p", **predict)
     with pytest.raises(api.UsageError, match="AND and OR side by side"):
         api.list_jobs(filter="state=RUNNING AND state=QUEUED OR jobId:a*")
 
