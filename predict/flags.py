@@ -128,6 +128,9 @@ OURS = [
          "where TensorFlow's per-op overhead is most of the call); in the background, "
          "used once it answered as TensorFlow did (floats within 1e-4); false: "
          "TensorFlow's executor only", ours=True),
+    Flag("grpc_native_front", bool, True, "ours: the gRPC port's HTTP/2 and gRPC work "
+         "in Rust threads outside the GIL (pygrpc-native), the servicers in Python as "
+         "before; false: grpcio's own server", ours=True),
 ]
 
 # TF Serving flags this server does not implement: refused, with why.

@@ -26,7 +26,7 @@ def build_app(service: PredictionService):
 
 def serve(repository: Repository, *, host: str, rest_port: int | None, grpc_port: int,
           threads: int, batcher=None, reload=None, health=None, after_start=None,
-          **service_options) -> None:
+          grpc_native: bool = True, **service_options) -> None:
     """Load the models, serve gRPC on grpc_port and REST on rest_port (None: REST off)
     until SIGTERM or SIGINT, then return (the process exits 0). `reload(proto)`
     answers HandleReloadConfigRequest; `after_start()` runs once the models are loaded
@@ -40,7 +40,8 @@ def serve(repository: Repository, *, host: str, rest_port: int | None, grpc_port
         from predict import grpc_api
         grpc_server, bound = grpc_api.start(
             service, host, grpc_port, threads=threads, reload=reload,
-            health=health.grpc_servicer() if health is not None else None)
+            health=health.grpc_servicer() if health is not None else None,
+            native=grpc_native)
         if after_start is not None:
             after_start()
         shown_host = f"[{host}]" if ":" in host else host

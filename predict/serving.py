@@ -149,7 +149,8 @@ def _run(options) -> None:
                  max_instances=options.max_instances, metrics=registry,
                  timeout_s=options.rest_api_timeout_in_ms / 1000,
                  metrics_path=metrics_path, vertex=vertex,
-                 cors=options.rest_api_enable_cors_support)
+                 cors=options.rest_api_enable_cors_support,
+                 grpc_native=options.grpc_native_front)
     poller.stop()
 
 

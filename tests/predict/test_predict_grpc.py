@@ -220,6 +220,79 @@ def test_grpc_errors_have_tf_servings_codes(served):
     assert "missing input 'image'" in raised.value.details()
 
 
+def _thread_names(pid: int) -> set:
+    names = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/comm") as f:
+                names.add(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return names
+
+
+def test_grpcs_two_front_ends_answer_alike(served, export_dir):
+    """The port's front end: pygrpc-native's by default (its Rust I/O threads in the
+    server), grpcio's own with --grpc_native_front=false; the same servicers behind
+    both, so the same answers, codes and details, the health service and metadata."""
+    _, channel = served
+    reaper = Reaper()
+    grpc_port = free_ports(1)[0]
+    try:
+        proc, _ = start_server(reaper.popen, export_dir, "--grpc-port", str(grpc_port),
+                               "--model-name", "mnist", "--grpc_native_front=false")
+        assert "grpc-native-io" not in _thread_names(proc.pid)
+        native_pids = [p for p in _server_pids() if p != proc.pid]
+        assert any("grpc-native-io" in _thread_names(p) for p in native_pids)
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as other:
+            answers = []
+            for ch in (channel, other):
+                stub = prediction_service_pb2_grpc.PredictionServiceStub(ch)
+                got = stub.Predict(predict_request(IMAGES, KEYS), timeout=60)
+                failures = []
+                for request in (predict_request(IMAGES, KEYS, name="other"),
+                                predict_request(IMAGES.astype(np.float64), KEYS)):
+                    with pytest.raises(grpc.RpcError) as raised:
+                        stub.Predict(request, timeout=60)
+                    failures.append((raised.value.code(), raised.value.details()))
+                meta = get_model_metadata_pb2.GetModelMetadataRequest()
+                meta.model_spec.name = "mnist"
+                meta.metadata_field.append("signature_def")
+                from grpc_health.v1 import health_pb2, health_pb2_grpc
+                health = health_pb2_grpc.HealthStub(ch).Check(
+                    health_pb2.HealthCheckRequest(service=""), timeout=60)
+                signatures = get_model_metadata_pb2.SignatureDefMap()
+                stub.GetModelMetadata(meta, timeout=60).metadata["signature_def"].Unpack(
+                    signatures)
+                answers.append((
+                    {k: tf.make_ndarray(v).tolist() for k, v in got.outputs.items()},
+                    got.model_spec.version.value, failures, signatures, health.status))
+    finally:
+        reaper.stop_all()
+    assert answers[0] == answers[1]
+    assert answers[0][2][0][0] == grpc.StatusCode.NOT_FOUND
+    assert answers[0][2][1][0] == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _server_pids() -> list:
+    """The pids of this test run's `predict serve` processes (children of this one)."""
+    me = str(os.getpid())
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = f.read().rsplit(")", 1)[1].split()[1]
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().split(b"\0")
+        except OSError:
+            continue
+        if parent == me and b"predict" in command and b"serve" in command:
+            pids.append(int(entry))
+    return pids
+
+
 def test_grpc_the_key_is_optional(served):
     """TF Serving's clients send no key: the predictions come back without one; with
     it, the key comes back."""

@@ -72,6 +72,8 @@ def test_booleans_take_tf_servings_forms():
     (["--model_name"], "--model_name needs a value"),
     (["--compile_small_calls=maybe"], "--compile_small_calls=maybe: a boolean flag takes "
                                       "true or false"),
+    (["--grpc_native_front=rust"], "--grpc_native_front=rust: a boolean flag takes "
+                                   "true or false"),
     (["stray"], "unexpected argument 'stray'"),
 ])
 def test_bad_flags_are_refused_in_one_line(args, words):
