@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -55,13 +54,13 @@ def start(service, host: str, port: int, *, threads: int = 4, reload=None, healt
           native: bool = True):
     """Start the gRPC server beside the REST one; returns (server, bound port).
     `reload(configs)` answers HandleReloadConfigRequest; `health` is a
-    grpc_health HealthServicer to register. `native`: HTTP/2 and the calls' gRPC work
-    in pygrpc-native's Rust threads, outside the GIL (`--grpc_native_front`); else
-    grpcio's own server."""
+    grpc_health HealthServicer to register. `native`: pygrpc-native's server, else
+    grpcio's own (`--grpc_native_front`, predict.grpc_front)."""
     (_, _, _, model_service_grpc, _, prediction_service_grpc) = _apis()
-    server = _server(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
-                     [("grpc.max_receive_message_length", service.max_body_bytes)],
-                     native)
+    from predict import grpc_front
+    server = grpc_front.server(
+        threads, [("grpc.max_receive_message_length", service.max_body_bytes)],
+        native=native, batching=service.batcher is not None)
     api = GrpcApi(service, reload)
     prediction_service_grpc.add_PredictionServiceServicer_to_server(api, server)
     model_service_grpc.add_ModelServiceServicer_to_server(api, server)
@@ -78,22 +77,6 @@ def start(service, host: str, port: int, *, threads: int = 4, reload=None, healt
                          "--port")
     server.start()
     return server, bound
-
-
-def _server(pool: ThreadPoolExecutor, options: list, native: bool):
-    """The gRPC server: pygrpc-native's (the same `grpc.Server`, its HTTP/2, flow
-    control, deadlines and message framing done in Rust threads that hand Python the
-    calls in batches) or grpcio's own, whose C core hands Python every call's events one
-    at a time under the GIL. Both run the same servicers on `pool`."""
-    if native:
-        try:
-            import pygrpc_native
-        except ImportError:  # an install without it: grpcio's server answers the same
-            log.info("gRPC: pygrpc-native is not installed; grpcio's server serves "
-                     "(pip install pygrpc-native)")
-        else:
-            return pygrpc_native.server(pool, options=options)
-    return grpc.server(pool, options=options)
 
 
 class GrpcApi:
