@@ -59,7 +59,7 @@ setup(
             "prometheus-client>=0.17",  # /monitoring/prometheus/metrics
             "grpcio>=1.75.1",           # the gRPC API (--port); the stubs' own check
             # the gRPC port's HTTP/2 outside the GIL (--grpc_native_front)
-            "pygrpc-native>=0.5",
+            "pygrpc-native>=0.5,<0.6",  # predict.grpc_front reads its dispatcher's calls
             "grpcio-health-checking>=1.60",  # grpc.health.v1 on the gRPC port
             "protobuf>=6.31.1",         # the vendored protos' runtime (protoc 31.1)
         ],
