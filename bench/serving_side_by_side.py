@@ -9,8 +9,10 @@ this tree; `--flags-before` / `--flags-after` add `predict serve` flags to one s
 (both sides from this tree when no commit is given); `--batching` turns batching on
 for both (bench.serving_bench's settings). Each round visits the servers in turn, and
 for each: one C client (bench/latency_client.c) sending `--requests` one-image REST
-predicts, one gRPC client (the official stub, in its own process) as many, then 16
-REST and 16 gRPC client threads of this process for `--seconds` each; the server's
+predicts, one gRPC client (the official stub, in its own process) as many and one C++
+gRPC client (bench/grpc_latency_client.cc) as many, then 16 REST and 16 gRPC client
+threads of this process for `--seconds` each, and 16 compiled clients of each API in a
+process of their own (`16 compiled clients`) as long; the server's
 CPU seconds a request are read from /proc. The floor (the signature in process on
 ready tensors, in its own process; and from 16 threads of this process, the 16-client
 goal) is measured in each round too. `--labels` names the two sides. Medians over the
@@ -31,7 +33,8 @@ import numpy as np
 
 from bench import common
 from bench.serving_bench import BATCHING, grpc_maker, mlp_export, rest_maker, run_clients
-from bench.serving_one_client import LONE_CLIENT, build_client
+from bench.serving_one_client import (LONE_CLIENT, PREDICT_METHOD, build_client,
+                                      build_grpc_client, compiled_clients, request_files)
 
 
 def _start(root: str, export_dir: str, flags: list):
@@ -105,9 +108,8 @@ def main(argv=None) -> None:
     image_t, key_t = tf.constant(image), tf.constant([1], tf.int64)
     floor16 = lambda: lambda: signature(image=image_t, key=key_t)  # noqa: E731
     client = build_client(scratch)
-    body_file = os.path.join(scratch, "body.json")
-    with open(body_file, "wb") as f:
-        f.write(body)
+    binaries = {"rest": client, "grpc": build_grpc_client(scratch)}
+    body_file, request_file = request_files(scratch)
     env = {**os.environ, **common.REPLICA_ENV}
     servers: dict = {}
     cells: dict = {}
@@ -133,6 +135,19 @@ def main(argv=None) -> None:
                                f"127.0.0.1:{grpc_port}", str(args.requests)], env)
                 cells.setdefault(f"{side}: gRPC", []).append(
                     _cell(times, common.cpu_seconds(proc.pid) - cpu))
+                cpu = common.cpu_seconds(proc.pid)
+                times = _lone([binaries["grpc"], f"127.0.0.1:{grpc_port}", PREDICT_METHOD,
+                               request_file, "30", str(args.requests)], env)
+                cells.setdefault(f"{side}: gRPC, C++ client", []).append(
+                    _cell(times, common.cpu_seconds(proc.pid) - cpu))
+                for api, target in (("REST", f"http://127.0.0.1:{rest}"),
+                                    ("gRPC", f"127.0.0.1:{grpc_port}")):
+                    cpu = common.cpu_seconds(proc.pid)
+                    got = compiled_clients(api.lower(), target, 16, args.seconds, scratch,
+                                           binaries)
+                    got["server_cpu_us_per_request"] = round(
+                        1e6 * (common.cpu_seconds(proc.pid) - cpu) / max(got["requests"], 1), 1)
+                    cells.setdefault(f"{side}: {api}, 16 compiled clients", []).append(got)
                 for api, make in (("REST", rest_maker(f"http://127.0.0.1:{rest}", body)),
                                   ("gRPC", grpc_maker(grpc_port, request))):
                     cpu = common.cpu_seconds(proc.pid)
@@ -158,7 +173,7 @@ def main(argv=None) -> None:
             row["p50_over_the_floor"] = round(row["p50_ms"] / floor, 2)
     floor16_rate = results["floor, 16 threads"]["throughput_per_s"]
     for name, row in results.items():
-        if "16 clients" in name:
+        if name.endswith(("16 clients", "16 compiled clients")):
             row["throughput_over_the_floor_from_16_threads"] = round(
                 row["throughput_per_s"] / floor16_rate, 2)
     common.write_json(args.name, {
