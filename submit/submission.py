@@ -81,6 +81,7 @@ def submit_prediction(spec: PredictionSpec, runner_name: str, options: EngineOpt
     (checking what it cannot run, `Runner.render_prediction`); a job on this machine
     (a runner that supervises here) is followed to its end unless `stream` is False, a
     job on an engine returns once created, as gcloud's `jobs submit prediction` does."""
+    options.check_for(runner_name, prediction=True)
     runner = runners.get(runner_name)(options)
     rendered = runner.render_prediction(spec)
     if not dry_run:  # a dry run creates nothing, so it takes any id

@@ -16,10 +16,25 @@ import click
 
 from submit import runners, submission
 from submit.cli.cli_base import echo
+from submit.cli.cmd_submit import declared_params
 from submit.prediction import spec as prediction_spec
 from submit.runners.engine import EngineOptions
 
-@click.command("prediction")
+
+class PredictionCommand(click.Command):
+    """`jobs submit prediction`: its own flags, then the options the runners declare for
+    a batch prediction job (`RunOpt.prediction`), read when the command is parsed or its
+    help shown."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        key = f"runner_params:{self.name}"
+        if key not in ctx.meta:
+            ctx.meta[key] = declared_params(prediction=True)
+        return [*self.params, *ctx.meta[key], *params[len(self.params):]]
+
+
+@click.command("prediction", cls=PredictionCommand)
 @click.argument("job_id")
 @click.option("--model-dir", metavar="URL", help="The export to predict with (a "
               "SavedModel or legacy export folder: <job-dir>/model). Any storage URL.")
@@ -51,15 +66,11 @@ from submit.runners.engine import EngineOptions
                    "no batch prediction job).")
 @click.option("--dry-run", is_flag=True, help="Print the job (the local plan, the Vertex "
               "BatchPredictionJob or the Kubernetes Job); run nothing.")
-@click.option("--project", help="vertex: the Google Cloud project.")
-@click.option("--image", help="kubeflow: the image holding mljob (vertex: the prediction "
-                              "container for --model-dir).")
-@click.option("--namespace", help="kubeflow: the namespace [default: default].")
-def prediction_command(job_id, run_async, resume, runner, dry_run, project, image,
-                       namespace, **flags):
+def prediction_command(job_id, run_async, resume, runner, dry_run, **flags):
     """Submit batch prediction job JOB_ID, as `gcloud ai-platform jobs submit prediction`."""
+    declared = runners.declared_options(prediction=True)
+    options = EngineOptions(**{name: flags.pop(name) for name in declared if name in flags})
     spec = prediction_spec.resolve(job_id, resume=resume, **flags)
-    options = EngineOptions(project=project, image=image, namespace=namespace)
     return submission.submit_prediction(spec, runner, options, echo, dry_run=dry_run,
                                         stream=not run_async)
 

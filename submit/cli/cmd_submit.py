@@ -14,13 +14,19 @@ def runner_params() -> list[click.Option]:
     """`--runner` and every runner's own options, built from the runners' declarations
     (`submit.runners.OPTIONS`): a new runner's options appear here without a line in
     this module."""
-    params = [click.Option(
+    return [click.Option(
         ["--runner"], default="local", show_default=True,
         type=click.Choice(tuple(runners.RUNNERS)),
         help="Where the job runs: processes on this machine, a Kubeflow TFJob on the "
              "current kubeconfig's cluster, a Vertex AI CustomJob, or a job on a Ray "
-             "cluster.")]
-    for name, declared in runners.declared_options().items():
+             "cluster."), *declared_params()]
+
+
+def declared_params(*, prediction: bool = False) -> list[click.Option]:
+    """The runners' own options as click options (`prediction`: those a batch
+    prediction job takes, `RunOpt.prediction`)."""
+    params = []
+    for name, declared in runners.declared_options(prediction=prediction).items():
         opt = declared.opt
         params.append(click.Option(
             [opt.option, name], metavar=opt.metavar, help=declared.help + ".",

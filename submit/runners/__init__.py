@@ -35,16 +35,20 @@ class Declared(NamedTuple):
     help: str                   # each owner's help, prefixed with its name
 
 
-def declared_options() -> dict[str, Declared]:
+def declared_options(*, prediction: bool = False) -> dict[str, Declared]:
     """Every runner option by name, the runners in the registry's order; two runners
-    declaring one name share its flag (the first's flag and choices, both helps)."""
+    declaring one name share its flag (the first's flag and choices, both helps). With
+    `prediction`, those a batch prediction job takes (`RunOpt.prediction`), with that
+    help, on the runners that take one."""
     found: dict[str, Declared] = {}
     for runner in RUNNERS:
-        if runner not in OPTIONS:
+        if runner not in OPTIONS or (prediction and runner not in PREDICTION):
             continue
         module, _, attr = OPTIONS[runner].partition(":")
         for opt in getattr(importlib.import_module(module), attr):
-            mine = f"{runner}: {opt.help}"
+            if prediction and opt.prediction is None:
+                continue
+            mine = f"{runner}: {opt.prediction if prediction else opt.help}"
             if opt.name in found:
                 seen = found[opt.name]
                 found[opt.name] = seen._replace(owners=(*seen.owners, runner),

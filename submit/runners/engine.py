@@ -68,13 +68,16 @@ class RunOpt:
     only some values are taken, `metavar` for `--help`. A runner lists its options in a
     module of its own that imports no SDK (`RUNOPTS`), named in the registry
     (`submit.runners.OPTIONS`); the CLI builds its click options from them. Two runners
-    may declare one name (`--image`): one flag, both helps."""
+    may declare one name (`--image`): one flag, both helps. `prediction` is its help for
+    a batch prediction job when the runner's batch prediction job takes it too (None:
+    that job takes no such option; `jobs submit prediction` has no such flag)."""
 
     name: str
     help: str
     flag: str | None = None
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
+    prediction: str | None = None
 
     @property
     def option(self) -> str:
@@ -115,17 +118,19 @@ class EngineOptions:
     def given(self) -> dict[str, str]:
         return dict(self._given)
 
-    def check_for(self, runner: str) -> None:
+    def check_for(self, runner: str, *, prediction: bool = False) -> None:
         """An option no runner declares, or one given to a runner that has no use for
-        it, is a mistake, and so are control characters in any of them."""
+        it, is a mistake, and so are control characters in any of them; `prediction`:
+        the options of a batch prediction job."""
         from submit import runners
-        declared = runners.declared_options()
+        declared = runners.declared_options(prediction=prediction)
         for name, value in self._given.items():
             if name in SHARED:
                 check_text(value, "--" + name.replace("_", "-"))
                 continue
             if name not in declared:
-                raise UsageError(f"no runner takes the option {name!r}; use one of "
+                job = "batch prediction job" if prediction else "runner"
+                raise UsageError(f"no {job} takes the option {name!r}; use one of "
                                  f"{', '.join(sorted(declared))}")
             opt, owners, _ = declared[name]
             check_text(value, opt.option)

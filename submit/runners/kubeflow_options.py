@@ -10,10 +10,13 @@ APIS = ("tfjob", "jobset")  # the first is the default
 
 RUNOPTS = (
     RunOpt("image", "the container image holding the trainer (see the Dockerfile "
-                    "--dry-run prints)"),
-    RunOpt("namespace", "the namespace [default: the kubeconfig context's, else default]"),
+                    "--dry-run prints)",
+           prediction="the image holding mljob, which runs the workers"),
+    RunOpt("namespace", "the namespace [default: the kubeconfig context's, else default]",
+           prediction="the namespace [default: default]"),
     RunOpt("context", "the kubeconfig context [default: the current one]",
-           flag="--kube-context"),
+           flag="--kube-context", prediction="the kubeconfig context [default: the "
+                                             "current one]"),
     RunOpt("api", "the job's Kubernetes API, a Kubeflow TFJob or a JobSet "
                   "(kubernetes-sigs/jobset) [default: tfjob]", choices=APIS),
     RunOpt("queue", "the Kueue LocalQueue the job waits in (the label "

@@ -69,6 +69,10 @@ CASES = [  # (flags changed, words the one-line error holds)
     ({"job": "1job"}, "invalid job id"),
     ({"--project": "p"}, "--project is for --runner vertex"),
     ({"--namespace": "n"}, "--namespace is for --runner kubeflow"),
+    ({"--kube-context": "c"}, "--kube-context is for --runner kubeflow"),
+    # training options of the same runners are no batch prediction job's flags
+    ({"--queue": "q"}, "No such option '--queue'"),
+    ({"--service-account": "a@b"}, "No such option '--service-account'"),
     ({"--runner": "cloud"}, "Invalid value for '--runner'"),
     ({"--runner": "ray"}, "--runner ray does not run batch prediction jobs; use --runner "
                           "local or vertex or kubeflow"),

@@ -69,8 +69,14 @@ def test_mistakes_are_the_clis_errors_as_exceptions(tmp_path):
         api.submit_prediction("p1", runner="ray", **predict)
     with pytest.raises(api.UsageError, match="--image is for --runner"):
         api.submit_prediction("p1", image="r/i:1", **predict)
-    with pytest.raises(api.UsageError, match="no runner takes the option 'projct'"):
+    with pytest.raises(api.UsageError, match="no batch prediction job takes the option "
+                                             "'projct'"):
         api.submit_prediction("p1", runner="vertex", projct="p", **predict)
+    # a training option of a prediction runner is not a batch prediction job's
+    with pytest.raises(api.UsageError, match="no batch prediction job takes the option "
+                                             "'queue'; use one of context, image, "
+                                             "namespace, project"):
+        api.submit_prediction("p1", runner="kubeflow", queue="q", **predict)
     with pytest.raises(api.UsageError, match="AND and OR side by side"):
         api.list_jobs(filter="state=RUNNING AND state=QUEUED OR jobId:a*")
 
