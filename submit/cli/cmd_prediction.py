@@ -16,22 +16,17 @@ import click
 
 from submit import runners, submission
 from submit.cli.cli_base import echo
-from submit.cli.cmd_submit import declared_params
+from submit.cli.cmd_submit import RunnerParams, declared_params
 from submit.prediction import spec as prediction_spec
 from submit.runners.engine import EngineOptions
 
 
-class PredictionCommand(click.Command):
+class PredictionCommand(RunnerParams, click.Command):
     """`jobs submit prediction`: its own flags, then the options the runners declare for
-    a batch prediction job (`RunOpt.prediction`), read when the command is parsed or its
-    help shown."""
+    a batch prediction job (`RunOpt.prediction`)."""
 
-    def get_params(self, ctx):
-        params = super().get_params(ctx)
-        key = f"runner_params:{self.name}"
-        if key not in ctx.meta:
-            ctx.meta[key] = declared_params(prediction=True)
-        return [*self.params, *ctx.meta[key], *params[len(self.params):]]
+    def declared(self) -> list[click.Option]:
+        return declared_params(prediction=True)
 
 
 @click.command("prediction", cls=PredictionCommand)

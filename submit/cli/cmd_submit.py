@@ -34,16 +34,24 @@ def declared_params(*, prediction: bool = False) -> list[click.Option]:
     return params
 
 
-class TrainingCommand(TrainerArgsCommand):
-    """`jobs submit training`: its own flags, then the runners' (read from their
-    declarations when the command is parsed or its help shown)."""
+class RunnerParams:
+    """A command's own flags, then the runners' (`declared()`, read from their
+    declarations when the command is parsed or its help shown), then click's --help."""
+
+    def declared(self) -> list[click.Option]:
+        return runner_params()
 
     def get_params(self, ctx):
         params = super().get_params(ctx)
         key = f"runner_params:{self.name}"
         if key not in ctx.meta:
-            ctx.meta[key] = runner_params()
-        return [*self.params, *ctx.meta[key], *params[len(self.params):]]
+            ctx.meta[key] = self.declared()
+        own = self.params
+        return [*own, *ctx.meta[key], *params[len(own):]]
+
+
+class TrainingCommand(RunnerParams, TrainerArgsCommand):
+    """`jobs submit training`: its own flags, `--runner` and every runner's options."""
 
 
 def training_options(command):

@@ -281,21 +281,9 @@ def test_grpcs_two_front_ends_answer_alike(served, export_dir):
 
 def _server_pids() -> list:
     """The pids of this test run's `predict serve` processes (children of this one)."""
-    me = str(os.getpid())
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = f.read().rsplit(")", 1)[1].split()[1]
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                command = f.read().split(b"\0")
-        except OSError:
-            continue
-        if parent == me and b"predict" in command and b"serve" in command:
-            pids.append(int(entry))
-    return pids
+    import psutil
+    return [child.pid for child in psutil.Process().children()
+            if {"predict", "serve"} <= set(child.cmdline())]
 
 
 def test_grpc_the_key_is_optional(served):
