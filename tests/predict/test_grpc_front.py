@@ -22,14 +22,19 @@ def _identity(raw: bytes) -> bytes:
 @pytest.fixture
 def front():
     """A pygrpc-native server on grpc_front's pool, whose Predict and
-    HandleReloadConfigRequest answer the name of the thread that ran them after
-    sleeping the seconds the request asks (b'0.01')."""
+    HandleReloadConfigRequest answer the name of the thread that ran them after the
+    seconds the request asks (b'0.01'; a reload ends sooner once released); yields
+    ((an Event set once a reload runs, the Event that releases it), a way to call a
+    method)."""
     def predict(request, context):
         time.sleep(float(request.decode() or 0))
         return threading.current_thread().name.encode()
 
+    reloading, release = threading.Event(), threading.Event()
+
     def reload(request, context):
-        time.sleep(float(request.decode() or 0))
+        reloading.set()
+        release.wait(float(request.decode() or 0))
         return threading.current_thread().name.encode()
 
     server = grpc_front.server(2, [], native=True, batching=False)
@@ -44,8 +49,9 @@ def front():
     call = lambda method: channel.unary_unary(  # noqa: E731
         method, request_serializer=_identity, response_deserializer=_identity)
     try:
-        yield server, call
+        yield (reloading, release), call
     finally:
+        release.set()  # a test that failed holding a reload
         channel.close()
         server.stop(None).wait(10)
 
@@ -80,7 +86,7 @@ def test_a_fast_call_alone_runs_on_the_dispatching_thread(front):
 
 
 def test_a_slow_call_or_a_call_beside_another_goes_to_the_pool(front):
-    _, call = front
+    (reloading, release), call = front
     predict = call(PREDICT)
     slow = f"{INLINE_S * 5}".encode()
     predict(slow, timeout=30)
@@ -89,10 +95,11 @@ def test_a_slow_call_or_a_call_beside_another_goes_to_the_pool(front):
     # while another call runs (a reload, on the pool), a fast call is the pool's too
     reload = call("/tensorflow.serving.ModelService/HandleReloadConfigRequest")
     done = []
-    long = threading.Thread(target=lambda: done.append(reload(b"0.5", timeout=30)))
+    long = threading.Thread(target=lambda: done.append(reload(b"30", timeout=60)))
     long.start()
-    time.sleep(0.1)
+    assert reloading.wait(30)
     beside = predict(b"", timeout=30).decode()
+    release.set()
     long.join()
     assert beside.startswith("grpc") and done[0].decode().startswith("grpc")
     _until_dispatched(predict)  # alone again
