@@ -102,11 +102,9 @@ def check_prediction_id_free(spec: PredictionSpec, runner: str) -> None:
     """A batch prediction job's id is used once in the local index too, whichever runner
     takes it: only --resume continues the same job (same runner, same output path). The
     local runner's plan has refused the others already, naming --resume."""
-    try:
-        old = records.load(spec.job_id)
-    except UsageError:
+    old = _recorded(spec.job_id)
+    if old is None:
         return
-    old.refuse_if_running()
     if not (spec.resume and old.runner == runner
             and old.prediction_input.get("outputPath") == spec.output_path):
         raise UsageError(f"job id {spec.job_id!r} already exists ({old.state}, runner "
@@ -129,11 +127,9 @@ def check_job_id_free(spec: specs.JobSpec, resume: bool, runner: str = "local") 
     if spec.job_dir and not resume and records.used_in_job_dir(spec.job_dir, spec.job_id):
         raise UsageError(f"job id {spec.job_id!r} is already used in {spec.job_dir}; pick "
                          "another job id, or pass --resume to continue that job")
-    try:
-        old = records.load(spec.job_id)
-    except UsageError:
+    old = _recorded(spec.job_id)
+    if old is None:
         return
-    old.refuse_if_running()
     if not (resume and old.job_dir and old.job_dir == spec.job_dir
             and old.runner == runner):
         # job ids are unique, as in a gcloud project: the index entry is never replaced
@@ -142,6 +138,17 @@ def check_job_id_free(spec: specs.JobSpec, resume: bool, runner: str = "local") 
         raise UsageError(f"job id {spec.job_id!r} already exists ({old.state}, job dir "
                          f"{old.job_dir or 'none'}, runner {old.runner}); pick another "
                          f"job id{again}")
+
+
+def _recorded(job_id: str) -> records.JobRecord | None:
+    """The local index's record of a job id a submission asks for (None: the id is
+    new), refused in one line while its job still runs, whatever the kind."""
+    try:
+        old = records.load(job_id)
+    except UsageError:
+        return None
+    old.refuse_if_running()
+    return old
 
 
 def runner_for(record: records.JobRecord) -> Runner:
