@@ -61,6 +61,9 @@ setup(
             # the gRPC port's HTTP/2 outside the GIL (--grpc_native_front)
             "pygrpc-native>=0.5,<0.6",  # predict.grpc_front reads its dispatcher's calls
             "grpcio-health-checking>=1.60",  # grpc.health.v1 on the gRPC port
+            # small calls run by TensorFlow Lite's interpreter (--compile_small_calls;
+            # predict.compiled), TensorFlow's own tf.lite.Interpreter being deprecated
+            "ai-edge-litert>=2.3,<3",
             "protobuf>=6.31.1",         # the vendored protos' runtime (protoc 31.1)
         ],
         # TensorFlow is an extra: on this machine `cpu` installs it; on a cluster the

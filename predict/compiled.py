@@ -1,26 +1,40 @@
-"""Small calls of a served signature, compiled with XLA (`--compile_small_calls`).
+"""Small calls of a served signature, compiled (`--compile_small_calls`).
 
 A small model's call at one instance is mostly TensorFlow's executor stepping through
-the graph one op at a time (some 100 us for the 17 ops of the bundled MLP, against 36 us
-for the same graph compiled into one XLA executable). For each input shape that comes
-back (seen twice) and whose call took under SMALL_CALL_S, the signature is compiled
-for exactly that shape in the background, on one thread; until it is ready, and for
-every other shape, calls go through TensorFlow's executor as before.
+the graph one op at a time (some 100 us for the 17 ops of the bundled MLP) and the
+eager runtime around it (tensors made from the arrays, the kernel looked up): code
+that runs slower still between requests than back to back, its caches gone cold. For
+each input shape that comes back (seen twice) and whose call took under SMALL_CALL_S,
+the signature is compiled for exactly that shape in the background, on one thread;
+until it is ready, and for every other shape, calls go through TensorFlow's executor
+as before. Two compilers, the first that answers right is kept:
+
+- TensorFlow Lite (`ai-edge-litert`'s interpreter on the signature converted once to
+  TensorFlow Lite's built-in ops, one interpreter of one thread for each shape): the
+  arrays go in and out as they are, no tensors made, some 20 us for the bundled MLP
+  back to back and 25-50 us between requests (TF Serving serves TensorFlow Lite
+  models too, `--prefer_tflite_model`). Not for a signature that needs ops outside
+  TensorFlow Lite's built-in ones, nor for one past LITE_MAX_BYTES converted;
+- XLA (the signature compiled with `jit_compile` into one executable, called through
+  the eager runtime: 36 us back to back).
 
 A compiled call is used only after it answered the request that asked for it as the
 executor did: same dtypes and shapes, integers, booleans and strings equal, floats
-within RTOL/ATOL (XLA fuses ops, so the last bits of a float can differ, as they do
-between batch sizes); otherwise, or when XLA cannot compile the graph (strings, ops
-without an XLA kernel), the signature is left to the executor for good, with one log
-line. Large calls are never compiled: their time is the kernels', not the executor's,
-and compiling a large graph costs seconds of CPU beside the requests. Nor are the
-batches predict.batching merges from several requests (`Model.predict_merged`): their
-row counts are many, and a compile for each cost a fresh server seconds of CPU.
+within RTOL/ATOL (both compilers fuse ops, so the last bits of a float can differ, as
+they do between batch sizes); otherwise, or when neither can compile the graph
+(strings, ops without a kernel there), the signature is left to the executor for good,
+with one log line. TensorFlow Lite that answers otherwise, or is slower than the
+executor was, leaves the signature to XLA. Large calls are never compiled: their time
+is the kernels', not the executor's, and compiling a large graph costs seconds of CPU
+beside the requests. Nor are the batches predict.batching merges from several requests
+(`Model.predict_merged`): their row counts are many, and a compile for each cost a
+fresh server seconds of CPU.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -32,6 +46,10 @@ MAX_ROWS = 64          # nor are batches of more rows
 MAX_SHAPES = 8         # shapes compiled per signature at most
 MAX_COUNTED = 64       # shapes counted per signature at most (the counts stay small)
 RTOL, ATOL = 1e-4, 1e-6
+LITE_MAX_BYTES = 64 * 1024 * 1024  # a larger converted model is XLA's (an interpreter
+#                                    a shape, each with the weights laid out its way)
+LITE_SLOWER = 1.5      # TensorFlow Lite this many times the executor's call: XLA's
+LITE = "TensorFlow Lite"
 
 _compiler: ThreadPoolExecutor | None = None
 _compiler_lock = threading.Lock()
@@ -57,19 +75,28 @@ class CompiledCalls:
     """The compiled calls of one signature function, by input shapes.
 
     `fn` is the signature's ConcreteFunction, `names` its inputs in the order the
-    tensors are given, `outputs` the output names a call answers (the executor's
-    call's keys). `call(key)` -> a compiled call or None; `seen(key, tensors, answer,
-    seconds)` after an executor call (may start a compile)."""
+    arrays are given, `tensor_of` for each the maker of its eager tensor from an array
+    (predict.model), `outputs` the output names a call answers (the executor's call's
+    keys), `owner` what keeps fn's variables alive (the loaded SavedModel). `call(key)`
+    -> a compiled call (a list of arrays of the signature's dtypes -> {output name:
+    array}) or None; `seen(key, tensors, answer, seconds)` after an executor call (may
+    start a compile)."""
 
-    def __init__(self, fn, names: list, outputs: list, label: str):
+    def __init__(self, fn, names: list, outputs: list, label: str, *,
+                 tensor_of: list | None = None, owner=None):
         self._fn = fn
         self._names = list(names)
+        self._tensor_of = tensor_of
+        self._owner = owner
         self._outputs = sorted(outputs)
         self._label = label
         self._calls: dict = {}      # shape key -> compiled call
         self._counts: dict = {}     # shape key -> executor calls seen
         self._lock = threading.Lock()
         self.off: str | None = None  # why this signature is left to the executor
+        self.lite_off: str | None = None  # why TensorFlow Lite is not used for it
+        self._lite_model: bytes | None = None  # the signature converted, once
+        self.engines: dict = {}     # shape key -> LITE or "XLA"
         self._small_call_s = SMALL_CALL_S
 
     def call(self, key):
@@ -87,29 +114,106 @@ class CompiledCalls:
             if count != 2 or len(self._calls) >= MAX_SHAPES:
                 return
         want = {name: value.numpy() for name, value in answer.items()}
-        _background(lambda: self._compile(key, list(tensors), want))
+        arrays = [t.numpy() for t in tensors]
+        _background(lambda: self._compile(key, arrays, want, seconds))
 
     def failed(self, exc: BaseException) -> None:
         """A compiled call raised where the executor answered: the executor's for good."""
         self._stop(f"a compiled call failed ({_first_line(exc)})")
 
-    def _compile(self, key, tensors: list, want: dict) -> None:
+    def _compile(self, key, arrays: list, want: dict, seconds: float = 0.0) -> None:
         if self.off is not None:
             return
-        try:
-            call = self._build(tensors)
-            got = {name: value.numpy() for name, value in call(tensors).items()}
-        except Exception as exc:  # XLA refuses many graphs; the executor keeps them
-            self._stop(f"XLA cannot compile it ({_first_line(exc)})")
+        lite_off = self.lite_off
+        if lite_off is None:
+            call = self._try(LITE, self._build_lite, arrays, want)
+            if isinstance(call, str):
+                lite_off = call
+            else:
+                took = _best_of(call, arrays)
+                if not seconds or took <= seconds * LITE_SLOWER:
+                    self._keep(key, call, LITE)
+                    return
+                lite_off = (f"{took * 1e6:.0f} us a call against the executor's "
+                            f"{seconds * 1e6:.0f}")
+        call = self._try("XLA", self._build, arrays, want)
+        if isinstance(call, str):  # one line says why neither
+            self._stop(f"{call}; {LITE}: {lite_off}" if lite_off else call)
             return
+        if self.lite_off is None and lite_off is not None:
+            self.lite_off = lite_off  # one line says why XLA
+            log.info("%s: small calls are compiled with XLA, not %s: %s", self._label,
+                     LITE, lite_off)
+        self._keep(key, call, "XLA")
+
+    def _try(self, engine: str, build, arrays: list, want: dict):
+        """build(arrays) checked against the executor's answer: the call, or why not."""
+        try:
+            call = build(arrays)
+            got = call(arrays)
+        except Exception as exc:  # both refuse many graphs; the executor keeps them
+            verb = "cannot convert it" if engine == LITE else "cannot compile it"
+            return f"{engine} {verb} ({_first_line(exc)})"
         differs = _difference(want, got)
         if differs:
-            self._stop(f"the compiled call answered {differs}")
-            return
-        self._calls[key] = call
-        log.debug("%s: compiled for input shapes %s", self._label, key)
+            return f"the compiled call answered {differs}" if engine == "XLA" \
+                else f"it answered {differs}"
+        return call
 
-    def _build(self, tensors: list):
+    def _keep(self, key, call, engine: str) -> None:
+        if self.off is None:
+            self._calls[key] = call
+            self.engines[key] = engine
+            log.debug("%s: compiled with %s for input shapes %s", self._label, engine, key)
+
+    def _build_lite(self, arrays: list):
+        """One TensorFlow Lite interpreter (one thread) sized for these arrays' shapes."""
+        try:
+            from ai_edge_litert.interpreter import Interpreter
+        except ImportError:
+            raise RuntimeError("ai-edge-litert is not installed") from None
+        if self._lite_model is None:
+            import tensorflow as tf
+            converter = tf.lite.TFLiteConverter.from_concrete_functions(
+                [self._fn], self._owner)
+            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+            model = converter.convert()
+            if len(model) > LITE_MAX_BYTES:
+                raise RuntimeError(f"converted, it is {len(model) >> 20} MB, past "
+                                   f"{LITE_MAX_BYTES >> 20} MB")
+            self._lite_model = model
+        interpreter = Interpreter(model_content=self._lite_model, num_threads=1)
+        signatures = interpreter.get_signature_list()
+        if len(signatures) != 1:
+            raise RuntimeError(f"converted, it has {len(signatures)} signatures")
+        runner = interpreter.get_signature_runner(next(iter(signatures)))
+        ins, outs = runner.get_input_details(), runner.get_output_details()
+        del runner  # it holds the interpreter, which refuses a resize while anything does
+        if sorted(ins) != sorted(self._names) or sorted(outs) != self._outputs:
+            raise RuntimeError("its inputs or outputs are not the signature's")
+        # the converted model's only graph is its signature's: its tensor indices are
+        # the interpreter's own
+        places = [(ins[name]["index"], np.dtype(ins[name]["dtype"])) for name in self._names]
+        for (index, _), array in zip(places, arrays, strict=True):
+            interpreter.resize_tensor_input(index, array.shape, strict=True)
+        interpreter.allocate_tensors()
+        answers = [(name, outs[name]["index"]) for name in self._outputs]
+        set_tensor, get_tensor, invoke = (interpreter.set_tensor, interpreter.get_tensor,
+                                          interpreter.invoke)
+        lock = threading.Lock()  # an interpreter answers one call at a time
+
+        def call(inputs: list) -> dict:
+            with lock:
+                for (index, dtype), array in zip(places, inputs, strict=True):
+                    set_tensor(index, array if array.dtype == dtype else
+                               np.asarray(array, dtype))
+                invoke()  # without the GIL
+                return {name: get_tensor(index) for name, index in answers}
+        call.keep = interpreter  # type: ignore[attr-defined]
+        return call
+
+    def _build(self, arrays: list):
+        """The signature compiled with XLA for these arrays' shapes."""
         import tensorflow as tf
         from tensorflow.python.eager import context
 
@@ -117,8 +221,7 @@ class CompiledCalls:
         compiled = tf.function(lambda *args: fn(**dict(zip(names, args, strict=True))),
                                jit_compile=True, autograph=False)
         concrete = compiled.get_concrete_function(
-            *[tf.TensorSpec(t.shape, t.dtype) for t in tensors])
-        concrete(*tensors)  # the first call compiles it and registers it with the runtime
+            *[tf.TensorSpec(a.shape, tf.as_dtype(a.dtype)) for a in arrays])
         structured = concrete.structured_outputs
         if not isinstance(structured, dict) or sorted(structured) != self._outputs:
             raise ValueError("its outputs are not the signature's")
@@ -129,18 +232,31 @@ class CompiledCalls:
         if count != len(outputs):
             raise ValueError("its outputs are not the signature's")
         call_function = context.context().call_function
+        tensor_of = self._tensor_of or [tf.constant] * len(names)
 
         def call(inputs: list) -> dict:
-            return dict(zip(outputs, call_function(name, inputs + captured, count),
-                            strict=True))
-        # the runtime forgets a function once its Python objects are collected
+            tensors = [make(a) for make, a in zip(tensor_of, inputs, strict=True)]
+            return {name: value.numpy() for name, value in zip(
+                outputs, call_function(name, tensors + captured, count), strict=True)}
+        # the first call compiles it and registers it with the runtime, and the runtime
+        # forgets a function once its Python objects are collected
         call.keep = (compiled, concrete, atomic)  # type: ignore[attr-defined]
         return call
 
     def _stop(self, why: str) -> None:
         self.off = why
         self._calls.clear()
+        self.engines.clear()
         log.info("%s: small calls are left to TensorFlow's executor: %s", self._label, why)
+
+
+def _best_of(call, arrays: list, times: int = 3) -> float:
+    best = float("inf")
+    for _ in range(times):
+        began = time.perf_counter()
+        call(arrays)
+        best = min(best, time.perf_counter() - began)
+    return best
 
 
 # Ops that change state or draw random numbers: a signature holding one is never
@@ -191,4 +307,5 @@ def _first_line(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:200]
 
 
-__all__ = ["CompiledCalls", "drain", "state_changes", "SMALL_CALL_S", "MAX_ROWS", "MAX_SHAPES"]
+__all__ = ["CompiledCalls", "drain", "state_changes", "SMALL_CALL_S", "MAX_ROWS", "MAX_SHAPES",
+           "LITE"]

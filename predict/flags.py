@@ -123,11 +123,12 @@ OURS = [
          "a parameters file", ours=True, low=1),
     Flag("batch_timeout_micros", int, None, "ours: likewise batch_timeout_micros",
          ours=True),
-    Flag("compile_small_calls", bool, True, "ours: compile a signature with XLA for an "
-         "input shape seen twice whose call took under 2 ms (small models and batches, "
-         "where TensorFlow's per-op overhead is most of the call); in the background, "
-         "used once it answered as TensorFlow did (floats within 1e-4); false: "
-         "TensorFlow's executor only", ours=True),
+    Flag("compile_small_calls", bool, True, "ours: compile a signature for an input "
+         "shape seen twice whose call took under 2 ms (small models and batches, where "
+         "TensorFlow's per-op overhead is most of the call): TensorFlow Lite's "
+         "interpreter where the graph converts to its built-in ops, else XLA; in the "
+         "background, used once it answered as TensorFlow did (floats within 1e-4); "
+         "false: TensorFlow's executor only", ours=True),
     Flag("grpc_native_front", bool, True, "ours: the gRPC port's HTTP/2 and gRPC work "
          "in Rust threads outside the GIL (pygrpc-native), the servicers in Python as "
          "before; false: grpcio's own server", ours=True),

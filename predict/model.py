@@ -129,8 +129,8 @@ class SavedModel(Model):
         super().__init__(source, signatures)
 
     def compile_small_calls(self) -> None:
-        """Let small calls of every signature with numeric inputs be compiled with
-        XLA (predict.compiled; the server's --compile_small_calls)."""
+        """Let small calls of every signature with numeric inputs be compiled
+        (predict.compiled; the server's --compile_small_calls)."""
         from predict.compiled import CompiledCalls, state_changes
         for name, flat in self._flat.items():
             sig = self.signatures[name]
@@ -142,7 +142,8 @@ class SavedModel(Model):
                 continue
             self._compiled[name] = CompiledCalls(
                 fn, [n for n, _ in flat[0]], list(fn.structured_outputs),
-                f"{self.source} signature {name}")
+                f"{self.source} signature {name}", tensor_of=[t for _, t in flat[0]],
+                owner=self._loaded)
 
     def predict(self, batch: dict, signature_name: str | None = None) -> dict:
         return self._predict(batch, signature_name, compile_shape=True)
@@ -162,22 +163,23 @@ class SavedModel(Model):
         flat = self._flat[sig.name]
         if flat is not None:  # the callers checked names, dtypes and shapes already
             order, call = flat
-            tensors = [tensor(batch[name]) for name, tensor in order]
             compiled = self._compiled.get(sig.name) if compile_shape else None
             if compiled is None:
-                out = call(tensors)
+                out = call([tensor(batch[name]) for name, tensor in order])
             else:
                 key = tuple(getattr(batch[name], "shape", None) for name, _ in order)
                 fast = compiled.call(key)
                 if fast is not None:
-                    try:
-                        out = fast(tensors)
+                    try:  # arrays in, arrays out
+                        answer = fast([batch[name] for name, _ in order])
                     except Exception as exc:  # the executor answers (or says why)
-                        out = call(tensors)
                         compiled.failed(exc)  # it could, the compiled call not
-                else:
-                    began = time.perf_counter()
-                    out = call(tensors)
+                    else:
+                        return {name: answer[name] for name in sig.outputs}
+                tensors = [tensor(batch[name]) for name, tensor in order]
+                began = time.perf_counter()
+                out = call(tensors)
+                if fast is None:
                     compiled.seen(key, tensors, out, time.perf_counter() - began)
         else:
             args = {name: tf.convert_to_tensor(batch[name], dtype=info.dtype)

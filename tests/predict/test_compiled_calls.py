@@ -1,9 +1,12 @@
-"""Small calls compiled with XLA (predict.compiled, the server's --compile_small_calls):
-a shape seen twice is compiled in the background and then answers, within the
-tolerance, as TensorFlow's executor did, for the bundled export and for a user's Keras
-model (preprocessing layer, custom layer, two outputs); graphs XLA cannot compile,
-answers that differ, large calls and large batches stay with the executor."""
+"""Small calls compiled (predict.compiled, the server's --compile_small_calls): a shape
+seen twice is compiled in the background, by TensorFlow Lite's interpreter where the
+graph converts and otherwise by XLA, and then answers, within the tolerance, as
+TensorFlow's executor did, for the bundled export and for users' Keras models
+(preprocessing layer, custom layer, two outputs; convolutions); a graph TensorFlow
+Lite cannot run, answers otherwise or more slowly goes to XLA; graphs neither can
+compile, answers that differ, large calls and large batches stay with the executor."""
 import logging
+import sys
 
 import keras
 import numpy as np
@@ -83,6 +86,7 @@ def test_a_user_models_shape_seen_twice_is_compiled_and_answers_the_same(user_ex
     for answer in _twice_then_compiled(model, batch):
         _close(answer, _executor_answer(path, batch))
     assert calls.off is None and calls.call(((rows, 6),)) is not None
+    assert calls.engines == {((rows, 6),): compiled.LITE} and calls.lite_off is None
     other = {"features": data[50:50 + rows]}  # new values through the compiled call
     _close(model.predict(other), _executor_answer(path, other))
     assert calls.call(((rows + 1, 6),)) is None  # only the shape seen twice
@@ -95,12 +99,13 @@ def test_the_bundled_exports_compiled_call_keeps_the_key_and_classes(bundled_exp
     _twice_then_compiled(model, batch)
     calls = model._compiled["serving_default"]
     fast = calls.call(((3, 784), (3,)))
-    assert fast is not None
-    tensors = [tf.constant(batch[n]) for n in calls._names]
-    got = {k: v.numpy() for k, v in fast(tensors).items()}
+    assert fast is not None and calls.engines[((3, 784), (3,))] == compiled.LITE
+    got = fast([batch[n] for n in calls._names])  # arrays in, arrays out
     want = _executor_answer(bundled_export, batch)
     _close(got, want)
     assert got["key"].tolist() == [7, 8, 9]
+    other = {"image": images(3, seed=9), "key": np.array([1, 2, 3], np.int64)}
+    _close(model.predict(other), _executor_answer(bundled_export, other))
 
 
 def test_a_shape_seen_once_or_a_large_batch_or_a_slow_call_is_not_compiled(user_export,
@@ -132,7 +137,7 @@ def test_the_server_flag_turns_it_off_and_local_predictions_never_compile(user_e
         .compile_small_calls is False
 
 
-def test_a_graph_xla_cannot_compile_stays_with_the_executor(tmp_path, caplog):
+def test_a_graph_neither_can_compile_stays_with_the_executor(tmp_path, caplog):
     class Described(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32, name="x")])
         def serve(self, x):
@@ -147,27 +152,110 @@ def test_a_graph_xla_cannot_compile_stays_with_the_executor(tmp_path, caplog):
         answers.append(model.predict(batch))
     calls = model._compiled["serving_default"]
     assert calls.off is not None and calls.off.startswith("XLA cannot compile it")
+    assert "; TensorFlow Lite: TensorFlow Lite cannot convert it" in calls.off
     assert [a["total"].tolist() for a in answers] == [[3.5]] * 3
     assert answers[-1]["text"].tolist() == [[b"1.500000", b"2.000000"]]
     lines = [r.getMessage() for r in caplog.records if r.name == "predict.compiled"]
     assert len(lines) == 1 and "left to TensorFlow's executor" in lines[0]
 
 
+def test_a_graph_tensorflow_lite_cannot_run_is_compiled_with_xla(tmp_path, caplog):
+    """A cumulative product has no TensorFlow Lite built-in op; XLA compiles it."""
+    class Products(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
+        def serve(self, x):
+            return {"y": tf.math.cumprod(x, axis=1)}
+
+    module = Products()
+    tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": module.serve})
+    model = _served(str(tmp_path))
+    batch = {"x": np.array([[1.5, 2.0, 3.0]], np.float32)}
+    with caplog.at_level(logging.INFO, logger="predict.compiled"):
+        _twice_then_compiled(model, batch)
+    calls = model._compiled["serving_default"]
+    assert calls.off is None and calls.engines == {((1, 3),): "XLA"}
+    assert calls.lite_off.startswith("TensorFlow Lite cannot convert it")
+    np.testing.assert_allclose(model.predict(batch)["y"], [[1.5, 3.0, 9.0]])
+    lines = [r.getMessage() for r in caplog.records if r.name == "predict.compiled"]
+    assert len(lines) == 1 and "compiled with XLA, not TensorFlow Lite" in lines[0]
+
+
+def test_tensorflow_lite_answering_otherwise_or_slower_or_missing_leaves_it_to_xla(
+        user_export, monkeypatch):
+    path, data = user_export
+    batch = {"features": data[:2]}
+    model = _served(path)
+    calls = model._compiled["serving_default"]
+    build = calls._build_lite
+
+    def off_by_a_little(arrays):
+        call = build(arrays)
+        return lambda inputs: {k: v * 1.001 if v.dtype.kind == "f" else v
+                               for k, v in call(inputs).items()}
+    monkeypatch.setattr(calls, "_build_lite", off_by_a_little)
+    _twice_then_compiled(model, batch)
+    assert calls.engines == {((2, 6),): "XLA"} and "off by up to" in calls.lite_off
+    _close(model.predict(batch), _executor_answer(path, batch))
+    _twice_then_compiled(model, {"features": data[:3]})  # the signature's, every shape
+    assert calls.engines[((3, 6),)] == "XLA"
+
+    model = _served(path)
+    calls = model._compiled["serving_default"]
+    monkeypatch.setattr(compiled, "LITE_SLOWER", 0.0)  # any call is slower than that
+    _twice_then_compiled(model, batch)
+    assert calls.engines == {((2, 6),): "XLA"}
+    assert "a call against the executor's" in calls.lite_off
+
+    for module in ("ai_edge_litert", "ai_edge_litert.interpreter"):  # not installed
+        monkeypatch.setitem(sys.modules, module, None)
+    model = _served(path)
+    calls = model._compiled["serving_default"]
+    _twice_then_compiled(model, batch)
+    assert calls.engines == {((2, 6),): "XLA"}
+    assert calls.lite_off == "TensorFlow Lite cannot convert it (ai-edge-litert is not " \
+                             "installed)"
+    _close(model.predict(batch), _executor_answer(path, batch))
+
+
+def test_a_keras_convolutional_model_runs_on_tensorflow_lite(tmp_path):
+    """keras.io's MNIST convnet: rescaling, convolutions, pooling, dropout."""
+    model = keras.Sequential([
+        keras.Input((28, 28, 1), name="pixels"),
+        keras.layers.Rescaling(1 / 255),
+        keras.layers.Conv2D(8, 3, activation="relu"),
+        keras.layers.MaxPooling2D(2),
+        keras.layers.Conv2D(16, 3, activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dropout(0.5),
+        keras.layers.Dense(10, activation="softmax")])
+    path = str(tmp_path / "model")
+    model.export(path, format="tf_saved_model", verbose=False)
+    served = _served(path)
+    pixels = np.random.default_rng(5).integers(0, 256, (2, 28, 28, 1)).astype("float32")
+    batch = {"pixels": pixels}
+    _twice_then_compiled(served, batch)
+    calls = served._compiled["serving_default"]
+    assert calls.engines == {((2, 28, 28, 1),): compiled.LITE}, calls.lite_off
+    other = {"pixels": pixels[::-1].copy()}
+    _close(served.predict(other), _executor_answer(path, other))
+
+
 def test_a_compiled_call_that_answers_otherwise_is_never_used(user_export, monkeypatch):
     path, data = user_export
     model = _served(path)
     calls = model._compiled["serving_default"]
-    build = calls._build
+    for name in ("_build_lite", "_build"):
+        build = getattr(calls, name)
 
-    def off_by_a_little(tensors):
-        call = build(tensors)
-        return lambda inputs: {k: v * 1.001 if v.dtype.is_floating else v
-                               for k, v in call(inputs).items()}
-    monkeypatch.setattr(calls, "_build", off_by_a_little)
+        def off_by_a_little(arrays, build=build):
+            call = build(arrays)
+            return lambda inputs: {k: v * 1.001 if v.dtype.kind == "f" else v
+                                   for k, v in call(inputs).items()}
+        monkeypatch.setattr(calls, name, off_by_a_little)
     batch = {"features": data[:2]}
     _twice_then_compiled(model, batch)
     assert calls.off is not None and "off by up to" in calls.off
-    assert calls.call(((2, 6),)) is None
+    assert calls.call(((2, 6),)) is None and calls.engines == {}
     _close(model.predict(batch), _executor_answer(path, batch))
 
 
