@@ -16,6 +16,15 @@ largest with their first element's value (TF Serving's rule); without it such re
 run in separate calls. A request larger than `max_batch_size` runs alone (TF Serving
 refuses it). A queue's threads end after IDLE_S without work, so an unloaded version is
 not kept alive by them.
+
+With `--batch_when_idle` (ours) a batch does not wait out `batch_timeout_micros` for
+requests that are not there (`Arrivals`): the server counts each predict request from
+when it is read until it joins a queue (or is answered without one), and once none is
+on its way to any queue the thread of the request that arrived last runs what waits in
+its queue (no batcher thread between), the other queues' threads run theirs. TF
+Serving waits the whole timeout even at one client (3 ms a request at
+`batch_timeout_micros=2000`, where the call takes 0.1); under load requests keep
+coming and batches fill or time out as before.
 """
 from __future__ import annotations
 
@@ -56,6 +65,56 @@ class _Batch:
         self.closed = False
 
 
+class Arrivals:
+    """The server's predict requests on their way to a batch queue: `coming()` as a
+    request is read (any thread), `carry()` on the thread that will decode it and call
+    the model, `gone()` on that thread after its answer; a Batcher told of them counts a
+    request as arrived when it joins a queue, and runs a batch early once none is
+    coming."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.count = 0
+        self._local = threading.local()
+        self._batchers: list = []
+
+    def coming(self) -> None:
+        with self._lock:
+            self.count += 1
+
+    def carry(self) -> None:
+        self._local.carrying = True
+
+    def arrived(self) -> bool:
+        """The request this thread carries joined a queue (under its lock): True when
+        it was the last one coming."""
+        if getattr(self._local, "carrying", False):
+            self._local.carrying = False
+            with self._lock:
+                self.count -= 1
+                return self.count == 0
+        return False
+
+    def gone(self) -> None:
+        """The request this thread carried was answered; if it never joined a queue and
+        was the last one coming, the open batches need not wait for it."""
+        if getattr(self._local, "carrying", False):
+            self._local.carrying = False
+            with self._lock:
+                self.count -= 1
+                last = self.count == 0
+            if last:
+                self.wake()
+
+    def wake(self) -> None:
+        for batcher in list(self._batchers):
+            batcher.wake()
+
+    def watch(self, batcher: "Batcher") -> None:
+        with self._lock:
+            self._batchers.append(batcher)
+
+
 class _Queue:
     def __init__(self):
         self.batches: collections.deque = collections.deque()
@@ -65,7 +124,8 @@ class _Queue:
 
 class Batcher:
     def __init__(self, params: BatchingParameters | None = None, *, metrics=None,
-                 max_batch_size: int | None = None, timeout_s: float | None = None):
+                 max_batch_size: int | None = None, timeout_s: float | None = None,
+                 arrivals: Arrivals | None = None):
         params = params or BatchingParameters()
         if max_batch_size is not None:
             params = _replace(params, max_batch_size=max_batch_size)
@@ -78,6 +138,9 @@ class Batcher:
         self._lock = threading.Lock()
         self._queues: dict = {}  # (model name, version, signature) -> _Queue
         self._stopped = False
+        self.arrivals = arrivals
+        if arrivals is not None:
+            arrivals.watch(self)
 
     def wrap(self, model, model_name: str, version: int = 0) -> "BatchedModel":
         return BatchedModel(self, model, model_name, version)
@@ -89,18 +152,29 @@ class Batcher:
             return model.predict(batch, signature_name)
         item = _Item(batch, rows)
         key = (model_name, version, signature_name)
+        last, ready = False, []
         with self._lock:
             work = self._queues.get(key)
             if work is None:
                 work = self._queues[key] = _Queue()
             with work.cond:
                 self._enqueue(work, item)
-                if work.threads < self.params.num_batch_threads:
+                if self.arrivals is not None:
+                    last = self.arrivals.arrived()
+                if last:  # nothing else is coming: this thread runs what waits here
+                    while work.batches:
+                        ready.append(work.batches.popleft())
+                        ready[-1].closed = True
+                elif work.threads < self.params.num_batch_threads:
                     work.threads += 1
                     threading.Thread(target=self._worker, args=(key, work, model,
                                                                 model_name, signature_name),
                                      name="batcher", daemon=True).start()
                 work.cond.notify()
+        if last and self.arrivals is not None:  # nor need the other queues' batches
+            self.arrivals.wake()
+        for ready_batch in ready:
+            self._run(model, model_name, signature_name, ready_batch.items, ready_batch.rows)
         item.done.wait()
         if item.error is not None:
             raise item.error
@@ -131,7 +205,8 @@ class Batcher:
                     if first is not None:
                         due = first.opened + self.timeout_s
                         if first.closed or first.rows >= self.max_batch_size or now >= due \
-                                or len(work.batches) > 1:
+                                or len(work.batches) > 1 or (
+                                    self.arrivals is not None and self.arrivals.count == 0):
                             batch = work.batches.popleft()
                             batch.closed = True
                             break
@@ -182,6 +257,14 @@ class Batcher:
             for item in items:
                 item.done.set()
 
+    def wake(self) -> None:
+        """Every queue's threads look again at their open batch (Arrivals.gone)."""
+        with self._lock:
+            queues = list(self._queues.values())
+        for work in queues:
+            with work.cond:
+                work.cond.notify_all()
+
     def stop(self) -> None:
         self._stopped = True
 
@@ -222,9 +305,11 @@ class PerModelBatchers:
     one without it is not batched; only num_batch_threads comes from the global
     parameters. Each version's file is read once, at its first request."""
 
-    def __init__(self, common: BatchingParameters, *, metrics=None):
+    def __init__(self, common: BatchingParameters, *, metrics=None,
+                 arrivals: Arrivals | None = None):
         self.common = common
         self.metrics = metrics
+        self.arrivals = arrivals
         self._lock = threading.Lock()
         self._by_source: dict = {}  # the version's URL -> Batcher, or None: no file
 
@@ -245,7 +330,7 @@ class PerModelBatchers:
             return None
         params = protos.read_batching(url, self.common.num_batch_threads)
         params = _replace(params, num_batch_threads=self.common.num_batch_threads)
-        return Batcher(params, metrics=self.metrics)
+        return Batcher(params, metrics=self.metrics, arrivals=self.arrivals)
 
     def wrap(self, model, model_name: str, version: int = 0):
         batcher = self.batcher_for(model.source)
@@ -279,4 +364,4 @@ class BatchedModel:
                                      self._version)
 
 
-__all__ = ["Batcher", "BatchedModel", "PerModelBatchers", "Unavailable"]
+__all__ = ["Arrivals", "Batcher", "BatchedModel", "PerModelBatchers", "Unavailable"]

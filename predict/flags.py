@@ -123,6 +123,9 @@ OURS = [
          "a parameters file", ours=True, low=1),
     Flag("batch_timeout_micros", int, None, "ours: likewise batch_timeout_micros",
          ours=True),
+    Flag("batch_when_idle", bool, False, "ours: with --enable_batching, run a batch as "
+         "soon as no other request is on its way to a batch queue, not after the whole "
+         "batch_timeout_micros (TF Serving waits it out even at one client)", ours=True),
     Flag("compile_small_calls", bool, True, "ours: compile a signature for an input "
          "shape seen twice whose call took under 2 ms (small models and batches, where "
          "TensorFlow's per-op overhead is most of the call): TensorFlow Lite's "
@@ -330,6 +333,8 @@ def _check(values: dict, given: set) -> None:
         raise UsageError("--batching_parameters_file needs --enable_batching")
     if values["enable_per_model_batching_parameters"] and not values["enable_batching"]:
         raise UsageError("--enable_per_model_batching_parameters needs --enable_batching")
+    if values["batch_when_idle"] and not values["enable_batching"]:
+        raise UsageError("--batch_when_idle needs --enable_batching")
 
 
 class HelpRequested(Exception):

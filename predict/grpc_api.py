@@ -130,6 +130,10 @@ class GrpcApi:
         else:
             name = request.model_spec.name
         code, message = grpc.StatusCode.OK, ""
+        arrivals = getattr(self.service.batcher, "arrivals", None)
+        if arrivals is not None:  # on its way to a batch queue (predict.batching)
+            arrivals.coming()
+            arrivals.carry()
         try:
             response = fn(request)
             self._log(api, name, request, response)
@@ -144,6 +148,8 @@ class GrpcApi:
             log.exception("gRPC %s failed", api)
             code, message = grpc.StatusCode.INTERNAL, "internal error; see the server's log"
         finally:
+            if arrivals is not None:
+                arrivals.gone()
             if metrics is not None and name in self.service.repository.models:
                 metrics.request(name, api, "GRPC", _CODE_NAMES.get(code, code.name),
                                 time.perf_counter() - start)

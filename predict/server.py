@@ -201,12 +201,20 @@ class PredictionService:
                 raise self._timeout()
             return answer
 
+        arrivals = getattr(self.batcher, "arrivals", None)
+        if arrivals is not None:  # on its way to a batch queue, from now
+            arrivals.coming()
+
         def timed():
             began = time.perf_counter()
+            if arrivals is not None:
+                arrivals.carry()
             try:
                 return fn(*args)
             finally:
                 self._recent[name] = time.perf_counter() - began
+                if arrivals is not None:
+                    arrivals.gone()
 
         future = asyncio.get_running_loop().run_in_executor(self.pool, timed)
         future.add_done_callback(self._release)

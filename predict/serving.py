@@ -109,9 +109,10 @@ def _run(options) -> None:
             import dataclasses
             params = dataclasses.replace(params, **changes)
             protos.check_batching(params, "--max_batch_size/--batch_timeout_micros")
-        batcher = (batching.PerModelBatchers(params, metrics=registry)
+        arrivals = batching.Arrivals() if options.batch_when_idle else None
+        batcher = (batching.PerModelBatchers(params, metrics=registry, arrivals=arrivals)
                    if options.enable_per_model_batching_parameters
-                   else batching.Batcher(params, metrics=registry))
+                   else batching.Batcher(params, metrics=registry, arrivals=arrivals))
     warm = warmup.replayer(options.num_request_iterations_for_warmup,
                            options.max_instances) if options.enable_model_warmup else None
     load_options = versions.LoadOptions(
