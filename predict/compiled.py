@@ -59,7 +59,7 @@ def _background(job) -> None:
     global _compiler
     with _compiler_lock:
         if _compiler is None:
-            _compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xla-compile")
+            _compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="small-calls-compile")
     _compiler.submit(job)
 
 
