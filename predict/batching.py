@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -76,7 +77,7 @@ class Arrivals:
         self._lock = threading.Lock()
         self.count = 0
         self._local = threading.local()
-        self._batchers: list = []
+        self._batchers: weakref.WeakSet = weakref.WeakSet()  # a swapped-out version's go
 
     def coming(self) -> None:
         with self._lock:
@@ -107,12 +108,14 @@ class Arrivals:
                 self.wake()
 
     def wake(self) -> None:
-        for batcher in list(self._batchers):
+        with self._lock:
+            batchers = list(self._batchers)
+        for batcher in batchers:
             batcher.wake()
 
     def watch(self, batcher: "Batcher") -> None:
         with self._lock:
-            self._batchers.append(batcher)
+            self._batchers.add(batcher)
 
 
 class _Queue:
