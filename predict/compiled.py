@@ -96,11 +96,15 @@ class CompiledCalls:
         self.off: str | None = None  # why this signature is left to the executor
         self.lite_off: str | None = None  # why TensorFlow Lite is not used for it
         self._lite_model: bytes | None = None  # the signature converted, once
-        self.engines: dict = {}     # shape key -> LITE or "XLA"
         self._small_call_s = SMALL_CALL_S
 
     def call(self, key):
         return self._calls.get(key)
+
+    @property
+    def engines(self) -> dict:
+        """shape key -> LITE or "XLA", of the compiled calls."""
+        return {key: getattr(call, "engine", None) for key, call in list(self._calls.items())}
 
     def seen(self, key, tensors: list, answer: dict, seconds: float) -> None:
         if self.off is not None or seconds > self._small_call_s or not key or \
@@ -162,8 +166,8 @@ class CompiledCalls:
 
     def _keep(self, key, call, engine: str) -> None:
         if self.off is None:
+            call.engine = engine
             self._calls[key] = call
-            self.engines[key] = engine
             log.debug("%s: compiled with %s for input shapes %s", self._label, engine, key)
 
     def _build_lite(self, arrays: list):
@@ -246,7 +250,6 @@ class CompiledCalls:
     def _stop(self, why: str) -> None:
         self.off = why
         self._calls.clear()
-        self.engines.clear()
         log.info("%s: small calls are left to TensorFlow's executor: %s", self._label, why)
 
 
