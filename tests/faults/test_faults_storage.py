@@ -19,6 +19,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -75,6 +76,14 @@ class Emulator:
                                        in_memory=False, cwd=self.workdir)
 
     def stop(self):
+        # It rewrites its whole index (.meta) in place after each change, and a SIGTERM
+        # mid-write leaves a file it cannot read back at the next start. It serves one
+        # request at a time, so once it answers this one, no earlier request is still
+        # writing (one it is still reading from a frozen client writes nothing).
+        try:
+            urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=2).read()
+        except OSError:
+            pass
         self.reaper.stop(self.proc)
 
 

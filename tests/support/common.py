@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -50,21 +51,26 @@ def start_gcs_emulator(popen, port: int, bucket: str, *, in_memory: bool = True,
         time.sleep(0.2)
     args = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
             "--port", str(port), "--default-bucket", bucket, "-q"]
-    proc = popen(args + (["--in-memory"] if in_memory else []), cwd=cwd,
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/storage/v1/b", timeout=1).read()
-            return proc
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                status = proc.poll()
-                stop_process(proc)
-                raise RuntimeError(
-                    f"the GCS emulator did not answer on 127.0.0.1:{port} in 30 s"
-                    + (f" (it exited with status {status})" if status is not None
-                       else "")) from None
-            time.sleep(0.1)
+    with tempfile.TemporaryFile() as log:
+        proc = popen(args + (["--in-memory"] if in_memory else []), cwd=cwd,
+                     stdout=subprocess.DEVNULL, stderr=log)
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/storage/v1/b",
+                                       timeout=1).read()
+                return proc
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    status = proc.poll()
+                    stop_process(proc)
+                    log.seek(0)
+                    said = log.read().decode(errors="replace").strip().splitlines()
+                    why = [f"it exited with status {status}"] if status is not None else []
+                    why += said[-1:]
+                    raise RuntimeError(
+                        f"the GCS emulator did not answer on 127.0.0.1:{port} in 30 s"
+                        + (f" ({': '.join(why)})" if why else "")) from None
+                time.sleep(0.1)
 
 
 def _bindable(port: int) -> bool:
