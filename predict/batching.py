@@ -17,11 +17,16 @@ run in separate calls. A request larger than `max_batch_size` runs alone (TF Ser
 refuses it). A queue's threads end after IDLE_S without work, so an unloaded version is
 not kept alive by them.
 
+A caller that must not block (the REST event loop) puts its request in the queue with
+`enqueue` and is called back from the thread that ran the batch; every other caller
+waits in `predict`.
+
 With `--batch_when_idle` (ours) a batch does not wait out `batch_timeout_micros` for
-requests that are not there (`Arrivals`): the server counts each predict request from
-when it is read until it joins a queue (or is answered without one), and once none is
-on its way to any queue the thread of the request that arrived last runs what waits in
-its queue (no batcher thread between), the other queues' threads run theirs. TF
+requests that are not there (`Arrivals`): the server counts each predict request a
+pool thread carries from when it is read until it joins a queue (or is answered
+without one; a REST :predict queued from the event loop joins as it is read), and once
+none is on its way to any queue the thread of the request that arrived last runs what
+waits in its queue (no batcher thread between), the other queues' threads run theirs. TF
 Serving waits the whole timeout even at one client (3 ms a request at
 `batch_timeout_micros=2000`, where the call takes 0.1); under load requests keep
 coming and batches fill or time out as before.
@@ -46,12 +51,13 @@ class Unavailable(PredictError):
 
 
 class _Item:
-    __slots__ = ("batch", "rows", "done", "result", "error")
+    __slots__ = ("batch", "rows", "done", "on_done", "result", "error")
 
-    def __init__(self, batch: dict, rows: int):
+    def __init__(self, batch: dict, rows: int, on_done=None):
         self.batch = batch
         self.rows = rows
-        self.done = threading.Event()
+        self.on_done = on_done  # called with the item once answered, else done is set
+        self.done = threading.Event() if on_done is None else None
         self.result: dict | None = None
         self.error: BaseException | None = None
 
@@ -154,6 +160,33 @@ class Batcher:
         if rows >= self.max_batch_size or self._stopped:
             return model.predict(batch, signature_name)
         item = _Item(batch, rows)
+        for ready in self._put(item, model, model_name, signature_name, version):
+            self._run(model, model_name, signature_name, ready.items, ready.rows)
+        assert item.done is not None
+        item.done.wait()
+        if item.error is not None:
+            raise item.error
+        assert item.result is not None  # the worker sets a result or an error
+        return item.result
+
+    def enqueue(self, model, model_name: str, batch: dict, signature_name: str,
+                version: int, on_done) -> bool:
+        """predict() without waiting, for a caller that must not block (the REST event
+        loop): the request joins its queue and on_done(item) is called, on the thread
+        that ran its batch, once item.result or item.error is set. False, and nothing
+        queued, for a request predict() would not batch (the caller calls the model).
+        Unavailable when the queue is full."""
+        rows = len(next(iter(batch.values())))
+        if rows >= self.max_batch_size or self._stopped:
+            return False
+        self._put(_Item(batch, rows, on_done), model, model_name, signature_name, version)
+        return True
+
+    def _put(self, item: _Item, model, model_name: str, signature_name: str,
+             version: int) -> list:
+        """item into its queue, a batcher thread started or told; -> the batches this
+        thread is to run itself (with --batch_when_idle, when its request was the last
+        one coming)."""
         key = (model_name, version, signature_name)
         last, ready = False, []
         with self._lock:
@@ -162,7 +195,7 @@ class Batcher:
                 work = self._queues[key] = _Queue()
             with work.cond:
                 self._enqueue(work, item)
-                if self.arrivals is not None:
+                if self.arrivals is not None and item.on_done is None:
                     last = self.arrivals.arrived()
                 if last:  # nothing else is coming: this thread runs what waits here
                     while work.batches:
@@ -176,13 +209,7 @@ class Batcher:
                 work.cond.notify()
         if last and self.arrivals is not None:  # nor need the other queues' batches
             self.arrivals.wake()
-        for ready_batch in ready:
-            self._run(model, model_name, signature_name, ready_batch.items, ready_batch.rows)
-        item.done.wait()
-        if item.error is not None:
-            raise item.error
-        assert item.result is not None  # the worker sets a result or an error
-        return item.result
+        return ready
 
     def _enqueue(self, work: _Queue, item: _Item) -> None:
         last = work.batches[-1] if work.batches else None
@@ -258,7 +285,10 @@ class Batcher:
                 item.error = exc
         finally:
             for item in items:
-                item.done.set()
+                if item.on_done is not None:
+                    item.on_done(item)
+                else:
+                    item.done.set()
 
     def wake(self) -> None:
         """Every queue's threads look again at their open batch (Arrivals.gone)."""
@@ -365,6 +395,12 @@ class BatchedModel:
         sig = self._model.signature(signature_name)
         return self._batcher.predict(self._model, self._name, batch, sig.name,
                                      self._version)
+
+    def enqueue(self, batch: dict, signature_name: str, on_done) -> bool:
+        """Batcher.enqueue for this model's version (signature_name as the signature
+        has it)."""
+        return self._batcher.enqueue(self._model, self._name, batch, signature_name,
+                                     self._version, on_done)
 
 
 __all__ = ["Arrivals", "Batcher", "BatchedModel", "PerModelBatchers", "Unavailable"]

@@ -28,16 +28,30 @@ def decode_labelled(labelled, sig: Signature) -> list:
 def predict_rows(model: Model, decoded: list, sig: Signature) -> list:
     """Decoded instances -> one JSON-able prediction per instance, in order (one model
     call for all of them); an instance sent without its key is answered without it."""
-    outputs = model.predict(decode.stack(decoded, sig), sig.name)
-    return decode.encode_rows(outputs, [decode.KEYLESS in d for d in decoded],
-                              decode.passthrough_key(sig))
+    batch, finish = rows_call(decoded, sig)
+    return finish(model.predict(batch, sig.name))
+
+
+def rows_call(decoded: list, sig: Signature) -> tuple:
+    """predict_rows in two halves, for a caller that calls the model its own way:
+    (the batch to call it with, finish(outputs) -> the predictions)."""
+    keyless = [decode.KEYLESS in d for d in decoded]
+    passthrough = decode.passthrough_key(sig)
+    return decode.stack(decoded, sig), \
+        lambda outputs: decode.encode_rows(outputs, keyless, passthrough)
 
 
 def predict_columns(model: Model, batch: dict, sig: Signature):
     """A decoded columnar batch -> TF Serving's columnar `outputs` (no key output when
     the request sent no key)."""
-    outputs = model.predict(batch, sig.name)
-    return decode.encode_columns(outputs, decode.shown_outputs(outputs, batch, sig))
+    return columns_finish(batch, sig)(model.predict(batch, sig.name))
 
 
-__all__ = ["decode_labelled", "predict_rows", "predict_columns"]
+def columns_finish(batch: dict, sig: Signature):
+    """predict_columns' second half: finish(outputs) -> the `outputs`."""
+    return lambda outputs: decode.encode_columns(
+        outputs, decode.shown_outputs(outputs, batch, sig))
+
+
+__all__ = ["decode_labelled", "predict_rows", "rows_call", "predict_columns",
+           "columns_finish"]

@@ -17,7 +17,10 @@ a version goes to the highest available one. Each request's JSON decoding, check
 model call and encoding run in a thread pool, so the event loop keeps accepting and
 reading requests while TensorFlow works (a signature call releases the GIL); a small
 request while no other is being answered runs on the event loop itself, which saves
-the two thread switches that are a tenth of a small model's request (`_in_pool`). The
+the two thread switches that are a tenth of a small model's request (`_in_pool`); with
+batching on, a small :predict is decoded on the event loop and waits in its batch
+queue there, the answers handed back by the thread that ran the batch
+(`_predict_queued`). The
 version a request started with stays loaded until it has answered. Bodies are counted
 while they are read and refused with 413 past --max-body-bytes: the rest is drained,
 not kept, so the client still gets the answer.
@@ -25,6 +28,7 @@ not kept, so the client still gets the answer.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import re
 import time
@@ -32,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from predict import decode, inference, loop, request_log
-from predict.batching import Unavailable
+from predict.batching import BatchedModel, Unavailable
 from predict.errors import InputError, InstanceError, UsageError, clip
 from predict.instances import parse_json_bytes
 from predict.rest_http import ClientDisconnect, Request, dumps
@@ -86,6 +90,8 @@ class PredictionService:
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="predict")
         self._busy = 0  # requests between _in_pool's start and their call's end
         self._recent: dict = {}  # model name -> seconds its last call took
+        self._answers: collections.deque = collections.deque()  # (future, batched item)
+        self._answers_due = False  # the loop is woken to settle them
 
     async def handle(self, request: Request) -> tuple:
         """-> (status, body, headers, content type); with CORS on, the API's answers
@@ -156,6 +162,10 @@ class PredictionService:
             api, fn = verbs[rest]
             if timer is not None:
                 timer.api = api
+            if rest == ":predict" and self.batcher is not None and \
+                    len(body) <= INLINE_BYTES and \
+                    getattr(served.config, "logging", None) is None:
+                return 200, await self._predict_queued(body, served, version, label)
             return 200, await self._in_pool(len(body), served.name, fn, body, served,
                                              version, label)
         if rest is not None and rest.startswith(":"):
@@ -222,6 +232,51 @@ class PredictionService:
             return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except asyncio.TimeoutError:
             raise self._timeout() from None
+
+    async def _predict_queued(self, raw: bytes, served: ServedModel,
+                              version: int | None, label: str | None) -> bytes:
+        """A small :predict with batching on, on the event loop: its body parsed and
+        decoded here, then put in its batch queue while the loop goes on reading; the
+        thread that runs the batch hands every answer back to the loop. No pool thread
+        waits out a request's batch, so a request costs two thread switches a batch,
+        not four of its own (a model whose requests are logged goes through the pool)."""
+        body = _parse_body(raw)
+        with self._answering():
+            with served.use(version, label) as (number, model):
+                batched = self._batched(model, served, number)
+                sig, batch, finish = self._predict_call(body, batched)
+                outputs = await self._queued(batched, batch, sig.name)
+                return dumps(finish(outputs))
+
+    async def _queued(self, model, batch: dict, signature: str) -> dict:
+        running = asyncio.get_running_loop()
+        waiter = running.create_future()
+        waiter.add_done_callback(_retrieved)
+
+        def answered(item) -> None:  # on the thread that ran the batch
+            self._answers.append((waiter, item))
+            if not self._answers_due:  # one wake of the loop for a batch's answers
+                self._answers_due = True
+                try:
+                    running.call_soon_threadsafe(self._settle_answers)
+                except RuntimeError:  # the loop closed: the server is stopping
+                    pass
+        if isinstance(model, BatchedModel) and model.enqueue(batch, signature, answered):
+            future = waiter
+        else:  # not batched (its version, its size): the pool calls it
+            future = running.run_in_executor(self.pool, model.predict, batch, signature)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise self._timeout() from None
+
+    def _settle_answers(self) -> None:
+        """The batched requests' answers into their futures, on the loop (the flag is
+        cleared first: an answer added meanwhile is taken here or wakes it again)."""
+        self._answers_due = False
+        answers = self._answers
+        while answers:
+            _settle(*answers.popleft())
 
     def _release(self, _future) -> None:
         self._busy -= 1
@@ -347,6 +402,12 @@ class PredictionService:
             self.batcher.wrap(model, served.name, version)
 
     def predict(self, body, model) -> dict:
+        sig, batch, finish = self._predict_call(body, model)
+        return finish(model.predict(batch, sig.name))
+
+    def _predict_call(self, body, model) -> tuple:
+        """A :predict body checked and decoded: (signature, batch, finish(outputs) ->
+        the answer's JSON-able object)."""
         if not isinstance(body, dict):
             raise InputError("request", "must be a JSON object with \"instances\" or "
                                         "\"inputs\"")
@@ -368,13 +429,15 @@ class PredictionService:
             self._check_count(len(instances))
             decoded = loop.decode_labelled(
                 ((f"instance {i}", x) for i, x in enumerate(instances)), sig)
-            return {"predictions": loop.predict_rows(model, decoded, sig)}
+            batch, finish = loop.rows_call(decoded, sig)
+            return sig, batch, lambda outputs: {"predictions": finish(outputs)}
         try:
             batch = decode.decode_columns(body["inputs"], sig)
         except InstanceError as exc:
             raise InputError("inputs", str(exc)) from None
         self._check_count(next(iter(batch.values())).shape[0])
-        return {"outputs": loop.predict_columns(model, batch, sig)}
+        finish = loop.columns_finish(batch, sig)
+        return sig, batch, lambda outputs: {"outputs": finish(outputs)}
 
     def _check_count(self, count: int) -> None:
         if count > self.max_instances:
@@ -387,6 +450,21 @@ class PredictionService:
             return {"model_spec": {"name": served.name, "signature_name": "",
                                    "version": str(number)},
                     "metadata": {"signature_def": {"signature_def": signature_defs(model)}}}
+
+
+def _settle(future: asyncio.Future, item) -> None:
+    """A batched request's answer (predict.batching's item) into its future."""
+    if not future.done():
+        if item.error is not None:
+            future.set_exception(item.error)
+        else:
+            future.set_result(item.result)
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """An error nobody awaits any more (the request timed out) is not reported again."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _parse_body(raw: bytes):

@@ -323,14 +323,44 @@ def test_a_compiled_call_that_fails_leaves_the_request_to_the_executor(user_expo
     assert calls.call(((2, 6),)) is None
 
 
-def test_batches_merged_by_the_batcher_are_never_compiled(user_export):
-    """With --enable_batching a merged batch holds as many rows as the queue had, one
-    count of many: compiling each count cost a fresh server seconds of CPU beside the
-    requests. The requests' own shape is compiled; the merged calls stay with the
-    executor and answer each request its own rows."""
+def _merged_rounds(model, data, rounds: int, offset: int = 0) -> list:
+    """Four clients at once through a batcher, `rounds` times: [(row, answer)]."""
     import threading
 
     from predict import batching
+    batcher = batching.Batcher(max_batch_size=8, timeout_s=0.2)
+    wrapped = batcher.wrap(model, "m")
+    answers: dict = {}
+    start = threading.Barrier(4)
+
+    def client(i):
+        for round_ in range(rounds):
+            start.wait()
+            at = offset + 10 * i + round_
+            answers[i, round_] = (data[at:at + 1], wrapped.predict({"features":
+                                                                    data[at:at + 1]}))
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return list(answers.values())
+
+
+def _each_its_own_rows(path, rows: list) -> None:
+    want = _executor_answer(path, {"features": np.concatenate([row for row, _ in rows])})
+    for i, (_, answer) in enumerate(rows):
+        _close(answer, {name: value[i:i + 1] for name, value in want.items()})
+
+
+def test_merged_batches_run_on_tensorflow_lite_once_their_row_count_answered_right(
+        user_export):
+    """With --enable_batching a merged batch holds as many rows as the queue had, one
+    count of many: XLA compiling each count cost a fresh server seconds of CPU, so
+    merged batches are never XLA's. A row count's first merged batch is the executor's
+    and is checked on TensorFlow Lite (one interpreter resized to each count); once it
+    answered as the executor did, that count's merged batches run there, each request
+    answered its own rows."""
     path, data = user_export
     model = _served(path)
     calls = model._compiled["serving_default"]
@@ -341,26 +371,51 @@ def test_batches_merged_by_the_batcher_are_never_compiled(user_export):
         merged.append(len(batch["features"]))
         return predict_merged(batch, signature_name)
     model.predict_merged = counted
-    batcher = batching.Batcher(max_batch_size=8, timeout_s=0.2)
-    wrapped = batcher.wrap(model, "m")
-    answers: dict = {}
-    start = threading.Barrier(4)
-
-    def client(i):
-        for round_ in range(3):
-            start.wait()
-            row = data[10 * i + round_:10 * i + round_ + 1]
-            answers[i, round_] = (row, wrapped.predict({"features": row}))
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    _twice_then_compiled(model, {"features": data[:1]})  # a request's own shape
+    first = _merged_rounds(model, data, 3)
+    compiled.drain()
     assert merged and max(merged) > 1  # requests were merged
-    assert calls.off is None and calls.call(((1, 6),)) is not None
-    assert all(key[0][0] == 1 for key in calls._counts), calls._counts
-    rows = list(answers.values())
-    want = _executor_answer(path, {"features": np.concatenate([row for row, _ in rows])})
-    for i, (_, answer) in enumerate(rows):
-        _close(answer, {name: value[i:i + 1] for name, value in want.items()})
+    assert all(key[0][0] == 1 for key in calls._counts), calls._counts  # never XLA's
+    assert calls._merged_ok and all(key[0][0] > 1 for key in calls._merged_ok)
+    _each_its_own_rows(path, first)
+
+    lite = calls._merged_call
+    used = []
+
+    def watched(inputs):
+        used.append(len(inputs[0]))
+        return lite(inputs)
+    calls._merged_call = watched
+    merged.clear()
+    ok = {key[0][0] for key in calls._merged_ok}
+    second = _merged_rounds(model, data, 3, offset=100)
+    assert [n for n in used if n in ok] == [n for n in merged if n in ok]
+    assert any(n in ok for n in used)
+    _each_its_own_rows(path, second)
+    assert calls.off is None and calls.merged_off is None
+
+
+def test_merged_batches_tensorflow_lite_answers_otherwise_or_more_slowly_stay_executors(
+        user_export, monkeypatch):
+    path, data = user_export
+    model = _served(path)
+    calls = model._compiled["serving_default"]
+    build = calls._build_lite
+
+    def off_by_a_little(arrays, resizes=False):
+        call = build(arrays, resizes)
+        return lambda inputs: {k: v * 1.001 if v.dtype.kind == "f" else v
+                               for k, v in call(inputs).items()}
+    monkeypatch.setattr(calls, "_build_lite", off_by_a_little)
+    rows = _merged_rounds(model, data, 2)
+    compiled.drain()
+    assert "off by up to" in calls.merged_off and not calls._merged_ok
+    _each_its_own_rows(path, rows)
+    _each_its_own_rows(path, _merged_rounds(model, data, 2, offset=100))
+
+    model = _served(path)
+    calls = model._compiled["serving_default"]
+    monkeypatch.setattr(compiled, "_best_of", lambda call, arrays: float("inf"))
+    _merged_rounds(model, data, 2)
+    compiled.drain()
+    assert calls._merged_tried and not calls._merged_ok and calls.merged_off is None
+    assert calls.merged(next(iter(calls._merged_tried))) is None
