@@ -19,7 +19,15 @@ not kept alive by them.
 
 A caller that must not block (the REST event loop) puts its request in the queue with
 `enqueue` and is called back from the thread that ran the batch; every other caller
-waits in `predict`.
+waits in `predict`. Once a queue's last batch ran within LOOP_S (a small model, or
+merged batches on TensorFlow Lite), a batch the loop opens is timed and run by the loop
+itself (its timers have a millisecond's grain, as TF Serving's batch threads, which
+look again every millisecond): a batcher thread waking for it and taking the GIL from
+the loop cost some twenty thread switches a batch, as much CPU as the requests'
+decoding. A thread's request that joins such a batch is answered by the loop's run; a
+batch that runs longer sends the next ones back to the threads. Of a queue's threads,
+one at a time waits out the first batch's timeout; the others wake when a batch opens
+or fills up.
 
 With `--batch_when_idle` (ours) a batch does not wait out `batch_timeout_micros` for
 requests that are not there (`Arrivals`): the server counts each predict request a
@@ -44,6 +52,7 @@ from predict.errors import PredictError
 from predict.protos import BatchingParameters
 
 IDLE_S = 5.0
+LOOP_S = 0.001  # a queue whose last batch ran within this runs an event loop's on it
 
 
 class Unavailable(PredictError):
@@ -51,25 +60,27 @@ class Unavailable(PredictError):
 
 
 class _Item:
-    __slots__ = ("batch", "rows", "done", "on_done", "result", "error")
+    __slots__ = ("batch", "rows", "done", "on_done", "loop", "result", "error")
 
-    def __init__(self, batch: dict, rows: int, on_done=None):
+    def __init__(self, batch: dict, rows: int, on_done=None, loop=None):
         self.batch = batch
         self.rows = rows
         self.on_done = on_done  # called with the item once answered, else done is set
+        self.loop = loop  # the event loop that queued it, which may run its batch
         self.done = threading.Event() if on_done is None else None
         self.result: dict | None = None
         self.error: BaseException | None = None
 
 
 class _Batch:
-    __slots__ = ("items", "rows", "opened", "closed")
+    __slots__ = ("items", "rows", "opened", "closed", "on_loop")
 
     def __init__(self, item: _Item):
         self.items = [item]
         self.rows = item.rows
         self.opened = time.monotonic()
         self.closed = False
+        self.on_loop = False  # timed and run by the event loop that opened it
 
 
 class Arrivals:
@@ -129,6 +140,8 @@ class _Queue:
         self.batches: collections.deque = collections.deque()
         self.cond = threading.Condition()
         self.threads = 0
+        self.recent: float | None = None  # seconds the last batch's run took
+        self.timer: int | None = None  # the thread waiting for the first batch's timeout
 
 
 class Batcher:
@@ -170,16 +183,19 @@ class Batcher:
         return item.result
 
     def enqueue(self, model, model_name: str, batch: dict, signature_name: str,
-                version: int, on_done) -> bool:
+                version: int, on_done, loop=None) -> bool:
         """predict() without waiting, for a caller that must not block (the REST event
         loop): the request joins its queue and on_done(item) is called, on the thread
-        that ran its batch, once item.result or item.error is set. False, and nothing
-        queued, for a request predict() would not batch (the caller calls the model).
-        Unavailable when the queue is full."""
+        that ran its batch, once item.result or item.error is set. When the queue's
+        last batch ran within LOOP_S, a due batch holding a request of `loop` is run by
+        that loop (module docstring). False, and nothing queued, for a request predict()
+        would not batch (the caller calls the model). Unavailable when the queue is
+        full."""
         rows = len(next(iter(batch.values())))
         if rows >= self.max_batch_size or self._stopped:
             return False
-        self._put(_Item(batch, rows, on_done), model, model_name, signature_name, version)
+        self._put(_Item(batch, rows, on_done, loop), model, model_name, signature_name,
+                  version)
         return True
 
     def _put(self, item: _Item, model, model_name: str, signature_name: str,
@@ -194,7 +210,11 @@ class Batcher:
             if work is None:
                 work = self._queues[key] = _Queue()
             with work.cond:
-                self._enqueue(work, item)
+                wake = self._enqueue(work, item) or self.arrivals is not None
+                if item.loop is not None and work.recent is not None and \
+                        work.recent <= LOOP_S:  # its loop times and runs the batch
+                    self._on_loop_soon(work, item, model, model_name, signature_name)
+                    return []
                 if self.arrivals is not None and item.on_done is None:
                     last = self.arrivals.arrived()
                 if last:  # nothing else is coming: this thread runs what waits here
@@ -206,32 +226,42 @@ class Batcher:
                     threading.Thread(target=self._worker, args=(key, work, model,
                                                                 model_name, signature_name),
                                      name="batcher", daemon=True).start()
-                work.cond.notify()
+                if wake:
+                    work.cond.notify()
         if last and self.arrivals is not None:  # nor need the other queues' batches
             self.arrivals.wake()
         return ready
 
-    def _enqueue(self, work: _Queue, item: _Item) -> None:
+    def _enqueue(self, work: _Queue, item: _Item) -> bool:
+        """item into the open batch, or a new one; -> whether a batcher thread must look
+        again (a batch opened or filled up: one waiting out a timeout need not)."""
         last = work.batches[-1] if work.batches else None
         if last is not None and not last.closed and \
                 last.rows + item.rows <= self.max_batch_size and _fits(last, item, self.params):
             last.items.append(item)
             last.rows += item.rows
-            return
+            return last.rows >= self.max_batch_size
         if len(work.batches) >= self.params.max_enqueued_batches:
             raise Unavailable(f"the batch queue is full ({self.params.max_enqueued_batches} "
                               "batches waiting, max_enqueued_batches); retry later")
         if last is not None:
             last.closed = True
         work.batches.append(_Batch(item))
+        return True
 
     def _worker(self, key, work: _Queue, model, model_name: str, signature: str):
+        me = threading.get_ident()
         while True:
             with work.cond:
                 idle_until = time.monotonic() + IDLE_S
                 while True:
                     first = work.batches[0] if work.batches else None
                     now = time.monotonic()
+                    if first is not None and first.on_loop:  # the loop's to run
+                        if work.timer == me:
+                            work.timer = None
+                        work.cond.wait(IDLE_S)
+                        continue
                     if first is not None:
                         due = first.opened + self.timeout_s
                         if first.closed or first.rows >= self.max_batch_size or now >= due \
@@ -239,9 +269,20 @@ class Batcher:
                                     self.arrivals is not None and self.arrivals.count == 0):
                             batch = work.batches.popleft()
                             batch.closed = True
+                            if work.timer == me:  # another thread times the next one
+                                work.timer = None
+                                if work.batches:
+                                    work.cond.notify()
                             break
-                        work.cond.wait(due - now)
-                    elif now >= idle_until:
+                        if work.timer in (None, me):  # one thread waits out the timeout
+                            work.timer = me
+                            work.cond.wait(due - now)
+                        else:  # the others wake when a batch opens or fills up
+                            work.cond.wait(IDLE_S)
+                        continue
+                    if work.timer == me:  # no batch to time
+                        work.timer = None
+                    if now >= idle_until:
                         batch = None
                         break
                     else:
@@ -254,9 +295,56 @@ class Batcher:
                             del self._queues[key]
                         return
                 continue
-            self._run(model, model_name, signature, batch.items, batch.rows)
+            self._run(model, model_name, signature, batch.items, batch.rows, work)
 
-    def _run(self, model, model_name: str, signature: str, items: list, rows: int) -> None:
+    def _on_loop_soon(self, work: _Queue, item: _Item, model, model_name: str,
+                      signature: str) -> None:
+        """(under work.cond) item, from an event loop, just joined work's last batch: a
+        batch it opened is timed on the loop, one ready now is run there soon."""
+        loop, last = item.loop, work.batches[-1]
+        args = (work, model, model_name, signature, loop)
+        if len(work.batches) > 1 or last.rows >= self.max_batch_size or (
+                self.arrivals is not None and self.arrivals.count == 0):
+            loop.call_soon(self._on_loop, None, *args)
+        if last.items[0] is item:
+            last.on_loop = True
+            loop.call_later(self.timeout_s, self._on_loop, last, *args)
+
+    def _on_loop(self, timed: _Batch | None, work: _Queue, model, model_name: str,
+                 signature: str, loop) -> None:
+        """On the event loop, at `timed`'s timeout (or at once when a batch filled up or
+        was closed): run the batches at the queue's head that are ready, as a batcher
+        thread would; a timer that came early (the loop's clock has a millisecond's
+        grain) comes back when `timed` is due."""
+        while True:
+            with work.cond:
+                first = work.batches[0] if work.batches else None
+                if first is None:
+                    return
+                now = time.monotonic()
+                if not (first.closed or first.rows >= self.max_batch_size or
+                        now >= first.opened + self.timeout_s or len(work.batches) > 1 or
+                        (self.arrivals is not None and self.arrivals.count == 0)):
+                    if timed is not None and first is timed:
+                        loop.call_later(first.opened + self.timeout_s - now, self._on_loop,
+                                        timed, work, model, model_name, signature, loop)
+                    return
+                batch = work.batches.popleft()
+                batch.closed = True
+                if not batch.on_loop:  # a thread's batch: let it know the head moved
+                    work.cond.notify()
+            self._run(model, model_name, signature, batch.items, batch.rows, work)
+
+    def _run(self, model, model_name: str, signature: str, items: list, rows: int,
+             work: _Queue | None = None) -> None:
+        began = time.perf_counter()
+        try:
+            self._call(model, model_name, signature, items, rows)
+        finally:
+            if work is not None:
+                work.recent = time.perf_counter() - began
+
+    def _call(self, model, model_name: str, signature: str, items: list, rows: int) -> None:
         if self.metrics is not None:
             self.metrics.batch_size.labels(model_name).observe(rows)
         try:
@@ -396,11 +484,11 @@ class BatchedModel:
         return self._batcher.predict(self._model, self._name, batch, sig.name,
                                      self._version)
 
-    def enqueue(self, batch: dict, signature_name: str, on_done) -> bool:
+    def enqueue(self, batch: dict, signature_name: str, on_done, loop=None) -> bool:
         """Batcher.enqueue for this model's version (signature_name as the signature
         has it)."""
         return self._batcher.enqueue(self._model, self._name, batch, signature_name,
-                                     self._version, on_done)
+                                     self._version, on_done, loop)
 
 
 __all__ = ["Arrivals", "Batcher", "BatchedModel", "PerModelBatchers", "Unavailable"]

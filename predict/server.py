@@ -254,6 +254,9 @@ class PredictionService:
         waiter.add_done_callback(_retrieved)
 
         def answered(item) -> None:  # on the thread that ran the batch
+            if asyncio._get_running_loop() is running:  # the loop ran it
+                _settle(waiter, item)
+                return
             self._answers.append((waiter, item))
             if not self._answers_due:  # one wake of the loop for a batch's answers
                 self._answers_due = True
@@ -261,11 +264,16 @@ class PredictionService:
                     running.call_soon_threadsafe(self._settle_answers)
                 except RuntimeError:  # the loop closed: the server is stopping
                     pass
-        if isinstance(model, BatchedModel) and model.enqueue(batch, signature, answered):
-            future = waiter
-        else:  # not batched (its version, its size): the pool calls it
-            future = running.run_in_executor(self.pool, model.predict, batch, signature)
-        try:
+        if isinstance(model, BatchedModel) and model.enqueue(batch, signature, answered,
+                                                             running):
+            # past the timeout the client is answered 504 and the batch runs on its own
+            timer = running.call_later(self.timeout_s, _expire, waiter, self._timeout)
+            try:
+                return await waiter
+            finally:
+                timer.cancel()
+        future = running.run_in_executor(self.pool, model.predict, batch, signature)
+        try:  # not batched (its version, its size): the pool calls it
             return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except asyncio.TimeoutError:
             raise self._timeout() from None
@@ -459,6 +467,12 @@ def _settle(future: asyncio.Future, item) -> None:
             future.set_exception(item.error)
         else:
             future.set_result(item.result)
+
+
+def _expire(future: asyncio.Future, error) -> None:
+    """The request's timeout: error() into its future, unless answered already."""
+    if not future.done():
+        future.set_exception(error())
 
 
 def _retrieved(future: asyncio.Future) -> None:

@@ -29,17 +29,22 @@ class _Doubler:
     signatures = {"serving_default": None}
     source = "doubler"
 
-    def __init__(self, fail: BaseException | None = None):
+    def __init__(self, fail: BaseException | None = None, seconds: float = 0.0):
         self.calls: list = []
+        self.threads: list = []
         self.fail = fail
+        self.seconds = seconds
 
     def signature(self, name=None):
         return type("Sig", (), {"name": "serving_default"})()
 
     def predict(self, batch, signature_name=None):
         self.calls.append((threading.current_thread().name, len(batch["x"])))
+        self.threads.append(threading.get_ident())
         if self.fail is not None:
             raise self.fail
+        if self.seconds:
+            time.sleep(self.seconds)
         return {"y": batch["x"] * 2}
 
 
@@ -103,6 +108,95 @@ def test_a_queued_request_past_the_timeout_answers_504_and_the_batch_still_runs(
         while not model.calls and time.time() < deadline:
             time.sleep(0.02)
         assert model.calls == [("batcher", 1)]
+    finally:
+        service.pool.shutdown()
+
+
+def _on_loop(service, model, rows_each: list, also=None, run=asyncio.run) -> tuple:
+    """_ask on a loop whose thread is known: (answers, the loop's thread, seconds);
+    also(), if given, runs on another thread once the requests are queued."""
+    async def main():
+        loop_thread = threading.get_ident()
+        started = time.perf_counter()
+        asks = [asyncio.ensure_future(service._queued(model, {"x": np.array(rows)},
+                                                      "serving_default"))
+                for rows in rows_each]
+        await asyncio.sleep(0)  # every request queued
+        side = threading.Thread(target=also) if also is not None else None
+        if side is not None:
+            side.start()
+        answers = await asyncio.gather(*asks)
+        if side is not None:
+            await asyncio.get_running_loop().run_in_executor(None, side.join)
+        return answers, loop_thread, time.perf_counter() - started
+    return run(main())
+
+
+def test_once_a_queues_batches_run_fast_the_event_loop_times_and_runs_them():
+    """The first batch runs on a batcher thread; once it ran within LOOP_S, the batches
+    the loop opens wait out their timeout on the loop and run there (no thread switch
+    a batch), a batch that fills up at once; a thread's request that joins such a batch
+    is answered by the loop's run."""
+    batcher = batching.Batcher(max_batch_size=4, timeout_s=0.3)
+    service = _service(batcher)
+    model = _Doubler()
+    wrapped = batcher.wrap(model, "m")
+    try:
+        answers, loop_thread, _ = _on_loop(service, wrapped, [[1.0], [2.0]])
+        assert model.calls == [("batcher", 2)] and model.threads[-1] != loop_thread
+        answers, loop_thread, took = _on_loop(service, wrapped, [[3.0], [4.0]])
+        assert [a["y"].tolist() for a in answers] == [[6.0], [8.0]]
+        assert model.calls[-1][1] == 2 and model.threads[-1] == loop_thread
+        assert took >= 0.29  # it waited out its timeout
+        answers, loop_thread, took = _on_loop(service, wrapped, [[1.0], [2.0, 3.0, 4.0]])
+        assert model.calls[-1][1] == 4 and model.threads[-1] == loop_thread
+        assert took < 0.25  # full: at once
+        joined: dict = {}
+
+        def thread_request():
+            joined["answer"] = wrapped.predict({"x": np.array([5.0])})
+        answers, loop_thread, _ = _on_loop(service, wrapped, [[1.0]], also=thread_request)
+        assert joined["answer"]["y"].tolist() == [10.0]
+        assert model.calls[-1][1] == 2 and model.threads[-1] == loop_thread
+    finally:
+        service.pool.shutdown()
+
+
+def test_on_uvloop_whose_timers_have_a_millisecond_grain_no_batch_runs_early_or_never():
+    """The server's loop is uvloop's: a timer due in 50.4 ms may fire a millisecond
+    early, and the batch is then timed again, not run early nor left waiting."""
+    uvloop = pytest.importorskip("uvloop")
+    timeout = 0.0504
+    batcher = batching.Batcher(max_batch_size=8, timeout_s=timeout)
+    service = _service(batcher, timeout_s=2.0)
+    model = _Doubler()
+    wrapped = batcher.wrap(model, "m")
+    try:
+        _on_loop(service, wrapped, [[1.0]], run=uvloop.run)
+        for i in range(10):
+            answers, loop_thread, took = _on_loop(service, wrapped, [[float(i)]],
+                                                  run=uvloop.run)
+            assert answers[0]["y"].tolist() == [2.0 * i]
+            assert model.threads[-1] == loop_thread and took >= timeout
+    finally:
+        service.pool.shutdown()
+
+
+def test_a_slow_batch_sends_the_next_ones_back_to_the_batcher_threads():
+    batcher = batching.Batcher(max_batch_size=8, timeout_s=0.05)
+    service = _service(batcher)
+    model = _Doubler()
+    wrapped = batcher.wrap(model, "m")
+    try:
+        _on_loop(service, wrapped, [[1.0]])
+        _, loop_thread, _ = _on_loop(service, wrapped, [[1.0]])
+        assert model.threads[-1] == loop_thread
+        model.seconds = batching.LOOP_S * 5  # this one blocks the loop: the last there
+        _, loop_thread, _ = _on_loop(service, wrapped, [[1.0]])
+        assert model.threads[-1] == loop_thread
+        model.seconds = 0.0
+        _, loop_thread, _ = _on_loop(service, wrapped, [[1.0]])
+        assert model.calls[-1][0] == "batcher" and model.threads[-1] != loop_thread
     finally:
         service.pool.shutdown()
 
