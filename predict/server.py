@@ -20,7 +20,7 @@ request while no other is being answered runs on the event loop itself, which sa
 the two thread switches that are a tenth of a small model's request (`_in_pool`); with
 batching on, a small :predict is decoded on the event loop and waits in its batch
 queue there, the answers handed back by the thread that ran the batch
-(`_predict_queued`). The
+(`_predict_queued`, predict.queued). The
 version a request started with stays loaded until it has answered. Bodies are counted
 while they are read and refused with 413 past --max-body-bytes: the rest is drained,
 not kept, so the client still gets the answer.
@@ -28,7 +28,6 @@ not kept, so the client still gets the answer.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import re
 import time
@@ -36,9 +35,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from predict import decode, inference, loop, request_log
-from predict.batching import BatchedModel, Unavailable
+from predict.batching import Unavailable
 from predict.errors import InputError, InstanceError, UsageError, clip
 from predict.instances import parse_json_bytes
+from predict.queued import LoopAnswers
 from predict.rest_http import ClientDisconnect, Request, dumps
 from predict.repository import NotFoundError, Repository, ServedModel
 from predict.versions import MAX_VERSION
@@ -90,8 +90,7 @@ class PredictionService:
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="predict")
         self._busy = 0  # requests between _in_pool's start and their call's end
         self._recent: dict = {}  # model name -> seconds its last call took
-        self._answers: collections.deque = collections.deque()  # (future, batched item)
-        self._answers_due = False  # the loop is woken to settle them
+        self.answers = LoopAnswers()  # of the requests waiting in batch queues
 
     async def handle(self, request: Request) -> tuple:
         """-> (status, body, headers, content type); with CORS on, the API's answers
@@ -249,42 +248,8 @@ class PredictionService:
                 return dumps(finish(outputs))
 
     async def _queued(self, model, batch: dict, signature: str) -> dict:
-        running = asyncio.get_running_loop()
-        waiter = running.create_future()
-        waiter.add_done_callback(_retrieved)
-
-        def answered(item) -> None:  # on the thread that ran the batch
-            if asyncio._get_running_loop() is running:  # the loop ran it
-                _settle(waiter, item)
-                return
-            self._answers.append((waiter, item))
-            if not self._answers_due:  # one wake of the loop for a batch's answers
-                self._answers_due = True
-                try:
-                    running.call_soon_threadsafe(self._settle_answers)
-                except RuntimeError:  # the loop closed: the server is stopping
-                    pass
-        if isinstance(model, BatchedModel) and model.enqueue(batch, signature, answered,
-                                                             running):
-            # past the timeout the client is answered 504 and the batch runs on its own
-            timer = running.call_later(self.timeout_s, _expire, waiter, self._timeout)
-            try:
-                return await waiter
-            finally:
-                timer.cancel()
-        future = running.run_in_executor(self.pool, model.predict, batch, signature)
-        try:  # not batched (its version, its size): the pool calls it
-            return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
-        except asyncio.TimeoutError:
-            raise self._timeout() from None
-
-    def _settle_answers(self) -> None:
-        """The batched requests' answers into their futures, on the loop (the flag is
-        cleared first: an answer added meanwhile is taken here or wakes it again)."""
-        self._answers_due = False
-        answers = self._answers
-        while answers:
-            _settle(*answers.popleft())
+        return await self.answers.call(model, batch, signature, timeout_s=self.timeout_s,
+                                       timeout_error=self._timeout, pool=self.pool)
 
     def _release(self, _future) -> None:
         self._busy -= 1
@@ -458,27 +423,6 @@ class PredictionService:
             return {"model_spec": {"name": served.name, "signature_name": "",
                                    "version": str(number)},
                     "metadata": {"signature_def": {"signature_def": signature_defs(model)}}}
-
-
-def _settle(future: asyncio.Future, item) -> None:
-    """A batched request's answer (predict.batching's item) into its future."""
-    if not future.done():
-        if item.error is not None:
-            future.set_exception(item.error)
-        else:
-            future.set_result(item.result)
-
-
-def _expire(future: asyncio.Future, error) -> None:
-    """The request's timeout: error() into its future, unless answered already."""
-    if not future.done():
-        future.set_exception(error())
-
-
-def _retrieved(future: asyncio.Future) -> None:
-    """An error nobody awaits any more (the request timed out) is not reported again."""
-    if not future.cancelled():
-        future.exception()
 
 
 def _parse_body(raw: bytes):

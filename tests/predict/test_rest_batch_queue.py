@@ -73,7 +73,7 @@ def test_queued_requests_merge_without_pool_threads_and_each_gets_its_rows():
         service.pool.shutdown()
     assert [a["y"].tolist() for a in answers] == [[2.0], [4.0], [6.0, 8.0]]
     assert model.calls == [("batcher", 4)]  # one call, on the batch queue's thread
-    assert not service._answers and not service._answers_due
+    assert service.answers.idle()
 
 
 def test_not_batched_or_too_big_goes_to_the_pool_and_errors_reach_each_request():
