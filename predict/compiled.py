@@ -135,7 +135,8 @@ class CompiledCalls:
     def merged(self, key):
         """The compiled call for a batch predict.batching merged, of these shapes, or
         None."""
-        return self._merged_call if self.off is None and key in self._merged_ok else None
+        return self._merged_call if self.off is None and self.merged_off is None and \
+            key in self._merged_ok else None
 
     def merged_seen(self, key, tensors: list, answer: dict, seconds: float) -> None:
         """After the executor answered a merged batch: check TensorFlow Lite on it (in

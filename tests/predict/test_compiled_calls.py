@@ -323,15 +323,15 @@ def test_a_compiled_call_that_fails_leaves_the_request_to_the_executor(user_expo
     assert calls.call(((2, 6),)) is None
 
 
-def _merged_rounds(model, data, rounds: int, offset: int = 0) -> list:
-    """Four clients at once through a batcher, `rounds` times: [(row, answer)]."""
+def _merged_rounds(model, data, rounds: int, offset: int = 0, clients: int = 4) -> list:
+    """`clients` clients at once through a batcher, `rounds` times: [(row, answer)]."""
     import threading
 
     from predict import batching
     batcher = batching.Batcher(max_batch_size=8, timeout_s=0.2)
     wrapped = batcher.wrap(model, "m")
     answers: dict = {}
-    start = threading.Barrier(4)
+    start = threading.Barrier(clients)
 
     def client(i):
         for round_ in range(rounds):
@@ -339,7 +339,7 @@ def _merged_rounds(model, data, rounds: int, offset: int = 0) -> list:
             at = offset + 10 * i + round_
             answers[i, round_] = (data[at:at + 1], wrapped.predict({"features":
                                                                     data[at:at + 1]}))
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -391,6 +391,10 @@ def test_merged_batches_run_on_tensorflow_lite_once_their_row_count_answered_rig
     assert [n for n in used if n in ok] == [n for n in merged if n in ok]
     assert any(n in ok for n in used)
     _each_its_own_rows(path, second)
+    third = _merged_rounds(model, data, 3, offset=50, clients=2)  # another row count
+    compiled.drain()
+    _each_its_own_rows(path, third)
+    assert {((4, 6),), ((2, 6),)} <= calls._merged_ok, calls._merged_ok
     assert calls.off is None and calls.merged_off is None
 
 
@@ -411,6 +415,24 @@ def test_merged_batches_tensorflow_lite_answers_otherwise_or_more_slowly_stay_ex
     assert "off by up to" in calls.merged_off and not calls._merged_ok
     _each_its_own_rows(path, rows)
     _each_its_own_rows(path, _merged_rounds(model, data, 2, offset=100))
+
+    model = _served(path)  # a later row count that answers otherwise: none is used
+    calls = model._compiled["serving_default"]
+    wrong = []
+
+    def off_when_told(arrays, resizes=False):
+        call = build(arrays, resizes)
+        return lambda inputs: {k: v * 1.001 if v.dtype.kind == "f" and wrong else v
+                               for k, v in call(inputs).items()}
+    monkeypatch.setattr(calls, "_build_lite", off_when_told)
+    _merged_rounds(model, data, 2)
+    compiled.drain()
+    assert calls.merged(((4, 6),)) is not None
+    wrong.append(True)
+    _each_its_own_rows(path, _merged_rounds(model, data, 2, offset=100, clients=2))
+    compiled.drain()
+    assert "off by up to" in calls.merged_off
+    assert calls.merged(((4, 6),)) is None  # the counts checked before are left too
 
     model = _served(path)
     calls = model._compiled["serving_default"]
