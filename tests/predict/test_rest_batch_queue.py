@@ -259,3 +259,4 @@ def test_a_real_server_merges_rest_requests_with_one_pool_thread(tmp_path, reape
         kinds = [prediction_log_pb2.PredictionLog.FromString(r).WhichOneof("log_type")
                  for r in records.read_tfrecords(f)]
     assert kinds == ["predict_log"] * 8
+
