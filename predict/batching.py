@@ -331,8 +331,8 @@ class Batcher:
                     return
                 batch = work.batches.popleft()
                 batch.closed = True
-                if not batch.on_loop:  # a thread's batch: let it know the head moved
-                    work.cond.notify()
+                if not batch.on_loop or (work.batches and not work.batches[0].on_loop):
+                    work.cond.notify_all()  # the threads time a head that is theirs
             self._run(model, model_name, signature, batch.items, batch.rows, work)
 
     def _run(self, model, model_name: str, signature: str, items: list, rows: int,

@@ -131,6 +131,7 @@ OURS = [
          "TensorFlow's per-op overhead is most of the call): TensorFlow Lite's "
          "interpreter where the graph converts to its built-in ops, else XLA; in the "
          "background, used once it answered as TensorFlow did (floats within 1e-4); "
+         "with --enable_batching, merged batches on TensorFlow Lite alone; "
          "false: TensorFlow's executor only", ours=True),
     Flag("grpc_native_front", bool, True, "ours: the gRPC port's HTTP/2 and gRPC work "
          "in Rust threads outside the GIL (pygrpc-native), the servicers in Python as "

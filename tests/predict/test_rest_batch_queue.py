@@ -260,3 +260,29 @@ def test_a_real_server_merges_rest_requests_with_one_pool_thread(tmp_path, reape
                  for r in records.read_tfrecords(f)]
     assert kinds == ["predict_log"] * 8
 
+
+
+def test_a_threads_batch_behind_one_the_loop_runs_is_timed_by_the_threads():
+    """REST and gRPC requests share a queue: a loop's batch at the head, a gRPC
+    thread's batch behind it. Once the loop has run its own, the threads time and run
+    the one behind (at its timeout, not after their idle wait of seconds)."""
+    batcher = batching.Batcher(max_batch_size=3, timeout_s=0.2)
+    service = _service(batcher)
+    model = _Doubler()
+    wrapped = batcher.wrap(model, "m")
+    answered: dict = {}
+
+    def thread_request():  # two rows: they do not fit beside the loop's two
+        time.sleep(0.1)  # its batch is due after the loop's
+        started = time.perf_counter()
+        answered["y"] = wrapped.predict({"x": np.array([5.0, 6.0])})["y"].tolist()
+        answered["seconds"] = time.perf_counter() - started
+    try:
+        _on_loop(service, wrapped, [[1.0]])  # the queue's first batch: it runs fast
+        answers, loop_thread, _ = _on_loop(service, wrapped, [[1.0, 2.0]],
+                                           also=thread_request)
+        assert answers[0]["y"].tolist() == [2.0, 4.0] and answered["y"] == [10.0, 12.0]
+        assert answered["seconds"] < 1.5, answered
+        assert [rows for _, rows in model.calls[-2:]] == [2, 2]
+    finally:
+        service.pool.shutdown()
