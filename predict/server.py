@@ -236,9 +236,9 @@ class PredictionService:
                               version: int | None, label: str | None) -> bytes:
         """A small :predict with batching on, on the event loop: its body parsed and
         decoded here, then put in its batch queue while the loop goes on reading; the
-        thread that runs the batch hands every answer back to the loop. No pool thread
-        waits out a request's batch, so a request costs two thread switches a batch,
-        not four of its own (a model whose requests are logged goes through the pool)."""
+        thread that runs the batch hands every answer back to the loop, or the loop ran
+        it itself. No pool thread waits out a request's batch (a model whose requests
+        are logged goes through the pool)."""
         body = _parse_body(raw)
         with self._answering():
             with served.use(version, label) as (number, model):
