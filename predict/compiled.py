@@ -34,7 +34,8 @@ fresh server seconds of CPU, so they run on TensorFlow Lite only, on one interpr
 of their own resized to each batch's rows (some 12 us a resize, against 0.4 ms for a
 new interpreter and 300 us or more for the executor's call on a few rows). Each row
 count is used only after it answered a merged batch of that count as the executor did
-and no slower than the executor's call; a count that does not stays with the executor.
+and no slower than the executor's call; a slower count stays with the executor, and one
+that answers otherwise leaves every merged batch of the signature to it.
 """
 from __future__ import annotations
 
