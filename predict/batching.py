@@ -341,8 +341,13 @@ class Batcher:
         try:
             self._call(model, model_name, signature, items, rows)
         finally:
-            if work is not None:
+            if work is not None:  # the model's time, not the answers' hand-off below
                 work.recent = time.perf_counter() - began
+            for item in items:
+                if item.on_done is not None:
+                    item.on_done(item)
+                else:
+                    item.done.set()
 
     def _call(self, model, model_name: str, signature: str, items: list, rows: int) -> None:
         if self.metrics is not None:
@@ -371,12 +376,6 @@ class Batcher:
         except Exception as exc:  # the model refused the merged batch: tell each request
             for item in items:
                 item.error = exc
-        finally:
-            for item in items:
-                if item.on_done is not None:
-                    item.on_done(item)
-                else:
-                    item.done.set()
 
     def wake(self) -> None:
         """Every queue's threads look again at their open batch (Arrivals.gone)."""
