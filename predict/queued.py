@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 
 from predict.batching import BatchedModel
 
@@ -29,11 +30,12 @@ class LoopAnswers:
         """model's outputs for batch, waited for on the running loop; timeout_error()
         is raised past timeout_s."""
         running = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
         waiter = running.create_future()
         waiter.add_done_callback(_retrieved)
 
         def answered(item) -> None:  # on the thread that ran the batch
-            if asyncio._get_running_loop() is running:  # the loop ran it
+            if threading.get_ident() == loop_thread:  # the loop ran it
                 _settle(waiter, item)
                 return
             self._answers.append((waiter, item))
