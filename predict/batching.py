@@ -264,9 +264,7 @@ class Batcher:
                         continue
                     if first is not None:
                         due = first.opened + self.timeout_s
-                        if first.closed or first.rows >= self.max_batch_size or now >= due \
-                                or len(work.batches) > 1 or (
-                                    self.arrivals is not None and self.arrivals.count == 0):
+                        if self._ready(work, first, now):
                             batch = work.batches.popleft()
                             batch.closed = True
                             if work.timer == me:  # another thread times the next one
@@ -297,6 +295,13 @@ class Batcher:
                 continue
             self._run(model, model_name, signature, batch.items, batch.rows, work)
 
+    def _ready(self, work: _Queue, first: _Batch, now: float) -> bool:
+        """Whether the batch at work's head runs now: closed, full, past its timeout,
+        with another behind it, or (--batch_when_idle) nothing else coming."""
+        return first.closed or first.rows >= self.max_batch_size or \
+            now >= first.opened + self.timeout_s or len(work.batches) > 1 or \
+            (self.arrivals is not None and self.arrivals.count == 0)
+
     def _on_loop_soon(self, work: _Queue, item: _Item, model, model_name: str,
                       signature: str) -> None:
         """(under work.cond) item, from an event loop, just joined work's last batch: a
@@ -322,9 +327,7 @@ class Batcher:
                 if first is None:
                     return
                 now = time.monotonic()
-                if not (first.closed or first.rows >= self.max_batch_size or
-                        now >= first.opened + self.timeout_s or len(work.batches) > 1 or
-                        (self.arrivals is not None and self.arrivals.count == 0)):
+                if not self._ready(work, first, now):
                     if timed is not None and first is timed:
                         loop.call_later(first.opened + self.timeout_s - now, self._on_loop,
                                         timed, work, model, model_name, signature, loop)
