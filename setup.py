@@ -39,6 +39,9 @@ setup(
             "setuptools>=61",  # the build backend of setup.py projects (and the generated one)
             "build>=1.2",      # the launcher builds sdists with `python -m build --sdist`
             "starlette>=0.37", UVICORN,  # the console
+            # `--filter`'s ~ patterns (jobs list, the console, list_jobs): RE2 matches in
+            # time linear in the text, so no pattern can hold a command or the console
+            "google-re2>=1.1",
         ],
         # `python -m predict` and `tensorflow_model_server`: the server, local and batch
         # prediction (whose workers `jobs submit prediction` starts). TF Serving's API

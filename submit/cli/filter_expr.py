@@ -8,12 +8,15 @@
 
 As gcloud: AND and OR side by side need parentheses (`a AND b OR c` is refused, say
 which you mean). `=` and `!=` compare whole values, `:` matches a pattern (`*` is any
-text), `~` is a regular expression searched in the value, `<`... compare numbers as
-numbers, the time fields (createTime, startTime, endTime) as times (RFC 3339, or a
-date), anything else as text. A key without a value matches no term but `!=`.
+text), `~` is a regular expression searched in the value (RE2's syntax, matched in
+time linear in the value: no pattern can hold `jobs list` or the console), `<`...
+compare numbers as numbers, the time fields (createTime, startTime, endTime) as times
+(RFC 3339, or a date), anything else as text. A key without a value matches no term but `!=`.
 
 `parse(text, value_of)` returns a predicate over records; `value_of(record, key)` reads
 a key (and raises the caller's error for an unknown one, at parse time with record None).
+Every mistake is a UsageError in one line: parentheses and NOTs nest at most MAX_DEPTH
+deep, and whatever a pattern's compiler raises is caught.
 """
 from __future__ import annotations
 
@@ -34,8 +37,11 @@ _TERM = re.compile(r"(?P<key>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_-]+)*)"
 Predicate = Callable[[Any], bool]
 ValueOf = Callable[[Any, str], Any]
 MAX_TEXT = 4096
-# a quantified group holding a quantifier, e.g. (a+)+: exponential backtracking
-_NESTED = re.compile(r"\([^)]*[+*}][^)]*\)\s*[+*{]")
+MAX_DEPTH = 64  # parentheses and NOTs within one another
+MAX_REPEAT = 1000  # RE2's largest repetition count
+# a counted repetition, {n}, {n,} or {n,m}: RE2 reads one whose count overflows as
+# literal text, where Python's re refuses it
+_COUNT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 
 
 def _unquote(text: str) -> str:
@@ -65,7 +71,11 @@ def parse(text: str, value_of: ValueOf) -> Predicate:
     if not tokens:
         return lambda record: True
     parser = _Parser(tokens, value_of, text)
-    predicate = parser.expression()
+    try:
+        predicate = parser.expression()
+    except RecursionError:  # MAX_DEPTH keeps far from it; never a traceback regardless
+        raise UsageError(f"--filter {text!r:.80}: nested too deep; write at most "
+                         f"{MAX_DEPTH} parentheses or NOTs within one another") from None
     if parser.at < len(tokens):
         raise UsageError(f"--filter {text!r:.80}: unexpected {tokens[parser.at]!r:.40}; "
                          "check its parentheses")
@@ -75,6 +85,13 @@ def parse(text: str, value_of: ValueOf) -> Predicate:
 class _Parser:
     def __init__(self, tokens: list[str], value_of: ValueOf, text: str):
         self.tokens, self.value_of, self.text, self.at = tokens, value_of, text, 0
+        self.depth = 0
+
+    def deeper(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise UsageError(f"--filter {self.text!r:.80}: nested too deep; write at most "
+                             f"{MAX_DEPTH} parentheses or NOTs within one another")
 
     def peek(self) -> str | None:
         return self.tokens[self.at] if self.at < len(self.tokens) else None
@@ -108,14 +125,18 @@ class _Parser:
                              + (f" before {word}" if word else " at its end"))
         if word == "NOT":
             self.at += 1
+            self.deeper()
             inner = self.unary()
+            self.depth -= 1
             return lambda r: not inner(r)
         if word == "(":
             self.at += 1
+            self.deeper()
             inner = self.expression()
             if self.peek() != ")":
                 raise UsageError(f"--filter {self.text!r:.80}: a ( is not closed")
             self.at += 1
+            self.depth -= 1
             return inner
         self.at += 1
         if word.startswith("-") and len(word) > 1:
@@ -158,15 +179,7 @@ class _Parser:
 
 def _comparison(key: str, op: str, wanted: list[str], word: str) -> Callable[[Any], bool]:
     if op in ("~", "!~"):
-        if _NESTED.search(wanted[0]) or len(wanted[0]) > 200:
-            raise UsageError(f"--filter {word!r:.60}: a regular expression with a "
-                             "repeated group that repeats inside (it can take exponential "
-                             "time) or over 200 characters; simplify it")
-        try:
-            pattern = re.compile(wanted[0])
-        except re.error as exc:
-            raise UsageError(f"--filter {word!r:.60}: not a regular expression ({exc})") \
-                from None
+        pattern = _regex(wanted[0], word)
 
         def regex(value: Any) -> bool:
             found = value is not None and pattern.search(str(value)) is not None
@@ -200,6 +213,30 @@ def _comparison(key: str, op: str, wanted: list[str], word: str) -> Callable[[An
         return {"<": mine < other, "<=": mine <= other, ">": mine > other,
                 ">=": mine >= other}[op]
     return compare
+
+
+def _regex(text: str, word: str):
+    """The pattern compiled by RE2 (linear-time matching); a one-line UsageError for any
+    pattern it refuses, and for repetition counts past its limit."""
+    for match in _COUNT.finditer(text):
+        if any(n and int(n) > MAX_REPEAT for n in match.groups()):
+            raise UsageError(f"--filter {word!r:.60}: the repetition {match[0]!r:.30} "
+                             f"counts past {MAX_REPEAT}; write a smaller count")
+    try:
+        import re2
+    except ImportError:
+        raise UsageError("--filter: a ~ pattern needs the google-re2 package; install "
+                         "it (pip install google-re2)") from None
+    options = re2.Options()
+    options.log_errors = False  # the error is ours to say, in one line
+    try:
+        return re2.compile(text, options)
+    except Exception as exc:  # re2.error, and whatever else its compiler raises
+        why = exc.args[0] if exc.args else exc
+        why = why.decode("utf-8", "replace") if isinstance(why, bytes) else str(why)
+        raise UsageError(f"--filter {word!r:.60}: not a regular expression RE2 takes "
+                         f"({' '.join(why.split())[:120]}); fix it (RE2 has no "
+                         "look-arounds or back-references)") from None
 
 
 def _number(value: Any) -> float | None:

@@ -45,7 +45,8 @@ def serve(host: str, port: int, echo, token: str | None = None,
     from submit.console import guard
     from submit.console.app import Console
     access, made = guard.token_for(host, guard.read_token(token, token_file))
-    if access is None and "*" in (allowed_hosts or "").split(","):
+    names = guard.parse_hosts(allowed_hosts)  # once: what is checked is what is used
+    if access is None and "*" in names:
         raise UsageError("--allowed-hosts '*' on a loopback address needs a token (give "
                          "--token-file): any web site's name could reach the console")
     sock = bind(host, port)
@@ -56,7 +57,7 @@ def serve(host: str, port: int, echo, token: str | None = None,
     query = f"?token={access}" if made else ""
     how = " (with the token given)" if access and not made else ""
     echo(f"mljob console on http://{shown}:{port}/{query}{how} (Ctrl-C stops it)")
-    config = uvicorn.Config(Console(host, port, access, allowed_hosts), log_level="warning",
+    config = uvicorn.Config(Console(host, port, access, names), log_level="warning",
                             lifespan="off", timeout_graceful_shutdown=2)
     try:
         uvicorn.Server(config).run(sockets=[sock])

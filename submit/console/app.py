@@ -6,6 +6,12 @@ of `jobs list` (`submit.cli.listing`), the job life's `refresh` and `cancel`
 (`submit.lifecycle`) on each runner (`submit.submission.runner_for`), a runner's `logs`,
 and the local runner's log follower (`submit.logs`).
 
+A filter (`?filter=`, `jobs list`'s language: RE2 patterns, linear in time) is read in a
+worker thread, never on the event loop, and only from the console's own pages or an
+address the user opened: a request another site or another port sent (`Sec-Fetch-Site`
+cross-site or same-site, or an `Origin` that is not the console's) gets the list
+without running it, 403, so no page elsewhere can spend the console's CPU.
+
 Only this console's own pages can cancel a job: a POST must carry the token its job page
 was rendered with (made fresh each time the console starts, compared in constant time)
 and an Origin (or, without one, a Referer) naming the console itself, and a body of at
@@ -19,7 +25,7 @@ import asyncio
 import hmac
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from urllib.parse import parse_qs, urlsplit
 
 from starlette.applications import Starlette
@@ -40,7 +46,8 @@ QUEUE_BYTES = 1 << 20  # of log lines read ahead of what the browser has taken
 TAIL_BYTES = 4 << 20   # a longer log is shown from its last 4 MiB (a seek)
 MAX_FORM_BYTES = 4096
 HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
-                                      "frame-ancestors 'none'; form-action 'self'",
+                                      "frame-ancestors 'none'; form-action 'self'; "
+                                      "base-uri 'self'",
            "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
            "Referrer-Policy": "same-origin", "Cache-Control": "no-store"}
 
@@ -54,7 +61,7 @@ class Console:
     the access token it asks for (None: none asked, on loopback only)."""
 
     def __init__(self, host: str, port: int, access_token: str | None = None,
-                 allowed_hosts: str | None = None):
+                 allowed_hosts: str | Sequence[str] | None = None):
         self.token = secrets.token_urlsafe(32)  # the cancel form's
         # where each log stream's files began (a big log from its tail), so that a
         # browser that reconnects with Last-Event-ID gets the same numbering
@@ -81,23 +88,31 @@ class Console:
 
     # --- pages -----------------------------------------------------------------------
 
-    def _select(self, request: Request) -> tuple[list[jobs.JobRecord], str, str | None]:
+    async def _select(self, request: Request
+                      ) -> tuple[list[jobs.JobRecord], str, str | None, int]:
+        """(jobs, filter, error, status): the filter runs in a worker thread, and only
+        for a request of the console's own pages or the user's own address bar."""
         text = request.query_params.get("filter", "")
+        if text and _from_elsewhere(request):
+            return [], text, ("a filter is taken only from the console's own pages: this "
+                              "request came from another site or port; open the console's "
+                              "address and filter there"), 403
         try:
             # The index's summary (submit.job_index), as `jobs list` reads it: no record
             # file is opened again unless it changed.
-            return (listing.select(job_index.summaries(), filter_text=text or None), text,
-                    None)
+            return (await run_in_threadpool(
+                lambda: listing.select(job_index.summaries(), filter_text=text or None)),
+                text, None, 200)
         except UsageError as exc:
-            return [], text, str(exc)
+            return [], text, str(exc), 400
 
     async def jobs_list(self, request: Request) -> Response:
-        chosen, text, error = self._select(request)
-        return _html(pages.list_page(chosen, text, error), 400 if error else 200)
+        chosen, text, error, status = await self._select(request)
+        return _html(pages.list_page(chosen, text, error, _root(request)), status)
 
     async def rows(self, request: Request) -> Response:
-        chosen, _, error = self._select(request)
-        return _html(pages.jobs_rows(chosen), 400 if error else 200)
+        chosen, _, error, status = await self._select(request)
+        return _html(pages.jobs_rows(chosen), status)
 
     async def _record(self, job_id: str) -> tuple[jobs.JobRecord, str | None]:
         """The job's record, refreshed by its runner (an engine is asked for its status);
@@ -112,9 +127,10 @@ class Console:
         try:
             record, note = await self._record(request.path_params["job_id"])
         except SubmitError as exc:
-            return _not_found(exc)
+            return _not_found(exc, _root(request))
         return _html(pages.job_page(record, self.token, note,
-                                    await run_in_threadpool(_curves, record)))
+                                    await run_in_threadpool(_curves, record),
+                                    _root(request)))
 
     async def curves(self, request: Request) -> Response:
         """The curves part of the job page, which the page polls while the job runs."""
@@ -222,6 +238,7 @@ class Console:
     # --- cancel ----------------------------------------------------------------------
 
     async def cancel(self, request: Request) -> Response:
+        root = _root(request)
         host = request.headers.get("host", "")
         origin = request.headers.get("origin")
         if origin is None and request.headers.get("referer"):
@@ -230,25 +247,25 @@ class Console:
         if not origin or origin != f"{request.url.scheme}://{host}":
             return _html(pages.message_page(
                 "Refused", "a cancel must come from this console's own page (the request "
-                           f"came from {origin or 'an unknown origin'})"), 403)
+                           f"came from {origin or 'an unknown origin'})", root), 403)
         body = await _form_body(request)
         if body is None:
             return _html(pages.message_page(
-                "Refused", f"a cancel form is at most {MAX_FORM_BYTES} bytes"), 413)
+                "Refused", f"a cancel form is at most {MAX_FORM_BYTES} bytes", root), 413)
         fields = parse_qs(body.decode("utf-8", "replace"))
         token = (fields.get("csrf") or [""])[0]
         if not hmac.compare_digest(token.encode(), self.token.encode()):
             return _html(pages.message_page(
                 "Refused", "the form's token is missing or stale; reload the job page "
-                           "and cancel from there"), 403)
+                           "and cancel from there", root), 403)
         try:
             record = jobs.load(request.path_params["job_id"])
             await run_in_threadpool(lifecycle.cancel, runner_for(record), record)
         except JobNotFoundError as exc:
-            return _not_found(exc)
+            return _not_found(exc, root)
         except SubmitError as exc:  # already ended, or the runner refused
-            return _html(pages.message_page("Cannot cancel", str(exc)), 409)
-        return RedirectResponse(f"/jobs/{record.job_id}", status_code=303)
+            return _html(pages.message_page("Cannot cancel", str(exc), root), 409)
+        return RedirectResponse(f"{root}/jobs/{record.job_id}", status_code=303)
 
 
 async def _form_body(request: Request) -> bytes | None:
@@ -309,8 +326,23 @@ def _one_line(text: str) -> str:
     return text.replace("\r", " ").replace("\n", " ")
 
 
-def _not_found(exc: SubmitError) -> Response:
+def _not_found(exc: SubmitError, root: str = "") -> Response:
     """404 for an id the index does not hold; 422 for a record it holds damaged."""
     if isinstance(exc, (JobNotFoundError, UsageError)):
-        return _html(pages.message_page("No such job", str(exc)), 404)
-    return _html(pages.message_page("Damaged job record", str(exc)), 422)
+        return _html(pages.message_page("No such job", str(exc), root), 404)
+    return _html(pages.message_page("Damaged job record", str(exc), root), 422)
+
+
+def _root(request: Request) -> str:
+    """The path the console's pages live under: a token console's own (`guard.py`)."""
+    return str(request.scope.get("root_path") or "")
+
+
+def _from_elsewhere(request: Request) -> bool:
+    """Whether a browser says another site or another port of this host sent the request
+    (a typed address or bookmark is `none`; the console's own pages `same-origin`)."""
+    if request.headers.get("sec-fetch-site", "").lower() in ("cross-site", "same-site"):
+        return True
+    origin = request.headers.get("origin")
+    return origin is not None and origin != f"{request.url.scheme}://" \
+        f"{request.headers.get('host', '')}"

@@ -30,12 +30,13 @@ JS = r"""
     const rows = document.querySelector("#jobs tbody");
     if (!rows) return;
     setInterval(() => {
-      fetch("/rows" + window.location.search).then(r => r.ok ? r.text() : null)
+      fetch("rows" + window.location.search).then(r => r.ok ? r.text() : null)
         .then(t => { if (t !== null) rows.innerHTML = t; }).catch(() => {});
     }, 3000);
     return;
   }
-  const base = "/jobs/" + encodeURIComponent(job);
+  // relative to the page's <base>: the console's own path (guard.py)
+  const base = "jobs/" + encodeURIComponent(job);
   const live = document.getElementById("live");
   function done() {
     const s = document.getElementById("state");

@@ -5,18 +5,30 @@ reachable from the network asks for, as Jupyter's server does for the same threa
   bound to (on `0.0.0.0` or `::`, this machine's host names and interface addresses),
   or a name given with `--allowed-hosts` (`*` takes any). A page of another site whose
   name resolves to this machine sends its own name and gets 421.
+  `--allowed-hosts` is parsed once (`parse_hosts`): each name stripped of whitespace,
+  lower-cased, empties dropped; whether `*` is among them is decided on that list.
 - A console bound to anything but loopback needs a token (printed once with its URL,
   read from `--token-file`, or given with `--token`); a loopback console needs one only
-  when given one. It is taken from `?token=` (then kept in a same-site, HTTP-only
-  cookie of this port, and the address shown without it), from `Authorization: token
-  T` (or `Bearer T`), or from that cookie; compared in constant time. Without it: 403.
+  when given one. It is taken from `Authorization: token T` (or `Bearer T`), or from
+  `?token=`, compared in constant time. A right `?token=` answers with a redirect into
+  the console's own path, `/console/KEY/` (KEY derived from the token and the port:
+  nobody without the token can name it), and a cookie scoped to that path alone
+  (`HttpOnly`, `SameSite=Strict`), whose value is derived from the token too. Browsers
+  send a host's cookies to every port of the host, for every path the cookie's Path
+  covers: scoped to a path only this console's pages use, it reaches no other local
+  service (docs/console.md says what this protects against). Without the token: 403;
+  a wrong `?token=` is refused as no token is, and sets nothing.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import ipaddress
+import re
 import secrets
 import socket
+from collections.abc import Sequence
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.responses import RedirectResponse, Response
@@ -25,6 +37,8 @@ from submit.errors import UsageError
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 MIN_TOKEN = 16
+ROOT = "/console/"  # a token console's pages live under ROOT + KEY
+_HOST_NAME = re.compile(r"[a-z0-9._:-]+")
 
 
 def is_loopback(host: str) -> bool:
@@ -63,20 +77,37 @@ def read_token(token: str | None, token_file: str | None) -> str | None:
     return token
 
 
-def allowed_hosts(host: str, extra: str | None) -> frozenset[str] | None:
-    """The names a request's Host may carry (without the port); None takes any."""
+def parse_hosts(text: str | None) -> tuple[str, ...]:
+    """`--allowed-hosts` as it is used: comma-separated names, each stripped of white
+    space (and of an IPv6 address's brackets) and lower-cased, empty ones dropped; `*`
+    alone takes any name. A one-line error for anything that is no host name."""
+    names = []
+    for item in (text or "").split(","):
+        name = item.strip().lower()
+        if name.startswith("[") and name.endswith("]"):
+            name = name[1:-1].strip()
+        if not name:
+            continue
+        if name != "*" and not _HOST_NAME.fullmatch(name):
+            raise UsageError(f"--allowed-hosts: {name!r:.80} is not a host name; give "
+                             "comma-separated names (e.g. jobs.example.org,10.0.0.5), or "
+                             "'*' alone for any name")
+        names.append(name)
+    return tuple(names)
+
+
+def allowed_hosts(host: str, extra: str | Sequence[str] | None) -> frozenset[str] | None:
+    """The names a request's Host may carry (without the port); None takes any.
+    `extra`: `parse_hosts`'s names (a text is parsed by it)."""
+    given = parse_hosts(extra) if isinstance(extra, str) or extra is None else tuple(extra)
+    if "*" in given:
+        return None
     names = set(LOOPBACK_NAMES)
     if host in ("0.0.0.0", "::", ""):
         names |= _this_machine()
     else:
         names.add(host.lower())
-    for name in (extra or "").split(","):
-        name = name.strip().lower()
-        if name == "*":
-            return None
-        if name:
-            names.add(name.strip("[]"))
-    return frozenset(names)
+    return frozenset(names | set(given))
 
 
 def _this_machine() -> set[str]:
@@ -99,6 +130,12 @@ def host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
+def _derived(token: str, purpose: str, port: int) -> str:
+    digest = hmac.new(token.encode(), f"mljob-console {purpose} {port}".encode(),
+                      hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest[:24]).decode().rstrip("=")
+
+
 class Guard:
     """The Host check and the token, before any route runs."""
 
@@ -106,32 +143,48 @@ class Guard:
         self.hosts = hosts
         self.token = token
         self.cookie = f"mljob-console-{port}"
+        # where a browser holding the token is sent, and the only path its cookie covers
+        self.root = ROOT + _derived(token, "path", port) if token else ""
+        self.cookie_value = _derived(token, "cookie", port) if token else ""
 
     def check(self, scope) -> Response | None:
-        """None when the request may go on, else the answer that refuses it."""
+        """None when the request may go on, else the answer that refuses it. A request
+        under the console's own path has it as its `root_path` (the routes see the rest)."""
         headers = dict(scope["headers"])
         host = headers.get(b"host", b"").decode("latin-1")
         if self.hosts is not None and host_name(host) not in self.hosts:
             return Response(f"refused: Host {host[:80]!r} is not this console; open it at "
                             "the address it printed (or add the name with --allowed-hosts)",
                             status_code=421, media_type="text/plain")
-        if self.token is None or scope["path"].startswith("/static/"):
+        if self.token is None:
+            return None
+        path = scope["path"]
+        inside = path == self.root or path.startswith(self.root + "/")
+        if inside:
+            scope["root_path"] = self.root
+        if path == self.root:  # the pages' links are relative to ROOT/KEY/
+            return RedirectResponse(self.root + "/", 303)
+        if (path[len(self.root):] if inside else path).startswith("/static/"):
             return None
         query = scope.get("query_string", b"").decode("latin-1")
         pairs = parse_qsl(query, keep_blank_values=True)
         given = [v for k, v in pairs if k == "token"]
         if given and self._same(given[-1]):
-            # keep it in a cookie and take it out of the address bar (and of Referers)
+            # into the console's own path, with the cookie that path alone receives, and
+            # the token out of the address bar (and of Referers)
             rest = urlencode([(k, v) for k, v in pairs if k != "token"])
-            answer = RedirectResponse(scope["path"] + (f"?{rest}" if rest else ""), 303)
-            answer.set_cookie(self.cookie, self.token, httponly=True, samesite="strict",
-                              path="/")
+            where = self.root + (path[len(self.root):] if inside else path)
+            answer = RedirectResponse(where + (f"?{rest}" if rest else ""), 303)
+            answer.set_cookie(self.cookie, self.cookie_value, httponly=True,
+                              samesite="strict", path=self.root)
             return answer
         auth = headers.get(b"authorization", b"").decode("latin-1").split(None, 1)
         if len(auth) == 2 and auth[0].lower() in ("token", "bearer") and \
                 self._same(auth[1].strip()):
             return None
-        if self._same(_cookie(headers.get(b"cookie", b"").decode("latin-1"), self.cookie)):
+        if inside and hmac.compare_digest(
+                _cookie(headers.get(b"cookie", b"").decode("latin-1"),
+                        self.cookie).encode("utf-8", "replace"), self.cookie_value.encode()):
             return None
         return Response("refused: this console needs its token; open the address it "
                         "printed (…/?token=…) or send 'Authorization: token …'",

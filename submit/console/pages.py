@@ -55,11 +55,14 @@ def tensorboard_command(record: jobs.JobRecord) -> str | None:
     return f"tensorboard --logdir {logdir}"
 
 
-def layout(title: str, body: str, *, job: str = "") -> str:
+def layout(title: str, body: str, *, job: str = "", root: str = "") -> str:
+    """A page; its links are relative to `root` (a token console's own path, where its
+    cookie goes: `guard.py`), which the page names as its base."""
     return ("<!doctype html><html lang=en><head><meta charset=utf-8>"
-            f"<title>{escape(title)}</title><link rel=stylesheet href=/static/console.css>"
-            f"<script src=/static/console.js defer></script></head>"
-            f'<body data-job="{escape(job)}"><header><a href="/">mljob console</a></header>'
+            f'<base href="{escape(root)}/"><title>{escape(title)}</title>'
+            "<link rel=stylesheet href=static/console.css>"
+            f"<script src=static/console.js defer></script></head>"
+            f'<body data-job="{escape(job)}"><header><a href="./">mljob console</a></header>'
             f"<main>{body}</main></body></html>")
 
 
@@ -73,7 +76,7 @@ def jobs_rows(records: Sequence[jobs.JobRecord]) -> str:
         labels = " ".join(f"<span class=label>{escape(k)}={escape(str(v))}</span>"
                           for k, v in sorted(r.labels.items()))
         state = state_of(r)
-        rows.append(f'<tr data-job="{escape(r.job_id)}"><td><a href="/jobs/'
+        rows.append(f'<tr data-job="{escape(r.job_id)}"><td><a href="jobs/'
                     f'{quote(r.job_id)}">{escape(r.job_id)}</a></td><td class="state '
                     f'{escape(state.rstrip("?"))}">{escape(state)}</td><td>{labels}</td>'
                     f"<td>{iso(r.create_time)}</td><td>{duration(r)}</td>"
@@ -81,15 +84,16 @@ def jobs_rows(records: Sequence[jobs.JobRecord]) -> str:
     return "".join(rows)
 
 
-def list_page(records: Sequence[jobs.JobRecord], filter_text: str, error: str | None) -> str:
+def list_page(records: Sequence[jobs.JobRecord], filter_text: str, error: str | None,
+              root: str = "") -> str:
     message = f'<p class=error role=alert>{escape(error)}</p>' if error else ""
-    body = (f"<h1>Jobs</h1><form method=get action=/ class=filter><label>Filter "
+    body = (f"<h1>Jobs</h1><form method=get action=./ class=filter><label>Filter "
             f'<input name=filter size=48 value="{escape(filter_text)}" placeholder='
             '"state=RUNNING labels.team=vision jobId:tune*"></label> <button>Apply</button>'
             f"</form>{message}<table id=jobs><thead><tr><th>Job</th><th>State</th>"
             "<th>Labels</th><th>Created (UTC)</th><th>Duration</th><th>Runner</th></tr>"
             f"</thead><tbody>{jobs_rows(records)}</tbody></table>")
-    return layout("Jobs", body)
+    return layout("Jobs", body, root=root)
 
 
 # --- a job -----------------------------------------------------------------------------
@@ -285,13 +289,13 @@ def live(record: jobs.JobRecord, note: str | None = None) -> str:
 
 
 def job_page(record: jobs.JobRecord, token: str, note: str | None = None,
-             curves: str = "") -> str:
+             curves: str = "", root: str = "") -> str:
     job = record.job_id
     options = "".join(f'<option value="{escape(r.label)}">{escape(r.label)}</option>'
                       for r in record.replicas)
     board = tensorboard_command(record)
     cancel = "" if record.done else (
-        f'<form method=post action="/jobs/{quote(job)}/cancel" id=cancel>'
+        f'<form method=post action="jobs/{quote(job)}/cancel" id=cancel>'
         f'<input type=hidden name=csrf value="{escape(token)}">'
         "<button type=submit>Cancel job</button></form>")
     body = (f"<h1>Job {escape(job)}</h1>{cancel}<div id=live>{live(record, note)}</div>"
@@ -303,9 +307,9 @@ def job_page(record: jobs.JobRecord, token: str, note: str | None = None,
                if board else "") +
             f"<details><summary>Job resource</summary><pre id=resource>"
             f"{escape(resource(record))}</pre></details>")
-    return layout(f"Job {job}", body, job=job)
+    return layout(f"Job {job}", body, job=job, root=root)
 
 
-def message_page(title: str, text: str) -> str:
+def message_page(title: str, text: str, root: str = "") -> str:
     return layout(title, f"<h1>{escape(title)}</h1><p class=error role=alert>"
-                         f"{escape(text)}</p><p><a href='/'>All jobs</a></p>")
+                         f"{escape(text)}</p><p><a href='./'>All jobs</a></p>", root=root)

@@ -54,15 +54,21 @@ def test_a_console_on_every_address_needs_its_token(tmp_path, reaper):
                                                    "Authorization": f"token {token}"})
         assert page.status_code == 200 and "master-replica-0" in page.text
         opened = client.get("/jobs/fake01", params={"token": token}, headers={"Host": here})
-        assert opened.status_code == 303 and opened.headers["location"] == "/jobs/fake01"
-        assert "httponly" in opened.headers["set-cookie"].lower()
-        assert "samesite=strict" in opened.headers["set-cookie"].lower()
-        page = client.get("/jobs/fake01", headers={"Host": here})  # the cookie now
-        assert page.status_code == 200
+        assert opened.status_code == 303
+        root = opened.headers["location"].removesuffix("/jobs/fake01")
+        assert re.fullmatch(r"/console/[\w-]{32}", root), opened.headers["location"]
+        cookie = opened.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie
+        assert f"path={root.lower()}" in cookie and token.lower() not in cookie
+        page = client.get(f"{root}/jobs/fake01", headers={"Host": here})  # the cookie now
+        assert page.status_code == 200 and f'<base href="{root}/">' in page.text
+        # the cookie goes with the console's own path only
+        assert client.get("/jobs/fake01", headers={"Host": here}).status_code == 403
         csrf = re.search(r'name=csrf value="([^"]+)"', page.text)[1]
-        cancelled = client.post("/jobs/fake01/cancel", data={"csrf": csrf},
+        cancelled = client.post(f"{root}/jobs/fake01/cancel", data={"csrf": csrf},
                                 headers={"Host": here, "Origin": f"http://{here}"})
         assert cancelled.status_code == 303
+        assert cancelled.headers["location"] == f"{root}/jobs/fake01"
     assert records.load("fake01").state == records.CANCELLED
 
 

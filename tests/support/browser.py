@@ -30,10 +30,10 @@ def skip_reason() -> str | None:
     return None
 
 
-def start_console(reaper, log_path, *argv: str) -> str:
-    """`python -m submit console` on a free port (and `argv`); its URL on 127.0.0.1 once
-    it answers (with a page, or a refusal when it asks for a token)."""
-    port = free_ports(1)[0]
+def start_console(reaper, log_path, *argv: str, port: int | None = None) -> str:
+    """`python -m submit console` on a free port (or `port`, and `argv`); its URL on
+    127.0.0.1 once it answers (with a page, or a refusal when it asks for a token)."""
+    port = port or free_ports(1)[0]
     with open(log_path, "wb") as log:
         proc = reaper.python("-m", "submit", "console", "--port", str(port), *argv,
                              cwd=ROOT, stdout=log, stderr=log)
