@@ -12,12 +12,14 @@ beside the index (`$MLJOB_HOME/labels/<job-id>.json`) and win over the record's.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import datetime
 import hashlib
 import json
 import os
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from mljob import storage
@@ -150,6 +152,22 @@ def uri(record: records.JobRecord) -> str:
         url = records.record_url(record.job_dir, record.job_id)
         return url if "://" in url else "file://" + url
     return "file://" + records.index_path(record.job_id)
+
+
+@contextlib.contextmanager
+def labels_lock(job_id: str) -> Iterator[None]:
+    """Held while `jobs update` reads the job, compares its etag and writes its labels:
+    two updates of one job take turns, so an etag is a compare-and-set and no update's
+    labels are lost to another's read-change-write."""
+    import fcntl
+    path = labels_path(job_id)[:-len(".json")] + ".lock"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # and the lock with it
 
 
 def save_labels(record: records.JobRecord, labels: dict[str, str]) -> None:

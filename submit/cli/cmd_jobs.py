@@ -233,26 +233,27 @@ def jobs_update(job_id, update_labels, remove_labels, clear_labels, etag):
     if not (update_labels or remove_labels or clear_labels):
         raise UsageError("nothing to update; give --update-labels KEY=VALUE,..., "
                          "--remove-labels KEY,... or --clear-labels")
-    record = records.load(job_id)
-    if etag is not None:
-        current = resource.job(record, state(record).rstrip("?"))["etag"]
-        if etag != current:
-            raise SubmitError(f"--etag {etag!r:.40} is not job {job_id}'s etag {current}: "
-                              "the job changed since it was read; describe it again and "
-                              "retry")
-    old = resource.current_labels(record)
-    labels = {} if clear_labels else dict(old)
-    labels.update(specs.parse_labels_flag(update_labels) if update_labels else {})
-    for text in remove_labels:
-        for key in filter(None, (k.strip() for k in text.split(","))):
-            labels.pop(key, None)
-    labels = specs.check_labels(labels, "the job's labels after the update")
-    runner = submission.runner_for(record)
-    note = runner.update_labels(record, old, labels)
-    resource.save_labels(record, labels)
-    if not record.running() or runner.record_owner != SUPERVISOR:
-        record.labels = labels  # no supervisor owns the record now: it is ours to write
-        records.save(record, create_in_job_dir=False)
+    with resource.labels_lock(job_id):  # compare and write as one step
+        record = records.load(job_id)
+        if etag is not None:
+            current = resource.job(record, state(record).rstrip("?"))["etag"]
+            if etag != current:
+                raise SubmitError(f"--etag {etag!r:.40} is not job {job_id}'s etag "
+                                  f"{current}: the job changed since it was read; describe "
+                                  "it again and retry")
+        old = resource.current_labels(record)
+        labels = {} if clear_labels else dict(old)
+        labels.update(specs.parse_labels_flag(update_labels) if update_labels else {})
+        for text in remove_labels:
+            for key in filter(None, (k.strip() for k in text.split(","))):
+                labels.pop(key, None)
+        labels = specs.check_labels(labels, "the job's labels after the update")
+        runner = submission.runner_for(record)
+        note = runner.update_labels(record, old, labels)
+        resource.save_labels(record, labels)
+        if not record.running() or runner.record_owner != SUPERVISOR:
+            record.labels = labels  # no supervisor owns the record now: it is ours to write
+            records.save(record, create_in_job_dir=False)
     if note:
         echo(note, err=True)
     echo(f"Updated job [{job_id}].")
