@@ -97,9 +97,20 @@ def _labels(labels: Any, where: str) -> None:
         raise ValueError(f"{where} are not text")
 
 
+def encode(record: dict[str, Any]) -> bytes:
+    """The record's bytes as `write` writes them (UTF-8 text as it is: a description's
+    length in bytes is what it adds)."""
+    return json.dumps(record, indent=2, sort_keys=True, ensure_ascii=False).encode()
+
+
 def write(base_path: str, record: dict[str, Any]) -> None:
-    storage.write_bytes(url(base_path), json.dumps(record, indent=2, sort_keys=True)
-                        .encode())
+    """Write the record (atomically); ValueError, and nothing written, for one that
+    `read` would refuse as larger than MAX_BYTES."""
+    data = encode(record)
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"{url(base_path)} would hold {len(data)} bytes, more than the "
+                         f"{MAX_BYTES} its readers take")
+    storage.write_bytes(url(base_path), data)
 
 
 def version_labels(record: dict[str, Any] | None) -> dict[str, int]:

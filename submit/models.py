@@ -14,14 +14,17 @@ deleted while others exist; a model with versions cannot be deleted.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
 import os
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from mljob import contracts, model_meta, storage
+from mljob.model_meta import MAX_VERSION
 from submit.jobdef import spec as specs
 from submit.errors import SubmitError, UsageError
 from submit.home import mljob_home
@@ -77,6 +80,9 @@ def record(model: str) -> tuple[str, dict[str, Any]]:
     except UnicodeDecodeError:
         raise SubmitError(f"{model_meta.url(base)} is damaged (not UTF-8); restore or "
                           "remove it") from None
+    except storage.TooLargeError as exc:  # never written so by mljob; by hand, or before
+        raise SubmitError(f"{' '.join(str(exc).split())[:300]}; restore it, or delete the "
+                          "versions (named by their folders, v<N>) and the model") from None
     except ValueError as exc:  # names the file, and its first field that is wrong
         text = " ".join(str(exc).split())[:300]
         if model_meta.url(base) not in text:
@@ -152,6 +158,66 @@ def version_resource(model: str, base: str, data: dict[str, Any], name: str,
 
 
 # --- changes --------------------------------------------------------------------------
+#
+# Every change of a record is a read-change-write under the model's lock (a file beside
+# its index entry), so that concurrent commands on one machine each see the others'
+# changes; a record is written only when its reader takes it (model_meta.MAX_BYTES), and
+# descriptions and labels are bounded when given (MAX_DESCRIPTION, Google Cloud's labels).
+
+MAX_DESCRIPTION = 4096  # characters; Cloud ML documents no bound, its record needs one
+
+
+@contextlib.contextmanager
+def _lock(model: str) -> Iterator[None]:
+    import fcntl
+    path = index_path(model)[:-len(".json")] + ".lock"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _check_description(text: str | None) -> None:
+    if text is None:
+        return
+    specs.check_text(text, "--description")
+    if len(text) > MAX_DESCRIPTION:
+        raise UsageError(f"--description is {len(text)} characters; write at most "
+                         f"{MAX_DESCRIPTION}")
+
+
+def _write(model: str, base: str, data: dict[str, Any]) -> None:
+    """The record written, or a one-line UsageError (nothing written) when it would be
+    larger than its readers take."""
+    try:
+        model_meta.write(base, data)
+    except ValueError as exc:
+        raise UsageError(f"model {model!r}: {exc}; shorten its descriptions or delete "
+                         "versions it no longer needs") from None
+
+
+def _fits(model: str, base: str, data: dict[str, Any]) -> None:
+    size = len(model_meta.encode(data))
+    if size > model_meta.MAX_BYTES:
+        raise UsageError(f"model {model!r}: {model_meta.url(base)} would hold {size} "
+                         f"bytes, more than the {model_meta.MAX_BYTES} its readers take; "
+                         "shorten its descriptions or delete versions it no longer needs")
+
+
+def _readable(model: str) -> tuple[str, dict[str, Any], str | None]:
+    """(base, record, why): a record that cannot be read (damaged, too large, missing)
+    as an empty one with why, so that a model can always be deleted."""
+    try:
+        base, data = record(model)
+        return base, data, None
+    except UsageError:  # no such model
+        raise
+    except SubmitError as exc:
+        return base_path(model), {}, str(exc)
+
 
 def create_model(model: str, base: str | None, description: str | None,
                  labels: dict[str, str], regions: list[str],
@@ -163,85 +229,127 @@ def create_model(model: str, base: str | None, description: str | None,
     if base is None:
         base = os.path.join(mljob_home(), "serving", model)
     base = specs._normalise_url(base, "--base-path")
-    if model_meta.read(base) is not None:
-        raise UsageError(f"--base-path {base} already holds a model's record "
-                         f"({model_meta.MODEL_FILE}); pick another base path")
-    if description is not None:
-        specs.check_text(description, "--description")
-    model_meta.write(base, {"name": model, "description": description, "labels": labels,
-                            "regions": regions, "createTime": _now(), "versions": {},
-                            "defaultVersion": None, **(logging or {})})
-    storage.write_bytes(path, json.dumps({"name": model, "basePath": base}).encode())
+    _check_description(description)
+    labels = specs.check_labels(labels, "the model's labels")
+    with _lock(model):
+        if model_meta.read(base) is not None:
+            raise UsageError(f"--base-path {base} already holds a model's record "
+                             f"({model_meta.MODEL_FILE}); pick another base path")
+        _write(model, base, {"name": model, "description": description, "labels": labels,
+                             "regions": regions, "createTime": _now(), "versions": {},
+                             "defaultVersion": None, **(logging or {})})
+        storage.write_bytes(path, json.dumps({"name": model, "basePath": base}).encode())
     return base
 
 
 def delete_model(model: str) -> None:
-    base, data = record(model)
-    if versions(base, data):
-        raise UsageError(f"model {model!r} has versions; delete them first (`python -m "
-                         f"submit versions list --model {model}`), as Cloud ML requires")
-    fs, path = storage.filesystem(model_meta.url(base))
-    storage.retry(lambda: fs.rm_file(path), f"remove {model_meta.url(base)}")
-    os.remove(index_path(model))
+    """As Cloud ML: only a model without versions. A record that cannot be read (damaged,
+    too large, missing) is no obstacle: its published folders are the versions left."""
+    with _lock(model):
+        base, data, why = _readable(model)
+        left = versions(base, data)
+        if left:
+            raise UsageError(f"model {model!r} has versions; delete them first (`python -m "
+                             f"submit versions list --model {model}`), as Cloud ML requires"
+                             + (f" (its record cannot be read, so they are named by their "
+                                f"folders: {', '.join(sorted(left))})" if why else ""))
+        fs, path = storage.filesystem(model_meta.url(base))
+        if storage.retry(lambda: fs.exists(path), f"check {model_meta.url(base)}"):
+            storage.retry(lambda: fs.rm_file(path), f"remove {model_meta.url(base)}")
+        os.remove(index_path(model))
 
 
 def create_version(model: str, name: str, origin: str, description: str | None,
                    labels: dict[str, str],
                    settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Publish the export and record it as version `name`: the folder first (its number
+    claimed there, `predict.publish`), then the record re-read, changed and written under
+    the model's lock. A record that could not take it (too large, the name taken
+    meanwhile) unpublishes the folder again: nothing half-made."""
     from predict import publish
     check_name(name, "version")
+    _check_description(description)
+    labels = specs.check_labels(labels, "the version's labels")
     base, data = record(model)
     existing = versions(base, data)
     if name in existing:
         raise UsageError(f"model {model!r} already has version {name!r}; pick another "
                          "name (versions are never overwritten)")
     origin = specs._normalise_url(origin, "--origin")
-    if description is not None:
-        specs.check_text(description, "--description")
+    entry = {"origin": origin, "createTime": _now(), "labels": labels,
+             "description": description, "settings": dict(settings or {})}
+    _fits(model, base, {**data, "versions": {**(data.get("versions") or {}),
+                                             name: {**entry, "number": MAX_VERSION}}})
     taken = {v["number"] for v in existing.values()}
     wanted = _NUMBERED.fullmatch(name)
     number = int(wanted[1]) if wanted and int(wanted[1]) not in taken else None
-    number = publish.publish(origin, base, number if number is not None
-                             else max(taken, default=0) + 1)
-    data.setdefault("versions", {})[name] = {
-        "number": number, "origin": origin, "createTime": _now(), "labels": labels,
-        "description": description, "settings": dict(settings or {})}
-    if not data.get("defaultVersion"):
-        data["defaultVersion"] = name  # Cloud ML: the first version is the default
-    model_meta.write(base, data)
+    # a name that is no free number: the next number free in the base path, claimed
+    # there (two creates at once never ask for the same one)
+    number = publish.publish(origin, base, number)
+    try:
+        with _lock(model):
+            base, data = record(model)  # as other commands left it meanwhile
+            clash = versions(base, data).get(name)
+            if clash is not None and clash.get("number") != number:
+                raise UsageError(f"model {model!r} got a version {name!r} meanwhile; pick "
+                                 "another name (versions are never overwritten)")
+            named = [n for n, v in (data.get("versions") or {}).items()
+                     if isinstance(v, dict) and v.get("number") == number]
+            if named:  # a record written by hand, naming a folder never published
+                raise UsageError(f"model {model!r}'s record names number {number} for "
+                                 f"version {named[0]!r}, whose folder is missing; delete "
+                                 "that version first")
+            data.setdefault("versions", {})[name] = {"number": number, **entry}
+            if not data.get("defaultVersion"):
+                data["defaultVersion"] = name  # Cloud ML: the first version is the default
+            _write(model, base, data)
+    except BaseException:
+        _remove_folder(base, number)
+        raise
     return data["versions"][name]
 
 
-def delete_version(model: str, name: str) -> None:
-    base, data = record(model)
-    version = find_version(base, data, name, model)
-    others = [n for n in versions(base, data) if n != name]
-    if data.get("defaultVersion") == name and others:
-        raise UsageError(f"version {name!r} is model {model!r}'s default; make another "
-                         f"the default first (`versions set-default {others[0]} --model "
-                         f"{model}`), as Cloud ML requires")
-    folder = storage.join(base, str(version["number"]))
+def _remove_folder(base: str, number: int) -> None:
+    """A version's folder, unpublished first (its marker), so never half-served."""
+    folder = storage.join(base, str(number))
     fs, path = storage.filesystem(folder)
     for marker in (contracts.SAVED_MODEL_MARKER, contracts.LEGACY_EXPORT_MARKER):
-        marker_path = f"{path.rstrip('/')}/{marker}"  # unpublished first: never half-served
+        marker_path = f"{path.rstrip('/')}/{marker}"
         if storage.retry(functools.partial(fs.exists, marker_path), f"check {folder}"):
             storage.retry(functools.partial(fs.rm_file, marker_path), f"unpublish {folder}")
     if storage.retry(lambda: fs.exists(path), f"check {folder}"):
         storage.retry(lambda: fs.rm(path, recursive=True), f"remove {folder}")
-    (data.get("versions") or {}).pop(name, None)
-    if data.get("defaultVersion") == name:
-        data["defaultVersion"] = None
-    model_meta.write(base, data)
+
+
+def delete_version(model: str, name: str) -> None:
+    """As Cloud ML: not the default while others exist. With a record that cannot be read,
+    a version is named by its folder (`v<N>`), and the record is left as it is."""
+    with _lock(model):
+        base, data, why = _readable(model)
+        version = find_version(base, data, name, model)
+        others = [n for n in versions(base, data) if n != name]
+        if data.get("defaultVersion") == name and others:
+            raise UsageError(f"version {name!r} is model {model!r}'s default; make another "
+                             f"the default first (`versions set-default {others[0]} --model "
+                             f"{model}`), as Cloud ML requires")
+        _remove_folder(base, version["number"])
+        if why is not None:
+            return
+        (data.get("versions") or {}).pop(name, None)
+        if data.get("defaultVersion") == name:
+            data["defaultVersion"] = None
+        _write(model, base, data)
 
 
 def set_default(model: str, name: str) -> dict[str, Any]:
-    base, data = record(model)
-    version = find_version(base, data, name, model)
-    if not version.get("published"):
-        raise UsageError(f"version {name!r} of model {model!r} is not published; pick "
-                         "a READY version")
-    if name not in (data.get("versions") or {}):  # a folder `predict publish` made
-        data.setdefault("versions", {})[name] = {"number": version["number"]}
-    data["defaultVersion"] = name
-    model_meta.write(base, data)
+    with _lock(model):
+        base, data = record(model)
+        version = find_version(base, data, name, model)
+        if not version.get("published"):
+            raise UsageError(f"version {name!r} of model {model!r} is not published; pick "
+                             "a READY version")
+        if name not in (data.get("versions") or {}):  # a folder `predict publish` made
+            data.setdefault("versions", {})[name] = {"number": version["number"]}
+        data["defaultVersion"] = name
+        _write(model, base, data)
     return version

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
 
 from submit import jobs
-from tests.support.submit_cli import one_error_line, run
+from tests.support.submit_cli import at_once, one_error_line, run
 
 T0 = 1610737200.0  # 2021-01-15T19:00:00Z
 
@@ -121,28 +120,6 @@ def test_patterns_that_backtracked_for_minutes_finish_at_once(capsys, index, pat
     assert time.monotonic() - started < 5
 
 
-def _update_at_once(argvs: list[list[str]]) -> list[int]:
-    """Each `python -m submit` argv in a process of its own (forked from this one, its
-    imports done), all let go at the same moment; their exit statuses."""
-    from submit.__main__ import main
-    go_r, go_w = os.pipe()
-    pids = []
-    for argv in argvs:
-        pid = os.fork()
-        if pid == 0:  # the child: wait for the start, run the command, exit with it
-            status = 3
-            try:
-                os.close(go_w)
-                os.read(go_r, 1)
-                status = main(argv, standalone_mode=False)
-            finally:
-                os._exit(status if isinstance(status, int) else 3)
-        pids.append(pid)
-    os.close(go_r)
-    os.close(go_w)  # every child's read returns now
-    return [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
-
-
 def test_an_etag_is_a_compare_and_set(index):
     """Two `jobs update --etag E` at once, 20 times: exactly one succeeds each time, and
     every label an update reported written is there at the end."""
@@ -150,7 +127,7 @@ def test_an_etag_is_a_compare_and_set(index):
     written: dict[str, str] = {}
     for round_ in range(20):
         etag = resource.job(jobs.load("census_2"))["etag"]
-        codes = _update_at_once([["jobs", "update", "census_2", "--update-labels",
+        codes = at_once([["jobs", "update", "census_2", "--update-labels",
                                   f"{who}{round_}=x", "--etag", etag] for who in "ab"])
         assert sorted(codes) == [0, 1], (round_, codes)
         written[f"{'ab'[codes.index(0)]}{round_}"] = "x"

@@ -55,3 +55,24 @@ def nothing_written(*folders) -> None:
     home = os.environ["MLJOB_HOME"]
     assert not os.path.exists(os.path.join(home, "jobs"))
     assert not os.path.exists(os.path.join(home, "envs"))
+
+
+def at_once(argvs: list[list[str]]) -> list[int]:
+    """Each `python -m submit` argv in a process of its own (forked from this one, its
+    imports done), all let go at the same moment; their exit statuses."""
+    go_r, go_w = os.pipe()
+    pids = []
+    for argv in argvs:
+        pid = os.fork()
+        if pid == 0:  # the child: wait for the start, run the command, exit with it
+            status = 3
+            try:
+                os.close(go_w)
+                os.read(go_r, 1)
+                status = main(argv, standalone_mode=False)
+            finally:
+                os._exit(status if isinstance(status, int) else 3)
+        pids.append(pid)
+    os.close(go_r)
+    os.close(go_w)  # every child's read returns now
+    return [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
