@@ -150,25 +150,35 @@ def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return points[::step]
 
 
+def _mapping(value: Any) -> dict:
+    """A record's object field as a dict ({} for anything else: a hand-edited record)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _items(value: Any) -> list:
+    """A record's list field as a list ([] for anything else: a number, a text, null)."""
+    return value if isinstance(value, list) else []
+
+
 def trials_section(record: jobs.JobRecord) -> str:
-    output = record.training_output or {}
-    trials = [t for t in output.get("trials") or [] if isinstance(t, dict)]
+    output = _mapping(record.training_output)
+    trials = [t for t in _items(output.get("trials")) if isinstance(t, dict)]
     if not trials:
         return ""
-    spec = (record.training_input or {}).get("hyperparameters") or {}
-    params = [p for p in spec.get("params") or [] if isinstance(p, dict)]
+    spec = _mapping(_mapping(record.training_input).get("hyperparameters"))
+    params = [p for p in _items(spec.get("params")) if isinstance(p, dict)]
     names = [str(p.get("parameterName")) for p in params] or sorted(
-        {k for t in trials for k in t.get("hyperparameters") or {}})
+        {str(k) for t in trials for k in _mapping(t.get("hyperparameters"))})
     tag = str(output.get("hyperparameterMetricTag") or spec.get("hyperparameterMetricTag")
               or "objective")
     head = "".join(f"<th>{escape(h)}</th>" for h in ("Trial", "State", tag, "Step", *names))
     rows = []
     for t in trials:
-        metric = t.get("finalMetric") or {}
-        value = metric.get("objectiveValue")
+        metric = _mapping(t.get("finalMetric"))
+        value = _float(metric.get("objectiveValue"))
         state = str(t.get("state", "")) + (" (stopped early)"
                                            if t.get("isTrialStoppedEarly") else "")
-        hp = t.get("hyperparameters") or {}
+        hp = _mapping(t.get("hyperparameters"))
         cells = [str(t.get("trialId")), state, "-" if value is None else f"{value:.6g}",
                  str(metric.get("trainingStep", "-")), *(str(hp.get(n, "-")) for n in names)]
         rows.append(f'<tr data-trial="{escape(str(t.get("trialId")))}">' +
@@ -184,10 +194,10 @@ def objective_charts(trials: Iterable[dict], params: Sequence[Mapping[str, Any]]
     """Objective per trial (with the best so far), and per parameter."""
     scored = []
     for t in trials:
-        value = (t.get("finalMetric") or {}).get("objectiveValue")
+        value = _mapping(t.get("finalMetric")).get("objectiveValue")
         trial_id = str(t.get("trialId", ""))
         if isinstance(value, (int, float)) and ascii_digits(trial_id):
-            scored.append((int(trial_id), float(value), t.get("hyperparameters") or {}))
+            scored.append((int(trial_id), float(value), _mapping(t.get("hyperparameters"))))
     scored.sort(key=lambda s: s[0])
     best: list[tuple[float, float]] = []
     for trial, value, _ in scored:
@@ -203,7 +213,8 @@ def objective_charts(trials: Iterable[dict], params: Sequence[Mapping[str, Any]]
         labels = None
         numbers = [(_float(x), v) for x, v in values]
         if p.get("type") == "CATEGORICAL" or any(x is None for x, _ in numbers):
-            cats = [str(c) for c in p.get("categoricalValues") or []] or sorted(
+            # a categoricalValues that is no list (a number, a text): the values seen
+            cats = [str(c) for c in _items(p.get("categoricalValues"))] or sorted(
                 {str(x) for x, _ in values})
             labels = {float(i): c for i, c in enumerate(cats)}
             points = [(float(cats.index(str(x))), v) for x, v in values if str(x) in cats]

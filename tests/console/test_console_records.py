@@ -125,3 +125,40 @@ def test_a_big_log_is_shown_from_its_tail_and_resumed_at_the_same_lines(tmp_path
     again = events(**{"Last-Event-ID": "5"})
     assert again[:len(first) - 5] == first[5:]  # the same lines under the same numbers
     assert again[-1][1].endswith("\tline 149999")
+
+
+SHAPES = {  # a tuning spec or trial field of another type than Cloud ML writes
+    "categoricalValues a number": ({"categoricalValues": 5}, {}),
+    "categoricalValues a text": ({"categoricalValues": "adam"}, {}),
+    "categoricalValues an object": ({"categoricalValues": {"a": 1}}, {}),
+    "categoricalValues null": ({"categoricalValues": None}, {}),
+    "a trial's hyperparameters a list": ({}, {"hyperparameters": ["adam"]}),
+    "a trial's finalMetric a number": ({}, {"finalMetric": 3}),
+    "objective a numeric text": ({}, {"finalMetric": {"objectiveValue": "0.5"}}),
+}
+
+
+def test_odd_shapes_of_a_tuning_record_render_the_job_page(console):  # noqa: F811
+    """A trial parameter whose categoricalValues is a number (was 500), and its kin: the
+    page is drawn from what the record holds."""
+    _, client = console
+    for n, (param, trial) in enumerate(SHAPES.values()):
+        job_id = f"shape{n:02d}"
+        trials = [{"trialId": str(i), "state": "SUCCEEDED",
+                   "hyperparameters": {"opt": "adam"},
+                   "finalMetric": {"trainingStep": "1", "objectiveValue": 0.5 + i},
+                   **trial} for i in (1, 2)]
+        records.save(records.JobRecord(
+            job_id, state=records.SUCCEEDED, start_time=5.0, end_time=9.0,
+            training_input={"hyperparameters": {"goal": "MAXIMIZE", "params": [
+                {"parameterName": "opt", "type": "CATEGORICAL", **param}]}},
+            training_output={"isHyperparameterTuningJob": True, "trials": trials}))
+    for n, case in enumerate(SHAPES):
+        page = client.get(f"/jobs/shape{n:02d}")
+        if page.status_code == 422:  # what the record reader refuses: one line, as before
+            assert not case.startswith("categorical") and "is damaged (its" in page.text
+            continue
+        assert page.status_code == 200, (case, page.text[-300:])
+        assert 'id=trials-table' in page.text and 'class="chart per-parameter"' in page.text
+        if case.startswith("categoricalValues"):
+            assert ">adam</text>" in page.text  # the category seen, on the axis
