@@ -41,7 +41,7 @@ MAX_DEPTH = 64  # parentheses and NOTs within one another
 MAX_REPEAT = 1000  # RE2's largest repetition count
 # a counted repetition, {n}, {n,} or {n,m}: RE2 reads one whose count overflows as
 # literal text, where Python's re refuses it
-_COUNT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+_COUNT = re.compile(r"\{\s*([0-9]+)\s*(?:,\s*([0-9]*)\s*)?\}")
 
 
 def _unquote(text: str) -> str:
