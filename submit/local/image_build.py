@@ -42,7 +42,6 @@ DEBIAN_PACKAGES = ("python3", "python-is-python3", "ca-certificates")
 REQUIREMENTS = ("tensorflow-cpu==2.21.*", "fsspec>=2024.2", "gcsfs>=2024.2", "psutil>=5.9",
                 "tenacity>=8.2", "tensorboard>=2.20", "pip", "setuptools>=61", "wheel")
 BASE_NAME = "localhost/mljob-base"
-CA_PATH = "/etc/ssl/certs/ca-certificates.crt"   # Debian's bundle, where pip finds it
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 
@@ -170,31 +169,56 @@ def build_job_image(engine: ce.Engine, context: str, name: str, base: str | None
             with open(os.path.join(context, "Dockerfile.local"), "w") as f:
                 f.write(text)
             argv += ["-f", os.path.join(context, "Dockerfile.local")]
-    with _pip_trust() as mounts:
+    with pip_settings(engine) as mounts:
         _run(argv + mounts + [context], f"{engine.kind} build of {name}")
     log(f"built {name} from {context}/Dockerfile in {time.monotonic() - started:.0f} s")
 
 
+# pip's settings the build's pip is given (`pip config list`'s names)
+PIP_KEYS = ("index-url", "extra-index-url", "find-links", "no-index", "cert", "constraint",
+            "trusted-host", "timeout", "default-timeout", "proxy")
+PIP_PATH_KEYS = ("index-url", "extra-index-url", "find-links", "cert", "constraint")
+
+
+def pip_conf(settings: dict[str, str]) -> tuple[str, list[str]]:
+    """The pip.conf a build's pip reads for this machine's pip `settings`, and the local
+    folders and files it names (index folders, find-links folders, the CA bundle, the
+    constraints file), which the build's steps get mounted read-only at the same paths.
+    Paths that do not exist here are left out, as this machine's pip ignores them."""
+    lines, paths = ["[global]"], []
+    for key in PIP_KEYS:
+        if key not in settings:
+            continue
+        kept = []
+        for value in settings[key].split() if key in PIP_PATH_KEYS else [settings[key]]:
+            path = value[len("file://"):] if value.startswith("file://") else value
+            if key in PIP_PATH_KEYS and path.startswith("/"):
+                if not os.path.exists(path):
+                    continue
+                paths.append(path)
+            kept.append(value)
+        if kept:
+            lines.append(f"{key} = {' '.join(kept)}")
+    return "\n".join(lines) + "\n", list(dict.fromkeys(paths))
+
+
 @contextlib.contextmanager
-def _pip_trust():
-    """The build's pip trusts what this machine's pip trusts: when pip is given a CA
-    bundle here (PIP_CERT, or `cert` in pip's configuration), the bundle and a pip.conf
-    naming it are mounted into the build's steps (not left in the image)."""
-    cert = os.environ.get("PIP_CERT") or _pip_config("global.cert")
-    if not cert or not os.path.isfile(cert):
+def pip_settings(engine: ce.Engine):
+    """The build's pip finds and trusts what this machine's pip does: its index settings,
+    find-links, constraints and CA bundle (pip's configuration files and PIP_*
+    variables), given to the build's steps as /etc/pip.conf with the local folders
+    and files it names, all mounted read-only (not left in the image). podman only:
+    `docker build` takes no mounts, and its pip uses the image's own settings."""
+    if engine.kind != "podman":
         yield []
         return
+    from submit.packaging.pipconfig import pip_settings as settings_here
+    text, paths = pip_conf(settings_here())
     with tempfile.NamedTemporaryFile("w", suffix=".conf") as conf:
-        conf.write(f"[global]\ncert = {CA_PATH}\n")
+        conf.write(text)
         conf.flush()
-        yield ["--volume", f"{cert}:{CA_PATH}:ro", "--volume", f"{conf.name}:/etc/pip.conf:ro"]
-
-
-def _pip_config(key: str) -> str | None:
-    out = subprocess.run([sys.executable, "-m", "pip", "config", "get", key],
-                         capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
+        yield [*(a for p in paths for a in ("--volume", f"{p}:{p}:ro")),
+               "--volume", f"{conf.name}:/etc/pip.conf:ro"]
 
 
 def set_entrypoint(engine: ce.Engine, name: str, entrypoint: list[str]) -> None:
