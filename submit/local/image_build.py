@@ -35,6 +35,7 @@ import time
 
 from submit.jobdef.containers import check_image
 from submit.errors import UsageError
+from submit.local import build_progress as bp
 from submit.local import container_engine as ce
 
 RECIPE = 2
@@ -112,35 +113,52 @@ def _build_base(engine: ce.Engine, name: str, suite: str, mirror: str, log) -> N
     os.makedirs(wheels, exist_ok=True)
     work = tempfile.mkdtemp(prefix="base-", dir=cache_dir())
     rootfs = os.path.join(work, "rootfs")
+    progress = bp.Progress(log, phases=3)
     try:
-        log(f"building {name}: Debian {suite} from {mirror}, wheels by pip")
+        log(f"building {name} ({bp.FIRST_BUILD}): Debian {suite} from {mirror}, "
+            "wheels by pip")
         # the wheels download while debootstrap works
         pip = subprocess.Popen(
             [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
              "-d", wheels, *REQUIREMENTS], stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deb = bp.Debootstrap()
         try:
-            _run(["debootstrap", "--variant=minbase",
-                  "--include=" + ",".join(DEBIAN_PACKAGES), f"--cache-dir={debs}",
-                  suite, rootfs, mirror], "debootstrap")
+            with progress.phase(f"debootstrap of Debian {suite} ({', '.join(DEBIAN_PACKAGES)}"
+                                f" and what they need) and pip download of "
+                                f"{', '.join(REQUIREMENTS)}",
+                                lambda: f"{deb.status(debs)}; {bp.wheels_status(wheels)}"):
+                _debootstrap(["debootstrap", "--variant=minbase",
+                              "--include=" + ",".join(DEBIAN_PACKAGES),
+                              f"--cache-dir={debs}", suite, rootfs, mirror], deb)
+                pip_out, _ = pip.communicate()
         finally:
-            pip_out, _ = pip.communicate()
+            if pip.poll() is None:
+                pip.kill()
+                pip.wait()
         if pip.returncode != 0:
             raise UsageError(f"pip download of the base image's wheels failed "
                              f"({ce.first_line(pip_out)})")
-        with contextlib.suppress(FileNotFoundError):  # pip installs into the image's own
+        with contextlib.suppress(IndexError, FileNotFoundError):  # pip installs into it
             os.remove(glob.glob(os.path.join(rootfs, "usr/lib/python3*/EXTERNALLY-MANAGED"))[0])
         reqs = " ".join(f"'{r}'" for r in REQUIREMENTS)
-        _run(engine.argv("run", "--rm", "--network", "none", "-v", f"{wheels}:/wheels:ro",
-                         "--rootfs", rootfs, "sh", "-c",
-                         "python3 $(ls /wheels/pip-*.whl | tail -1)/pip install -q "
-                         "--no-index --find-links /wheels --no-cache-dir "
-                         f"--root-user-action=ignore {reqs} && pip --version"),
-             "pip install in the base image")
+        files, size = bp.folder_size(wheels)
+        with progress.phase(f"pip install of {files} wheels ({bp.megabytes(size)}) in the "
+                            "new root, no network, and their .pyc files compiled",
+                            lambda: f"root filesystem {bp.megabytes(bp.folder_size(rootfs)[1])}"):
+            _run(engine.argv("run", "--rm", "--network", "none", "-v", f"{wheels}:/wheels:ro",
+                             "--rootfs", rootfs, "sh", "-c",
+                             "python3 $(ls /wheels/pip-*.whl | tail -1)/pip install -q "
+                             "--no-index --find-links /wheels --no-cache-dir "
+                             f"--root-user-action=ignore {reqs} && pip --version"),
+                 "pip install in the base image")
+        size = bp.folder_size(rootfs)[1]
         tar = subprocess.Popen(["tar", "-C", rootfs, "-c", "."], stdout=subprocess.PIPE)
         try:
-            _run(engine.argv("import", "--change", 'CMD ["python3"]', "-", name),
-                 f"{engine.kind} import", stdin=tar.stdout)
+            with progress.phase(f"{engine.kind} import of the root filesystem "
+                                f"({bp.megabytes(size)})"):
+                _run(engine.argv("import", "--change", 'CMD ["python3"]', "-", name),
+                     f"{engine.kind} import", stdin=tar.stdout)
         finally:
             assert tar.stdout is not None
             tar.stdout.close()
@@ -148,6 +166,21 @@ def _build_base(engine: ce.Engine, name: str, suite: str, mirror: str, log) -> N
         log(f"built {name} in {time.monotonic() - started:.0f} s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _debootstrap(argv: list[str], progress: bp.Debootstrap) -> None:
+    """debootstrap, its lines fed to `progress` as they come; its last ones name a
+    failure."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace")
+    tail: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        progress.feed(line)
+        tail = [*tail[-19:], line]
+    if proc.wait() != 0:
+        raise UsageError(f"debootstrap failed ({ce.first_line(''.join(tail))}); the "
+                         f"command was: {' '.join(argv)[:200]}")
 
 
 def build_job_image(engine: ce.Engine, context: str, name: str, base: str | None,
@@ -221,11 +254,27 @@ def pip_settings(engine: ce.Engine):
                "--volume", f"{conf.name}:/etc/pip.conf:ro"]
 
 
-def set_entrypoint(engine: ce.Engine, name: str, entrypoint: list[str]) -> None:
-    """`name` again, with a layer that only sets its entrypoint."""
+def finish_image(engine: ce.Engine, name: str, entrypoint: list[str] | None,
+                 requirements: list[str], requirements_file: str | None = None) -> None:
+    """`name` again, with a layer that pip-installs `requirements` (and a requirements
+    file's) with this machine's pip settings (`pip_settings`), and sets its entrypoint."""
     import json
+    import shlex
     with tempfile.TemporaryDirectory() as context:
+        lines = [f"FROM {name}"]
+        if requirements_file:
+            shutil.copyfile(requirements_file, os.path.join(context, "requirements.txt"))
+            lines += ["COPY requirements.txt /tmp/mljob-requirements.txt",
+                      "RUN pip install --no-cache-dir -r /tmp/mljob-requirements.txt"
+                      " && rm /tmp/mljob-requirements.txt"]
+        if requirements:
+            lines.append("RUN pip install --no-cache-dir "
+                         + " ".join(shlex.quote(r) for r in requirements))
+        if entrypoint:
+            lines += [f"ENTRYPOINT {json.dumps(entrypoint)}", "CMD []"]
         with open(os.path.join(context, "Dockerfile"), "w") as f:
-            f.write(f"FROM {name}\nENTRYPOINT {json.dumps(entrypoint)}\nCMD []\n")
-        _run(engine.argv("build", "--pull=never" if engine.kind == "podman" else "--pull=false",
-                         "-t", name, context), f"{engine.kind} build of {name}'s entrypoint")
+            f.write("\n".join(lines) + "\n")
+        argv = engine.argv("build", "--pull=never" if engine.kind == "podman"
+                           else "--pull=false", "--network", "host", "-t", name)
+        with pip_settings(engine) as mounts:
+            _run(argv + mounts + [context], f"{engine.kind} build of {name}'s last layer")
