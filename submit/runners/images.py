@@ -36,26 +36,30 @@ def image_key(package: Package) -> str:
 
 
 def package_image(engine: ce.Engine, source: str | None, name: str | None, base: str | None,
-                  *, module: str | None = None, log=print) -> str:
+                  *, module: str | None = None, requirements: list[str] | None = None,
+                  requirements_file: str | None = None, log=print) -> str:
     """The image of a package folder (`--package-path`; None: this project, its bundled
     trainer): its sdist, built as a job stages it, and mljob's core, installed by the
     Kubeflow runner's Dockerfile on `base`, with `python -m MODULE` as its entrypoint
     when a module is given (as Vertex's local-run images have it; the Kubeflow
     Dockerfile has none: its pods name the command). Unnamed, it is
     `localhost/<dist name>:<hash of its archives>`, and found already built when those
-    archives were built before."""
+    archives were built before. `requirements` (pip's) and a `requirements_file` are
+    installed in a layer of their own (`local-run`'s --requirements)."""
     out_dir = tempfile.mkdtemp(prefix="sdist-")
     try:
         package = with_core(packages.build(packages.resolve_source(source), out_dir),
                             out_dir)
+        extra = bool(requirements or requirements_file)
         if name is None:
             name = f"localhost/{package.dist_name}:{image_key(package)}"
-            if ce.image_exists(engine, name):
+            if ce.image_exists(engine, name) and not extra:
                 return name
         image_build.build_job_image(engine, build_context(package, gpu=False), name, base,
                                     log=log)
-        if module is not None:
-            image_build.set_entrypoint(engine, name, ["python", "-m", module])
+        if module is not None or extra:
+            image_build.finish_image(engine, name, ["python", "-m", module] if module
+                                     else None, requirements or [], requirements_file)
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     return name

@@ -252,3 +252,33 @@ def test_build_image_runs_a_user_package_that_imports_mljob(capsys, monkeypatch,
         assert ce.leftovers(engine, "cuser") == ([], [])
     finally:
         subprocess.run([engine.path, "rmi", "-f", name], capture_output=True)
+
+
+def test_local_run_runs_a_folder_as_vertexs_local_run(capsys, monkeypatch, engine,
+                                                      tmp_path):
+    """`local-run` as `gcloud ai custom-jobs local-run`: a folder without setup.py (the
+    module's package in it), `--requirements` a distribution no index has (from a local
+    folder, PIP_FIND_LINKS) and the folder's requirements.txt, on the base image as
+    `--executor-image-uri`, named `--output-image-uri`, the module's arguments after
+    `--`: one container runs it to SUCCEEDED."""
+    from tests.e2e.test_pyproject_package import build_dependency
+    monkeypatch.setenv("PIP_FIND_LINKS", build_dependency(tmp_path))
+    work = tmp_path / "work"
+    (work / "my_training").mkdir(parents=True)
+    (work / "my_training" / "task.py").write_text(
+        "import sys, mljob, mljob_probe_dep\n"
+        "print('ran with', sys.argv[1:], mljob_probe_dep.VALUE, flush=True)\n")
+    (work / "requirements.txt").write_text("# the folder's own, as local-run reads it\n")
+    name = f"localhost/localrun:{os.getpid()}"
+    try:
+        status, out, err = run(capsys, "local-run", "--executor-image-uri",
+                               image_build.base_image(engine), "--local-package-path",
+                               str(work), "--python-module", "my_training.task",
+                               "--requirements", "mljob-probe-dep==1.0",
+                               "--output-image-uri", name, "--", "--epochs", "2")
+        assert status == 0, (err + out)[-3000:]
+        assert "ran with ['--epochs', '2'] probe 42" in out
+        assert "SUCCEEDED" in out
+        assert ce.image_exists(engine, name)
+    finally:
+        subprocess.run([engine.path, "rmi", "-f", name], capture_output=True)
