@@ -5,6 +5,7 @@
     python -m submit jobs list|describe|stream-logs|cancel|update  manage submitted jobs
     python -m submit local train [--distributed ...] [-- args]  run the working tree
     python -m submit local predict --model-dir DIR --json-instances FILE
+    python -m submit local-run --executor-image-uri IMAGE --python-module M [-- args]
 
 The commands live in `submit.cli.cmd_*` modules, each adding itself to the root group of
 `submit.cli.cli_base`; this module registers them and runs them inside the one error
@@ -23,8 +24,8 @@ from mljob.errors import boundary, needs_extra, say
 try:
     import click
 
-    from submit.cli import (cmd_console, cmd_jobs, cmd_local, cmd_models,  # noqa: F401
-                            cmd_prediction, cmd_predict, cmd_submit)
+    from submit.cli import (cmd_console, cmd_jobs, cmd_local, cmd_local_run,  # noqa: F401
+                            cmd_models, cmd_prediction, cmd_predict, cmd_submit)
     from submit import jobs as records, lifecycle
     from submit.cli.cli_base import cli, echo
     from submit.errors import EXIT_OK, EXIT_USAGE
@@ -102,6 +103,10 @@ def _cli(argv) -> int:
         return exc.exit_code
     except _NoArgsIsHelp as exc:  # a bare group: show its help, as click would
         click.echo(exc.ctx.get_help(), err=True)
+        return EXIT_USAGE
+    except click.NoSuchOption as exc:  # Vertex's local-run flags: said where they go
+        say(cmd_local_run.elsewhere(exc.option_name)
+            or f"{exc.format_message()} (see python -m submit --help)")
         return EXIT_USAGE
     except click.ClickException as exc:
         say(f"{exc.format_message()} (see python -m submit --help)")

@@ -44,6 +44,7 @@ from mljob.training import own_steps
 from mljob.training.config import STEPS_PER_EXECUTION, Program, RunConfig
 from mljob.training.errors import UsageError
 from mljob.training.losses import compiled_optimizer, merge_rule, one_replica, unpack
+from mljob.training.precision import WIRE_BFLOAT16, wire_dtype
 from mljob.training.shared_state import add_change, atomic_iterations, keeping_state, \
     tf_variable as _tf_variable
 from mljob.training.strategies import weight_parts
@@ -158,9 +159,10 @@ class Replica:
         if coordinator is not None:  # Keras's own apply and the local steps alike
             atomic_iterations(self.optimizer)
         # What each read of the ps's weights and write of their change carries on the
-        # wire: bfloat16 with local steps unless told (wire_dtype None: float32).
-        wire = config.ps_wire_dtype or ("bfloat16" if self.local_steps else "float32")
-        self.wire_dtype = tf.bfloat16 if wire == "bfloat16" else None
+        # wire: with local steps, bfloat16 where the CPU computes it well, unless told
+        # (precision.wire_dtype; wire_dtype None: float32).
+        self.wire = wire_dtype(config.ps_wire_dtype, self.local_steps)
+        self.wire_dtype = tf.bfloat16 if self.wire.dtype == WIRE_BFLOAT16 else None
         if self.wire_dtype is not None and coordinator is not None and not self.local_steps:
             raise UsageError("ps_wire_dtype bfloat16 packs the reads and writes of local "
                              "steps, which are off here (ps_local_steps=False, or not "
@@ -177,12 +179,14 @@ class Replica:
         """How the workers update the ps, for the chief's started lines."""
         if not self.local_steps:
             return "step by step (one read and one update of every variable a step)"
-        wire = "bfloat16" if self.wire_dtype is not None else "float32"
+        wire = f"{self.wire.dtype} on the wire" + (
+            f" ({self.wire.reason.removeprefix('auto: ')})"
+            if self.wire.reason.startswith("auto:") and self.wire_dtype is None else "")
         workers = f"{self.num_workers} worker{'' if self.num_workers == 1 else 's'}"
         weights = {"sqrt": f"summed / sqrt({self.num_workers})", "mean": "averaged"}[
             self.merge]
         return (f"local steps ({self.steps_per_execution} a function, {workers}: "
-                f"weight changes {weights}, moments averaged, {wire} on the wire)")
+                f"weight changes {weights}, moments averaged, {wire})")
 
     def shards(self) -> dict[str, int]:
         return {w.path: len(weight_parts(w)) for w in self.model.weights}

@@ -11,6 +11,12 @@ hardware does bfloat16 arithmetic natively, float32 elsewhere:
 Either way the variables, checkpoints and the export stay float32 (Keras's
 `mixed_bfloat16` policy: float32 variables, bfloat16 compute); only the arithmetic of a
 step changes. `resolve` decides once, from what it is given, and says why in one line.
+
+What crosses the wire under ps with local steps (`wire_dtype`; RunConfig.ps_wire_dtype)
+is chosen the same way: bfloat16 (half the bytes) where the CPU has AVX-512 (or
+AVX-NE-CONVERT), which oneDNN's bfloat16 casts need; elsewhere float32: there
+TensorFlow's oneDNN logs `oneDNN supports DT_BFLOAT16 only on platforms with AVX-512`
+as an ERROR in every worker and falls back to Eigen's slower casts.
 """
 from __future__ import annotations
 
@@ -22,6 +28,10 @@ PRECISIONS = (AUTO, OFF, BFLOAT16)
 # CPU flags (Linux's names) that mean native bfloat16 arithmetic.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 BF16_GPU_CAPABILITY = (8, 0)
+# CPU flags with which oneDNN computes bfloat16 (TensorFlow's
+# IsDataTypeSupportedByOneDNNOnThisCPU: AVX512F or AVX_NE_CONVERT).
+ONEDNN_BF16_CPU_FLAGS = ("avx512f", "avx_ne_convert")
+WIRE_FLOAT32, WIRE_BFLOAT16 = "float32", "bfloat16"
 CPUINFO = "/proc/cpuinfo"
 
 
@@ -79,5 +89,30 @@ def resolve(requested: str, *, flags: Iterable[str] | None = None,
     return Choice(AUTO, OFF, "auto: the CPU has no avx512_bf16 or amx_bf16")
 
 
+@dataclasses.dataclass(frozen=True)
+class Wire:
+    """What crosses the wire between workers and ps under local steps, and why."""
+
+    dtype: str       # WIRE_FLOAT32 or WIRE_BFLOAT16
+    reason: str
+
+
+def wire_dtype(requested: str | None, local_steps: bool, *,
+               flags: Iterable[str] | None = None) -> Wire:
+    """The wire's dtype: `requested` (RunConfig.ps_wire_dtype) as asked; unset, float32
+    without local steps, and with them bfloat16 where the CPU has what oneDNN's bfloat16
+    needs (ONEDNN_BF16_CPU_FLAGS), float32 elsewhere. flags: the CPU's (None: read from
+    /proc/cpuinfo)."""
+    if requested is not None:
+        return Wire(requested, "as asked")
+    if not local_steps:
+        return Wire(WIRE_FLOAT32, "step by step")
+    have = cpu_flags() if flags is None else frozenset(flags)
+    native = [f for f in ONEDNN_BF16_CPU_FLAGS if f in have]
+    if native:
+        return Wire(WIRE_BFLOAT16, f"auto: the CPU has {native[0]}")
+    return Wire(WIRE_FLOAT32, "auto: the CPU has no AVX-512, which oneDNN's bfloat16 needs")
+
+
 __all__ = ["AUTO", "OFF", "BFLOAT16", "PRECISIONS", "BF16_CPU_FLAGS", "Choice",
-           "cpu_flags", "resolve"]
+           "ONEDNN_BF16_CPU_FLAGS", "Wire", "cpu_flags", "resolve", "wire_dtype"]

@@ -19,10 +19,11 @@ DEFAULT_MODULE = "trainer.task"
 
 
 def build_for_submit(options, package_path: str | None, module_name: str | None,
-                     dry_run: bool, job_definition: dict) -> tuple[None, None]:
-    """Build the image (not for a dry run) and make it the job's: the package path and
-    module, now the image's, are spent (None, None). The options are the local
-    runner's (`submit.runners.local_options`; `check_for` refused them elsewhere)."""
+                     dry_run: bool, job_definition: dict) -> tuple[None, str]:
+    """Build the image (not for a dry run) and make it the job's: the package path, now
+    the image's, is spent (None); the module is what the image runs, and what the job's
+    record names (`pythonModule`). The options are the local runner's
+    (`submit.runners.local_options`; `check_for` refused them elsewhere)."""
     name, base, choice = options.build_image, options.base_image, options.container_engine
     if name is None:
         raise UsageError("--base-image is the base of --build-image; give --build-image "
@@ -33,11 +34,11 @@ def build_for_submit(options, package_path: str | None, module_name: str | None,
     check_image(name, "--build-image", UsageError)
     if base is not None:
         check_image(base, "--base-image", UsageError)
+    module = module_name or DEFAULT_MODULE
     if not dry_run:
         engine = ce.detect(choice)
         log = lambda text: click.echo(text, err=True)  # noqa: E731
         base = base or image_build.base_image(engine, log=log)
-        images.package_image(engine, package_path, name, base,
-                             module=module_name or DEFAULT_MODULE, log=log)
+        images.package_image(engine, package_path, name, base, module=module, log=log)
     job_definition["master_image_uri"] = name
-    return None, None
+    return None, module

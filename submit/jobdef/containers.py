@@ -7,7 +7,8 @@ runs the master's; a replica with a container installs no package (nothing is bu
 staged unless --package-path or --packages ask for it); `containerArgs`, when given,
 replace the trainer arguments (`args` and `--job-dir`), which are otherwise the
 container's arguments. The Kubeflow and Vertex renderers run the image as given; the
-local runner refuses it (`submit.runners.local`).
+local runner runs each replica as a container (`submit.local.containers`); Ray refuses
+it (`submit.runners.ray`).
 """
 from __future__ import annotations
 

@@ -181,12 +181,14 @@ def gpu_flags(engine: Engine, gpus: int, devices: str | None = None) -> list[str
 
 def run_argv(engine: Engine, *, job_id: str, label: str, image: str, hostname: str,
              env_keys: Sequence[str], mounts: Sequence[str], entrypoint: Sequence[str],
-             args: Sequence[str], gpus: Sequence[str] = (), workdir: str | None = None) \
-        -> list[str]:
+             args: Sequence[str], gpus: Sequence[str] = (), workdir: str | None = None,
+             cpu_shares: int | None = None) -> list[str]:
     """`run` of one replica, attached (its output on the engine's stdout and stderr, its
     exit status the engine's), named, labelled, on the job's network under its TF_CONFIG
     host name. `env_keys` are passed by name: their values come from the environment the
-    engine is started with (none of the host's others reach the container)."""
+    engine is started with (none of the host's others reach the container).
+    `cpu_shares`: its CPU weight against this machine's other processes (1024 is one
+    busy thread's)."""
     name = container_name(job_id, label)
     # --init: a small init is PID 1 and the replica its child, so a SIGTERM reaches the
     # replica as on a machine (PID 1 ignores the signals it has no handler for)
@@ -197,6 +199,8 @@ def run_argv(engine: Engine, *, job_id: str, label: str, image: str, hostname: s
                        "--network-alias", hostname)
     if engine.kind == "podman":
         argv += ["--replace"]    # a restart's name is the replica's, as before
+    if cpu_shares is not None:
+        argv += ["--cpu-shares", str(cpu_shares)]
     for key in env_keys:
         argv += ["--env", key]
     for mount in mounts:
@@ -210,6 +214,30 @@ def run_argv(engine: Engine, *, job_id: str, label: str, image: str, hostname: s
     argv.append(image)
     argv += [*entrypoint[1:], *args]
     return argv
+
+
+def cgroup_parent(engine: Engine, cgroup_file: str = "/proc/self/cgroup") -> str | None:
+    """Where a replica's container goes among this machine's cgroups so that it competes
+    for CPU as a replica process does: beside this process's own cgroup's processes
+    (under cgroup v1 with podman's cgroupfs manager, whose default parent, libpod_parent,
+    holds every container under one weight of 1024: all of a job's containers together
+    got what one busy thread of a process gets). None where the engine's own placement
+    stands (cgroup v2, systemd's manager, docker)."""
+    if engine.kind != "podman":
+        return None
+    out = call(engine, "info", "--format", "{{.Host.CgroupManager}} {{.Host.CgroupsVersion}}")
+    if out.stdout.split() != ["cgroupfs", "v1"]:
+        return None
+    try:
+        with open(cgroup_file, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
+        if "cpu" in controllers.split(",") and path.startswith("/"):
+            return path
+    return None
 
 
 def leftovers(engine: Engine, job_id: str) -> tuple[list[str], list[str]]:

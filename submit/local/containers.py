@@ -27,7 +27,7 @@ import ipaddress
 import json
 import os
 
-from mljob import contracts, storage
+from mljob import contracts, machines, storage
 from mljob.errors import ascii_digits
 from submit.local import container_engine as ce
 from submit.local.plan import JobPlan, ReplicaPlan
@@ -40,10 +40,13 @@ PASSED = ("TF_CONFIG", contracts.JOB_ID_ENV, "PYTHONUNBUFFERED", "GRPC_FAIL_FAST
           contracts.TRIAL_ID_ENV)
 DROPPED = ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")  # the host's, meaningless inside
 FIRST_HOST = 10  # replicas' addresses on the job's network: .10, .11, ... in plan order
+SHARES_PER_VCPU = 1024  # a container's CPU weight per vCPU of its machine type
 # Each container's address on its job's network, fixed when the network is made
 # (`prepare`): a restarted replica comes back at the same address, as its peers' gRPC
 # channels (which resolved its name once) expect.
 _ADDRESSES: dict[str, str] = {}
+# Each container's cgroup parent (`prepare`, `ce.cgroup_parent`).
+_PARENTS: dict[str, str] = {}
 
 
 def uses_containers(spec: JobSpec) -> bool:
@@ -77,7 +80,8 @@ def containerize(plan: JobPlan, spec: JobSpec, engine: ce.Engine) -> JobPlan:
             engine, job_id=plan.job_id, label=r.label, image=group.image_uri,
             hostname=host(r.label), env_keys=PASSED, mounts=mounts,
             entrypoint=group.container_command, args=args,
-            gpus=ce.gpu_flags(engine, group.gpus, r.env.get("CUDA_VISIBLE_DEVICES")))
+            gpus=ce.gpu_flags(engine, group.gpus, r.env.get("CUDA_VISIBLE_DEVICES")),
+            cpu_shares=cpu_shares(group.machine_type))
         replicas.append(dataclasses.replace(
             r, command=tuple(argv), env=env, tf_config=tf_config,
             address=addresses[r.label] if r.address else None,
@@ -87,6 +91,15 @@ def containerize(plan: JobPlan, spec: JobSpec, engine: ce.Engine) -> JobPlan:
     return dataclasses.replace(plan, replicas=tuple(replicas), cluster=cluster,
                                containers={"engine": engine.path, "kind": engine.kind,
                                            "network": ce.network_name(plan.job_id)})
+
+
+def cpu_shares(machine_type: str) -> int | None:
+    """A replica's CPU weight: its machine type's vCPUs, each weighing what one busy
+    thread of a process does (as Kubernetes turns a pod's CPU request into shares)."""
+    try:
+        return SHARES_PER_VCPU * machines.lookup(machine_type).vcpus
+    except KeyError:
+        return None
 
 
 def _spec_type(replica: ReplicaPlan) -> str:
@@ -126,6 +139,11 @@ def prepare(plan: JobPlan) -> str:
                            f"{ce.network_name(plan.job_id)}: {ce.first_line(out.stderr)}")
     if engine.kind == "podman":  # docker takes --ip only on a network given a subnet
         _fix_addresses(engine, plan)
+    parent = ce.cgroup_parent(engine)
+    if parent is not None:  # beside the replica processes' cgroup (ce.cgroup_parent)
+        for replica in plan.replicas:
+            if replica.container:
+                _PARENTS[replica.container["name"]] = parent
     return (f"containers run by {engine.kind} ({engine.path}) on network "
             f"{ce.network_name(plan.job_id)}")
 
@@ -145,11 +163,17 @@ def _fix_addresses(engine: ce.Engine, plan: JobPlan) -> None:
 
 def command(replica: ReplicaPlan) -> tuple[str, ...]:
     """The replica's command as it starts now: a container's `run` gets its fixed
-    address on the job's network (`prepare`)."""
-    address = _ADDRESSES.get((replica.container or {}).get("name", ""))
-    if address is None:
-        return replica.command
-    return (*replica.command[:2], "--ip", address, *replica.command[2:])
+    address on the job's network and its job's cgroup parent (`prepare`)."""
+    name = (replica.container or {}).get("name", "")
+    extra: list[str] = []
+    address = _ADDRESSES.get(name)
+    if address is not None:
+        extra += ["--ip", address]
+    parent = _PARENTS.get(name)
+    if parent is not None:
+        extra += ["--cgroup-parent", parent]
+    return (*replica.command[:2], *extra, *replica.command[2:]) if extra \
+        else replica.command
 
 
 def kill(replica: ReplicaPlan) -> None:
@@ -158,6 +182,20 @@ def kill(replica: ReplicaPlan) -> None:
     if info:
         engine = ce.Engine(info["kind"], info["engine"])
         ce.call(engine, *ce.rm_argv(engine, [info["name"]])[1:])
+
+
+def stopped(replica: ReplicaPlan) -> bool:
+    """Whether a replica's container has stopped by itself (or is gone) while the
+    engine's `run` still tears it down (its network, its storage, `--rm`): its status
+    is the container's, and the supervisor waits for it rather than SIGKILL the `run`
+    (which would record 137). False for a replica that is not a container."""
+    info = replica.container
+    if not info:
+        return False
+    engine = ce.Engine(info["kind"], info["engine"])
+    out = ce.call(engine, "inspect", "--format", "{{.State.Running}}", info["name"],
+                  timeout=10)
+    return out.returncode != 0 or out.stdout.strip() == "false"
 
 
 def host_pid(replica: ReplicaPlan) -> int | None:
@@ -178,6 +216,7 @@ def clean_up(plan: JobPlan) -> None:
         ce.remove_job(engine_of(plan.containers), plan.job_id)
         for replica in plan.replicas:
             _ADDRESSES.pop((replica.container or {}).get("name", ""), None)
+            _PARENTS.pop((replica.container or {}).get("name", ""), None)
 
 
 def check(spec: JobSpec) -> None:

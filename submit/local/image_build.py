@@ -35,6 +35,7 @@ import time
 
 from submit.jobdef.containers import check_image
 from submit.errors import UsageError
+from submit.local import build_progress as bp
 from submit.local import container_engine as ce
 
 RECIPE = 2
@@ -42,7 +43,6 @@ DEBIAN_PACKAGES = ("python3", "python-is-python3", "ca-certificates")
 REQUIREMENTS = ("tensorflow-cpu==2.21.*", "fsspec>=2024.2", "gcsfs>=2024.2", "psutil>=5.9",
                 "tenacity>=8.2", "tensorboard>=2.20", "pip", "setuptools>=61", "wheel")
 BASE_NAME = "localhost/mljob-base"
-CA_PATH = "/etc/ssl/certs/ca-certificates.crt"   # Debian's bundle, where pip finds it
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 
@@ -113,35 +113,52 @@ def _build_base(engine: ce.Engine, name: str, suite: str, mirror: str, log) -> N
     os.makedirs(wheels, exist_ok=True)
     work = tempfile.mkdtemp(prefix="base-", dir=cache_dir())
     rootfs = os.path.join(work, "rootfs")
+    progress = bp.Progress(log, phases=3)
     try:
-        log(f"building {name}: Debian {suite} from {mirror}, wheels by pip")
+        log(f"building {name} ({bp.FIRST_BUILD}): Debian {suite} from {mirror}, "
+            "wheels by pip")
         # the wheels download while debootstrap works
         pip = subprocess.Popen(
             [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
              "-d", wheels, *REQUIREMENTS], stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deb = bp.Debootstrap()
         try:
-            _run(["debootstrap", "--variant=minbase",
-                  "--include=" + ",".join(DEBIAN_PACKAGES), f"--cache-dir={debs}",
-                  suite, rootfs, mirror], "debootstrap")
+            with progress.phase(f"debootstrap of Debian {suite} ({', '.join(DEBIAN_PACKAGES)}"
+                                f" and what they need) and pip download of "
+                                f"{', '.join(REQUIREMENTS)}",
+                                lambda: f"{deb.status(debs)}; {bp.wheels_status(wheels)}"):
+                _debootstrap(["debootstrap", "--variant=minbase",
+                              "--include=" + ",".join(DEBIAN_PACKAGES),
+                              f"--cache-dir={debs}", suite, rootfs, mirror], deb)
+                pip_out, _ = pip.communicate()
         finally:
-            pip_out, _ = pip.communicate()
+            if pip.poll() is None:
+                pip.kill()
+                pip.wait()
         if pip.returncode != 0:
             raise UsageError(f"pip download of the base image's wheels failed "
                              f"({ce.first_line(pip_out)})")
-        with contextlib.suppress(FileNotFoundError):  # pip installs into the image's own
+        with contextlib.suppress(IndexError, FileNotFoundError):  # pip installs into it
             os.remove(glob.glob(os.path.join(rootfs, "usr/lib/python3*/EXTERNALLY-MANAGED"))[0])
         reqs = " ".join(f"'{r}'" for r in REQUIREMENTS)
-        _run(engine.argv("run", "--rm", "--network", "none", "-v", f"{wheels}:/wheels:ro",
-                         "--rootfs", rootfs, "sh", "-c",
-                         "python3 $(ls /wheels/pip-*.whl | tail -1)/pip install -q "
-                         "--no-index --find-links /wheels --no-cache-dir "
-                         f"--root-user-action=ignore {reqs} && pip --version"),
-             "pip install in the base image")
+        files, size = bp.folder_size(wheels)
+        with progress.phase(f"pip install of {files} wheels ({bp.megabytes(size)}) in the "
+                            "new root, no network, and their .pyc files compiled",
+                            lambda: f"root filesystem {bp.megabytes(bp.folder_size(rootfs)[1])}"):
+            _run(engine.argv("run", "--rm", "--network", "none", "-v", f"{wheels}:/wheels:ro",
+                             "--rootfs", rootfs, "sh", "-c",
+                             "python3 $(ls /wheels/pip-*.whl | tail -1)/pip install -q "
+                             "--no-index --find-links /wheels --no-cache-dir "
+                             f"--root-user-action=ignore {reqs} && pip --version"),
+                 "pip install in the base image")
+        size = bp.folder_size(rootfs)[1]
         tar = subprocess.Popen(["tar", "-C", rootfs, "-c", "."], stdout=subprocess.PIPE)
         try:
-            _run(engine.argv("import", "--change", 'CMD ["python3"]', "-", name),
-                 f"{engine.kind} import", stdin=tar.stdout)
+            with progress.phase(f"{engine.kind} import of the root filesystem "
+                                f"({bp.megabytes(size)})"):
+                _run(engine.argv("import", "--change", 'CMD ["python3"]', "-", name),
+                     f"{engine.kind} import", stdin=tar.stdout)
         finally:
             assert tar.stdout is not None
             tar.stdout.close()
@@ -149,6 +166,21 @@ def _build_base(engine: ce.Engine, name: str, suite: str, mirror: str, log) -> N
         log(f"built {name} in {time.monotonic() - started:.0f} s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _debootstrap(argv: list[str], progress: bp.Debootstrap) -> None:
+    """debootstrap, its lines fed to `progress` as they come; its last ones name a
+    failure."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace")
+    tail: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        progress.feed(line)
+        tail = [*tail[-19:], line]
+    if proc.wait() != 0:
+        raise UsageError(f"debootstrap failed ({ce.first_line(''.join(tail))}); the "
+                         f"command was: {' '.join(argv)[:200]}")
 
 
 def build_job_image(engine: ce.Engine, context: str, name: str, base: str | None,
@@ -170,38 +202,79 @@ def build_job_image(engine: ce.Engine, context: str, name: str, base: str | None
             with open(os.path.join(context, "Dockerfile.local"), "w") as f:
                 f.write(text)
             argv += ["-f", os.path.join(context, "Dockerfile.local")]
-    with _pip_trust() as mounts:
+    with pip_settings(engine) as mounts:
         _run(argv + mounts + [context], f"{engine.kind} build of {name}")
     log(f"built {name} from {context}/Dockerfile in {time.monotonic() - started:.0f} s")
 
 
+# pip's settings the build's pip is given (`pip config list`'s names)
+PIP_KEYS = ("index-url", "extra-index-url", "find-links", "no-index", "cert", "constraint",
+            "trusted-host", "timeout", "default-timeout", "proxy")
+PIP_PATH_KEYS = ("index-url", "extra-index-url", "find-links", "cert", "constraint")
+
+
+def pip_conf(settings: dict[str, str]) -> tuple[str, list[str]]:
+    """The pip.conf a build's pip reads for this machine's pip `settings`, and the local
+    folders and files it names (index folders, find-links folders, the CA bundle, the
+    constraints file), which the build's steps get mounted read-only at the same paths.
+    Paths that do not exist here are left out, as this machine's pip ignores them."""
+    lines, paths = ["[global]"], []
+    for key in PIP_KEYS:
+        if key not in settings:
+            continue
+        kept = []
+        for value in settings[key].split() if key in PIP_PATH_KEYS else [settings[key]]:
+            path = value[len("file://"):] if value.startswith("file://") else value
+            if key in PIP_PATH_KEYS and path.startswith("/"):
+                if not os.path.exists(path):
+                    continue
+                paths.append(path)
+            kept.append(value)
+        if kept:
+            lines.append(f"{key} = {' '.join(kept)}")
+    return "\n".join(lines) + "\n", list(dict.fromkeys(paths))
+
+
 @contextlib.contextmanager
-def _pip_trust():
-    """The build's pip trusts what this machine's pip trusts: when pip is given a CA
-    bundle here (PIP_CERT, or `cert` in pip's configuration), the bundle and a pip.conf
-    naming it are mounted into the build's steps (not left in the image)."""
-    cert = os.environ.get("PIP_CERT") or _pip_config("global.cert")
-    if not cert or not os.path.isfile(cert):
+def pip_settings(engine: ce.Engine):
+    """The build's pip finds and trusts what this machine's pip does: its index settings,
+    find-links, constraints and CA bundle (pip's configuration files and PIP_*
+    variables), given to the build's steps as /etc/pip.conf with the local folders
+    and files it names, all mounted read-only (not left in the image). podman only:
+    `docker build` takes no mounts, and its pip uses the image's own settings."""
+    if engine.kind != "podman":
         yield []
         return
+    from submit.packaging.pipconfig import pip_settings as settings_here
+    text, paths = pip_conf(settings_here())
     with tempfile.NamedTemporaryFile("w", suffix=".conf") as conf:
-        conf.write(f"[global]\ncert = {CA_PATH}\n")
+        conf.write(text)
         conf.flush()
-        yield ["--volume", f"{cert}:{CA_PATH}:ro", "--volume", f"{conf.name}:/etc/pip.conf:ro"]
+        yield [*(a for p in paths for a in ("--volume", f"{p}:{p}:ro")),
+               "--volume", f"{conf.name}:/etc/pip.conf:ro"]
 
 
-def _pip_config(key: str) -> str | None:
-    out = subprocess.run([sys.executable, "-m", "pip", "config", "get", key],
-                         capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
-
-def set_entrypoint(engine: ce.Engine, name: str, entrypoint: list[str]) -> None:
-    """`name` again, with a layer that only sets its entrypoint."""
+def finish_image(engine: ce.Engine, name: str, entrypoint: list[str] | None,
+                 requirements: list[str], requirements_file: str | None = None) -> None:
+    """`name` again, with a layer that pip-installs `requirements` (and a requirements
+    file's) with this machine's pip settings (`pip_settings`), and sets its entrypoint."""
     import json
+    import shlex
     with tempfile.TemporaryDirectory() as context:
+        lines = [f"FROM {name}"]
+        if requirements_file:
+            shutil.copyfile(requirements_file, os.path.join(context, "requirements.txt"))
+            lines += ["COPY requirements.txt /tmp/mljob-requirements.txt",
+                      "RUN pip install --no-cache-dir -r /tmp/mljob-requirements.txt"
+                      " && rm /tmp/mljob-requirements.txt"]
+        if requirements:
+            lines.append("RUN pip install --no-cache-dir "
+                         + " ".join(shlex.quote(r) for r in requirements))
+        if entrypoint:
+            lines += [f"ENTRYPOINT {json.dumps(entrypoint)}", "CMD []"]
         with open(os.path.join(context, "Dockerfile"), "w") as f:
-            f.write(f"FROM {name}\nENTRYPOINT {json.dumps(entrypoint)}\nCMD []\n")
-        _run(engine.argv("build", "--pull=never" if engine.kind == "podman" else "--pull=false",
-                         "-t", name, context), f"{engine.kind} build of {name}'s entrypoint")
+            f.write("\n".join(lines) + "\n")
+        argv = engine.argv("build", "--pull=never" if engine.kind == "podman"
+                           else "--pull=false", "--network", "host", "-t", name)
+        with pip_settings(engine) as mounts:
+            _run(argv + mounts + [context], f"{engine.kind} build of {name}'s last layer")

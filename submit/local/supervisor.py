@@ -53,6 +53,7 @@ from submit.packaging.package import Package, ensure_environment
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0         # SIGTERM to SIGKILL (the chief: its stop deadline, below)
+CONTAINER_TEARDOWN_S = 30.0  # for a container that stopped in time, its engine's `run`
 CHIEF_EXIT_S = 5.0         # beyond the chief's own stop deadline, for it to exit
 EVALUATOR_DRAIN_S = 60.0   # evaluators may finish their last evaluation after the chief
 MIRROR_EVERY_S = 5.0
@@ -356,6 +357,10 @@ class Supervisor(JobLife):
             while any(r.running for r in stage):
                 waited = time.monotonic() - started
                 if waited >= chief_wait or (waited >= self.grace and not self._peers_up()):
+                    if waited < chief_wait + CONTAINER_TEARDOWN_S and all(
+                            containers.stopped(r.plan) for r in stage if r.running):
+                        time.sleep(0.2)  # stopped in time: its engine's `run` is ending
+                        continue
                     break
                 time.sleep(0.05)
             for r in stage:

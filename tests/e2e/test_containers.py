@@ -177,33 +177,108 @@ def test_an_engine_that_cannot_start_containers_is_one_line(capsys, monkeypatch,
     assert not (tmp_path / "out").exists()
 
 
-def test_build_image_runs_a_user_package_with_its_dependency(capsys, engine, image,
-                                                             tmp_path):
-    """`--build-image`: a user's package whose setup.py requires a distribution the base
-    lacks (tabulate, from PyPI) built into an image by the Kubeflow runner's Dockerfile,
-    and the job run in it to SUCCEEDED, writing its job dir."""
+USER_TASK = """\
+import argparse
+from mljob import training            # before tensorflow, as README's example
+import keras, numpy as np, tensorflow as tf
+import mljob_probe_dep                # the package's pip dependency
+
+p = argparse.ArgumentParser()
+p.add_argument("--job-dir")
+p.add_argument("--train-steps", type=int, default=100)
+args = p.parse_args()
+print("dependency", mljob_probe_dep.VALUE, flush=True)
+
+def build_model():
+    x = keras.Input(shape=(4,), name="x")
+    h = keras.layers.Dense(16, activation="relu")(x)
+    return keras.Model(x, keras.layers.Dense(3)(h))
+
+def train_data(context):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64") + (x[:, 1] > 1).astype("int64")
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    ds = ds.shard(context.num_input_pipelines, context.input_pipeline_id)
+    return ds.shuffle(512, seed=context.seed).repeat().batch(context.batch_size)
+
+training.main(
+    build_model, train_data,
+    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    optimizer=lambda: keras.optimizers.Adam(1e-3), metrics=["accuracy"],
+    config=training.RunConfig(job_dir=args.job_dir, train_steps=args.train_steps))
+"""
+
+
+def test_build_image_runs_a_user_package_that_imports_mljob(capsys, monkeypatch, engine,
+                                                              tmp_path):
+    """`--build-image` with no base image named (built here when missing): a user's
+    package whose task does `from mljob import training` (README's example) and whose
+    setup.py requires a distribution no index has (a wheel in a folder this machine's pip
+    is pointed at, PIP_FIND_LINKS) is built into an image holding mljob's core, and runs
+    as chief, workers and ps to SUCCEEDED; the job's record names its module."""
+    from tests.e2e.test_pyproject_package import build_dependency
+    monkeypatch.setenv("PIP_FIND_LINKS", build_dependency(tmp_path))
     pkg = tmp_path / "pkg"
-    (pkg / "tabjob").mkdir(parents=True)
+    (pkg / "mytrainer").mkdir(parents=True)
     (pkg / "setup.py").write_text(
-        "from setuptools import setup\nsetup(name='tabjob', version='0.1', "
-        "packages=['tabjob'], install_requires=['tabulate>=0.9'])\n")
-    (pkg / "tabjob" / "__init__.py").write_text("")
-    (pkg / "tabjob" / "task.py").write_text(
-        "import os, sys, tabulate\n"
-        "job_dir = sys.argv[sys.argv.index('--job-dir') + 1]\n"
-        "os.makedirs(job_dir, exist_ok=True)\n"
-        "open(os.path.join(job_dir, 'table.txt'), 'w').write(tabulate.tabulate([[1, 2]]))\n"
-        "print('tabulate', tabulate.__version__, os.environ['CLOUD_ML_JOB_ID'])\n")
-    name = f"localhost/tabjob:{os.getpid()}"
+        "from setuptools import setup\nsetup(name='mytrainer', version='0.1', "
+        "packages=['mytrainer'], install_requires=['mljob-probe-dep==1.0'])\n")
+    (pkg / "mytrainer" / "__init__.py").write_text("")
+    (pkg / "mytrainer" / "task.py").write_text(USER_TASK)
+    conf = tmp_path / "config.yaml"
+    conf.write_text(yaml.safe_dump({"trainingInput": {
+        "scaleTier": "CUSTOM", "masterType": ONE_CPU, "workerType": ONE_CPU,
+        "parameterServerType": ONE_CPU, "workerCount": 2, "parameterServerCount": 1}}))
+    name = f"localhost/mytrainer:{os.getpid()}"
+    job_dir = tmp_path / "out"
     try:
-        status, out, err = run(capsys, "ctab", "--package-path", str(pkg), "--module-name",
-                               "tabjob.task", "--build-image", name, "--base-image",
-                               image_build.base_image(engine), "--job-dir",
-                               str(tmp_path / "out"))
-        assert status == 0, err[-2000:]
-        assert "Job [ctab] SUCCEEDED." in out
-        assert "master-replica-0\ttabulate 0." in out and " ctab" in out
-        assert (tmp_path / "out" / "table.txt").read_text().strip() != ""
-        assert ce.leftovers(engine, "ctab") == ([], [])
+        status, out, err = run(capsys, "cuser", "--package-path", str(pkg),
+                               "--module-name", "mytrainer.task", "--build-image", name,
+                               "--config", str(conf), "--job-dir", str(job_dir), "--",
+                               "--train-steps", "60")
+        assert status == 0, (err + out)[-3000:]
+        assert "Job [cuser] SUCCEEDED." in out
+        assert "master-replica-0\tdependency probe 42" in out
+        record = records.load("cuser")
+        assert record.state == records.SUCCEEDED
+        assert sorted(r.label for r in record.replicas) == [
+            "master-replica-0", "ps-replica-0", "worker-replica-0", "worker-replica-1"]
+        assert (job_dir / "checkpoints" / "ckpt-60.index").exists()
+        status, out, err = run(capsys, "jobs", "describe", "cuser")
+        assert status == 0 and "pythonModule: mytrainer.task" in out, out
+        status, out, err = run(capsys, "jobs", "describe", "cuser", "--summarize")
+        assert status == 0 and "mytrainer.task" in out and "trainer.task " not in out, out
+        assert ce.leftovers(engine, "cuser") == ([], [])
+    finally:
+        subprocess.run([engine.path, "rmi", "-f", name], capture_output=True)
+
+
+def test_local_run_runs_a_folder_as_vertexs_local_run(capsys, monkeypatch, engine,
+                                                      tmp_path):
+    """`local-run` as `gcloud ai custom-jobs local-run`: a folder without setup.py (the
+    module's package in it), `--requirements` a distribution no index has (from a local
+    folder, PIP_FIND_LINKS) and the folder's requirements.txt, on the base image as
+    `--executor-image-uri`, named `--output-image-uri`, the module's arguments after
+    `--`: one container runs it to SUCCEEDED."""
+    from tests.e2e.test_pyproject_package import build_dependency
+    monkeypatch.setenv("PIP_FIND_LINKS", build_dependency(tmp_path))
+    work = tmp_path / "work"
+    (work / "my_training").mkdir(parents=True)
+    (work / "my_training" / "task.py").write_text(
+        "import sys, mljob, mljob_probe_dep\n"
+        "print('ran with', sys.argv[1:], mljob_probe_dep.VALUE, flush=True)\n")
+    (work / "requirements.txt").write_text("# the folder's own, as local-run reads it\n")
+    name = f"localhost/localrun:{os.getpid()}"
+    try:
+        status, out, err = run(capsys, "local-run", "--executor-image-uri",
+                               image_build.base_image(engine), "--local-package-path",
+                               str(work), "--python-module", "my_training.task",
+                               "--requirements", "mljob-probe-dep==1.0",
+                               "--output-image-uri", name, "--", "--epochs", "2")
+        assert status == 0, (err + out)[-3000:]
+        assert "ran with ['--epochs', '2'] probe 42" in out
+        assert "SUCCEEDED" in out
+        assert ce.image_exists(engine, name)
     finally:
         subprocess.run([engine.path, "rmi", "-f", name], capture_output=True)

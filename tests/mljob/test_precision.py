@@ -85,3 +85,25 @@ def test_no_tensorflow_at_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("cpuinfo, wire", [
+    (EPYC_GENOA, "bfloat16"), (SAPPHIRE_RAPIDS, "bfloat16"),
+    (ZEN2, "float32"),
+    ("flags : fpu sse2 avx2 fma avx_vnni avx_ne_convert\n", "bfloat16"),  # no AVX-512
+    ("flags : fpu sse2 avx2 fma avx512_fake\n", "float32"),
+])
+def test_the_wire_is_bfloat16_only_where_onednn_computes_it(cpuinfo, wire):
+    """Under ps with local steps, unset: bfloat16 on the wire where the CPU has AVX-512
+    (or AVX-NE-CONVERT), which oneDNN's bfloat16 needs; elsewhere TensorFlow's oneDNN
+    logs an ERROR in every worker and falls back to Eigen, so the default is float32."""
+    chosen = precision.wire_dtype(None, True, flags=precision.cpu_flags(cpuinfo))
+    assert chosen.dtype == wire
+    if wire == "float32":
+        assert "no AVX-512" in chosen.reason
+
+
+def test_the_wire_as_asked_and_without_local_steps():
+    assert precision.wire_dtype("bfloat16", True, flags=[]).dtype == "bfloat16"
+    assert precision.wire_dtype("float32", True, flags=["avx512f"]).dtype == "float32"
+    assert precision.wire_dtype(None, False, flags=["avx512f"]).dtype == "float32"

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from submit.local import container_engine as ce
-from tests.support.submit_cli import dry_run, one_error_line, run
+from tests.support.submit_cli import dry_run, one_error_line, run, write_package
 
 CONFIG = ("trainingInput:\n  scaleTier: CUSTOM\n  masterType: n1-standard-4\n"
           "  workerType: n1-standard-4\n  parameterServerType: n1-standard-4\n"
@@ -160,3 +160,90 @@ def test_build_image_mistakes_are_one_line(capsys, tmp_path, argv, words):
     assert status == 2 and out == ""
     assert words in one_error_line(err)
     assert not (tmp_path / "jd").exists()
+
+
+def test_build_image_keeps_the_module_for_the_record(capsys, tmp_path, monkeypatch):
+    """`--build-image` with `--module-name`: the package path is spent on the image, the
+    module stays the job's (`pythonModule` in its record, `jobs describe`)."""
+    monkeypatch.setenv(ce.ENGINE_ENV, "podman")
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    pkg = write_package(tmp_path / "pkg")
+    plan = dry_run(capsys, "job01", "--package-path", pkg, "--module-name", "fakejob.task",
+                   "--build-image", "localhost/fakejob:1", "--job-dir", str(tmp_path / "jd"))
+    assert plan["module"] == "fakejob.task"
+    chief = plan["replicas"][0]["command"]
+    assert "localhost/fakejob:1" in chief and "--entrypoint" not in chief
+
+
+def test_a_packages_image_installs_mljobs_core_beside_it(tmp_path):
+    """The Dockerfile a `--build-image` image is built from installs the user's sdist and
+    mljob's core (an sdist of `mljob` alone), whether or not the package imports mljob:
+    the replicas' command runs mljob's launcher."""
+    from submit.packaging import package as packages
+    from submit.runners import images
+    from submit.runners.kubeflow_render import dockerfile
+    pkg = packages.build(write_package(tmp_path / "pkg"), str(tmp_path / "out"))
+    built = images.with_core(pkg, str(tmp_path / "out"))
+    assert [p.dist_name for p in built.all] == ["fakejob", "mljob"]
+    text = dockerfile(built, gpu=False)
+    assert f"COPY {built.extras[0].file_name} " in text and "pip install" in text
+    assert images.image_key(built) != pkg.sha256[:12]
+    assert images.with_core(built, str(tmp_path / "out")) is built  # once
+
+
+def test_the_builds_pip_gets_this_machines_pip_settings(tmp_path):
+    from submit.local.image_build import pip_conf
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    text, paths = pip_conf({"index-url": "https://mirror.example/simple",
+                            "extra-index-url": f"file://{wheels} file:///no/such/index",
+                            "find-links": str(wheels), "no-index": "1",
+                            "user": "ignored"})
+    assert text.splitlines() == ["[global]", "index-url = https://mirror.example/simple",
+                                 f"extra-index-url = file://{wheels}",
+                                 f"find-links = {wheels}", "no-index = 1"]
+    assert paths == [str(wheels)]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--worker-pool-spec=replica-count=1"], "that is `custom-jobs create`'s"),
+    (["--script", "task.py"], "give the module with --python-module"),
+    (["--gpu"], "GPUs come from acceleratorConfig"),
+    (["--extra-packages", "a.tar.gz"], "list them in --requirements"),
+    (["--extra-dirs", "data"], "put the files in the package"),
+    (["--service-account-key-file", "k.json"], "the container gets no credentials"),
+    (["--executor-image-uri", "Bad Image"], "--executor-image-uri 'Bad Image' is not a "
+                                            "container image"),
+    (["--local-package-path", "/no/such/folder"], "is not a folder"),
+])
+def test_local_run_refuses_what_it_cannot_honour_in_one_line(capsys, tmp_path, argv, words):
+    base = ["local-run", "--executor-image-uri", "localhost/base:1", "--python-module",
+            "fakejob.task", "--local-package-path", write_package(tmp_path / "pkg")]
+    status, out, err = run(capsys, *base, *argv)
+    assert status == 2 and out == ""
+    assert words in one_error_line(err)
+
+
+@pytest.mark.parametrize("flag,instead", [
+    ("--executor-image-uri", "--base-image IMAGE"), ("--python-module", "--module-name"),
+    ("--local-package-path", "--package-path"), ("--output-image-uri", "--build-image"),
+    ("--requirements", "install_requires"), ("--worker-pool-spec", "--config"),
+])
+def test_vertex_flags_given_to_a_submission_say_where_they_go(capsys, tmp_path, flag,
+                                                              instead):
+    status, out, err = run(capsys, "job01", flag, "x", "--job-dir", str(tmp_path / "jd"))
+    assert status == 2 and out == ""
+    line = one_error_line(err)
+    assert f"{flag} is Vertex's" in line and "python -m submit local-run" in line
+    assert instead in line and not (tmp_path / "jd").exists()
+
+
+def test_local_run_refuses_an_executor_image_that_is_not_here(capsys, tmp_path):
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed here")
+    status, out, err = run(capsys, "local-run", "--executor-image-uri",
+                           "localhost/mljob-no-such-image:1", "--python-module",
+                           "fakejob.task", "--local-package-path",
+                           write_package(tmp_path / "pkg"), "--container-engine", "podman")
+    assert status == 2 and out == ""
+    assert "is not in podman's local images (nothing is pulled here)" in one_error_line(err)

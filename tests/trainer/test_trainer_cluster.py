@@ -7,6 +7,7 @@ import pytest
 
 import glob
 import os
+import re
 import signal
 
 from tests.support.common import free_ports, pid_alive
@@ -52,6 +53,12 @@ def test_ps_cluster_of_chief_two_workers_one_ps_from_the_seed_flags(reaper, tmp_
         read(tmp_path / "chief.log")
     _check_trained(tmp_path, tmp_path / "chief.log", "ps")
     assert lines(tmp_path / "chief.log", "eval step=300")
+    # a normal run logs no error: TensorFlow's (E0000 ...) nor anyone's ERROR, as the
+    # bfloat16 wire on a CPU without AVX-512 did in every worker (oneDNN's fallback)
+    for log in ("chief.log", "w0.log", "w1.log", "ps0.log"):
+        errors = [line for line in read(tmp_path / log).splitlines()
+                  if re.match(r"E[0-9]{4} ", line) or "ERROR" in line]
+        assert errors == [], (log, errors)
     # The first step's line, then every --log-every steps: under ps the first step's
     # line waits until the next chunk is scheduled (on the other worker), never lost.
     steps = [line.split()[1] for line in lines(tmp_path / "chief.log", "step ")]
