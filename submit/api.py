@@ -36,8 +36,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from submit import jobs as records
-from submit import lifecycle, models, resource, runners, submission
-from submit.cli import listing
+from submit import lifecycle, listing, models, resource, runners, submission
 from submit.jobdef import spec as specs
 from submit.errors import (JobCancelled, JobFailed, JobNotFoundError, SubmitError,
                            UsageError)
@@ -175,10 +174,10 @@ def run_submission(job_id: str, *, echo: Callable[..., None], stream: bool = Fal
     engine_options = EngineOptions(**engine)
     engine_options.check_for(runner)
     if engine_options.build_image is not None or engine_options.base_image is not None:
-        from submit.cli import local_image  # the image tools load only when asked for
+        from submit.runners import local_image  # the image tools load only when asked for
         options["package_path"], options["module_name"] = local_image.build_for_submit(
             engine_options, options.get("package_path"), options.get("module_name"),
-            dry_run, options)
+            dry_run, options, log=lambda text: echo(text, err=True))
     if isinstance(packages, str):
         packages = (packages,)
     given: tuple[str, ...] | dict[str, str] | None = None

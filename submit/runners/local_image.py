@@ -7,7 +7,7 @@ made here when missing, or `--base-image`), with the module as its entrypoint; t
 then runs as with `--master-image-uri NAME`: every replica in it, no package staged."""
 from __future__ import annotations
 
-import click
+from collections.abc import Callable
 
 from submit.errors import UsageError
 from submit.jobdef.containers import FLAGS, check_image
@@ -19,10 +19,12 @@ DEFAULT_MODULE = "trainer.task"
 
 
 def build_for_submit(options, package_path: str | None, module_name: str | None,
-                     dry_run: bool, job_definition: dict) -> tuple[None, None]:
+                     dry_run: bool, job_definition: dict,
+                     log: Callable[[str], None]) -> tuple[None, None]:
     """Build the image (not for a dry run) and make it the job's: the package path and
     module, now the image's, are spent (None, None). The options are the local
-    runner's (`submit.runners.local_options`; `check_for` refused them elsewhere)."""
+    runner's (`submit.runners.local_options`; `check_for` refused them elsewhere).
+    `log` gets the builds' progress lines (the command line's stderr)."""
     name, base, choice = options.build_image, options.base_image, options.container_engine
     if name is None:
         raise UsageError("--base-image is the base of --build-image; give --build-image "
@@ -35,7 +37,6 @@ def build_for_submit(options, package_path: str | None, module_name: str | None,
         check_image(base, "--base-image", UsageError)
     if not dry_run:
         engine = ce.detect(choice)
-        log = lambda text: click.echo(text, err=True)  # noqa: E731
         base = base or image_build.base_image(engine, log=log)
         images.package_image(engine, package_path, name, base,
                              module=module_name or DEFAULT_MODULE, log=log)
