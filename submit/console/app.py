@@ -30,7 +30,8 @@ from starlette.routing import Route
 
 from mljob.errors import ascii_digits, first_line
 from submit import job_index, jobs, lifecycle, listing, logs
-from submit.console import assets, curves, guard, pages
+from submit import curves
+from submit.console import assets, guard, pages
 from submit.errors import JobNotFoundError, SubmitError, UsageError
 from submit.submission import runner_for
 

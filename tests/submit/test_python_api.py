@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from submit import api, logs
+from submit import api, logs, resource
 from submit import jobs as records
 from tests.support.common import ROOT
 from tests.support.submit_cli import write_package
@@ -133,9 +133,10 @@ def test_readmes_example_runs_as_written(tmp_path, monkeypatch, capsys):
                               capture_output=True, text=True, timeout=120)
         return done.returncode, done.stdout, done.stderr.strip()
     status, out, _ = cli("jobs", "describe", "demo01", "--format", "json")
-    assert status == 0 and json.loads(out) == job.describe()
+    assert status == 0 and resource.with_numbers(json.loads(out)) == job.describe()
     status, out, _ = cli("jobs", "list", "--filter", "labels.team=demo", "--format", "json")
-    assert json.loads(out) == [j.describe() for j in api.list_jobs(filter="labels.team=demo")]
+    assert [resource.with_numbers(j) for j in json.loads(out)] == [
+        j.describe() for j in api.list_jobs(filter="labels.team=demo")]
     assert cli("jobs", "list", "--filter", "state=FAILED", "--format", "json")[:2] == (
         0, "[]\n")
     assert cli("jobs", "wait", "demo01", "--timeout", "30")[:2] == (
