@@ -211,6 +211,8 @@ def test_the_red_teams_calls(tmp_path, subjects):
         with pytest.raises(api.UsageError, match="submit\\(config=...\\)"):
             api.submit("hostile02", job_dir=str(tmp_path / "j"), config=config)
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "mljob-config-*"))) == before
+    with pytest.raises(api.BadValue, match=r"submit\(config=\.\.\.\) contains itself"):
+        api.submit("hostile02", config={"trainingInput": LOOPED})
     # an export the server's publisher refuses: the API's UsageError, its message kept
     with pytest.raises(api.UsageError, match="leads out of the export|nothing is published"
                        "|not a SavedModel|no saved_model") as raised:

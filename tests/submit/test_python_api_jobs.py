@@ -64,10 +64,10 @@ def test_wait_returns_when_the_supervisor_died_without_ending_the_job(tmp_path):
             time.sleep(0.1)
         with pytest.raises(api.SubmitError, match="supervisor is gone and the job never "
                                                   "ended; cancel it") as raised:
-            job.wait(timeout=120)
+            job.wait(timeout=60)
         assert not isinstance(raised.value, api.JobTimeout)
         done = subprocess.run([sys.executable, "-m", "submit", "jobs", "wait", "orphan01",
-                               "--timeout", "120"], cwd=ROOT, capture_output=True,
+                               "--timeout", "60"], cwd=ROOT, capture_output=True,
                               text=True, timeout=180)
         assert done.returncode == 1 and "supervisor is gone" in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
