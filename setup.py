@@ -104,6 +104,9 @@ setup(
             # config.yaml schema is checked against its models
             "jsonschema>=4.18",
             "playwright>=1.45",  # the console's browser tests, driving Debian's chromium
+            # the Python API's notebook (docs/notebook.ipynb), executed headless in the
+            # slow tests by Jupyter's own executor on a real kernel
+            "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
             # `.ci/run`'s linters, pinned: a newer release may find new things to say
             "ruff==0.17.*",
             "mypy==2.4.*",

@@ -58,11 +58,11 @@ def _supervise_ray_tuning(body_file: str) -> int:
 
 
 def _supervise_prediction(plan_file: str) -> int:
-    from submit.prediction.job import PredictionPlan
+    from submit.prediction.job import PredictionPlan, run
     with open(plan_file, "rb") as f:
         plan = PredictionPlan.from_json(f.read())
     record = records.load(plan.job_id)
-    entry.run_prediction(plan, record, stream=False)
+    run(plan, record, stream=False)
     return lifecycle.report(record, echo)
 
 

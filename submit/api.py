@@ -9,8 +9,11 @@ or a pipeline, with the command line's behaviour (it is the same code underneath
     job.state                       # "SUCCEEDED": read again at every access
     for line in job.logs():         # follow=True: until the job ends
         print(line)
-    job.describe()["trainingOutput"]   # Cloud ML's Job resource, as `jobs describe` prints it
+    job.describe()["trainingOutput"]   # Cloud ML's Job resource, numbers as numbers
+    job.metrics()                   # every scalar of its summaries: run, tag, step, value
     api.list_jobs(filter="state=RUNNING OR labels.team=vision")
+    with api.get_model("fashion").deploy() as endpoint:   # its default version, served
+        endpoint.predict([{"image": [0.0] * 784}]).predictions
 
 Every job is started detached (the CLI's `--async`): `submit` returns once the job is
 recorded and its supervisor runs, so a notebook is never tied to it; `wait`, `logs`,
@@ -18,6 +21,17 @@ recorded and its supervisor runs, so a notebook is never tied to it; `wait`, `lo
 `UsageError` (a mistake in what was asked: the CLI's exit 2, the same one-line
 message), `JobNotFoundError`, `JobFailed`, `JobCancelled`, `JobTimeout`, all
 `SubmitError`s.
+
+Every argument of every public call is checked against its annotation before anything
+is read, written or started (`submit.api_checks`): a wrong type is `WrongType`, a value
+no call takes (nan, negative, huge, NUL, a config that contains itself) `BadValue`, both
+`UsageError`s in one line (`args="--lr 0.1"` is refused with the list it meant). An
+interrupt (Ctrl-C, a notebook's stop button) is the caller's: `follow` and `wait` let
+KeyboardInterrupt through, the job goes on. `submit` and `wait` show their progress
+(`submit.api_progress`: a bar in a notebook with ipywidgets, lines on stderr elsewhere;
+`progress=False` or MLJOB_PROGRESS=0 turns it off). `describe()` gives counts,
+`trainingStep` and numeric trial parameters as numbers (`jobs describe` prints Cloud
+ML's REST form, where they are strings).
 
 The job commands of the CLI (`jobs submit training`, `list`, `describe`, `stream-logs`,
 `cancel`, `wait`; submit/cli/cmd_jobs.py, cmd_submit.py) are a few lines each over this
@@ -32,20 +46,25 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from submit import api_checks, api_progress, curves, listing, resource, runners
 from submit import jobs as records
-from submit import lifecycle, models, resource, runners, submission
-from submit.cli import listing
+from submit import lifecycle, submission
+from submit.api_checks import BadValue, WrongType
+from submit.api_models import Model, create_model, get_model, list_models
+from submit.endpoint import Endpoint, Prediction
 from submit.jobdef import spec as specs
 from submit.errors import (JobCancelled, JobFailed, JobNotFoundError, SubmitError,
                            UsageError)
 from submit.runners.engine import SHARED, EngineOptions
 
-__all__ = ["Job", "Model", "submit", "submit_prediction", "get_job", "list_jobs",
-           "create_model", "get_model", "list_models", "SubmitError", "UsageError",
-           "JobFailed", "JobCancelled", "JobNotFoundError", "JobTimeout"]
+__all__ = ["Job", "Model", "Endpoint", "Prediction", "submit", "submit_prediction",
+           "get_job", "list_jobs", "create_model", "get_model", "list_models",
+           "SubmitError", "UsageError", "WrongType", "BadValue", "JobFailed",
+           "JobCancelled", "JobNotFoundError", "JobTimeout"]
 POLL_S = 0.5
 
 
@@ -91,26 +110,53 @@ class Job:
         return self._record().done
 
     def describe(self) -> dict[str, Any]:
-        """Cloud ML's Job resource, as `jobs describe --format json` prints it."""
-        return job_resource(self.record())
+        """Cloud ML's Job resource, as `jobs describe --format json` prints it, with
+        its counts, `trainingStep` and numeric trial parameters as numbers."""
+        return resource.with_numbers(job_resource(self.record()))
 
-    def wait(self, timeout: float | None = None) -> Job:
+    def wait(self, timeout: float | None = None, *, progress: bool | None = None) -> Job:
         """Block until the job ends; itself when it SUCCEEDED. JobFailed (with the
         job's error message) or JobCancelled otherwise; JobTimeout (a TimeoutError)
-        past `timeout` seconds (the job goes on)."""
+        past `timeout` seconds (the job goes on); SubmitError at once when the job's
+        supervisor died without ending it. `progress`: its state and latest step as
+        it goes (see the module docstring)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            record = self._record()
-            if record.done:
-                lifecycle.ended(record, f"; see {record.log_dir}" if record.log_dir else "")
-                return self
-            if record.runner == "local" and not record.running():
-                raise SubmitError(f"job {self.job_id}'s supervisor is gone and the job "
-                                  f"never ended; cancel it with Job.cancel()")
-            if deadline is not None and time.monotonic() > deadline:
-                raise JobTimeout(f"job {self.job_id} is still {record.state} after "
-                                 f"{timeout:g} s; wait again, or cancel it")
-            time.sleep(POLL_S)
+        shown = api_progress.Progress(self.job_id, on=api_progress.enabled(progress))
+        steps = api_progress.JobSteps(self._record(refresh=False))
+        try:
+            while True:
+                record = self._record()
+                if record.done:
+                    shown.job(record.state, *steps.now(force=True))
+                    lifecycle.ended(record, f"; see {record.log_dir}" if record.log_dir
+                                    else "")
+                    return self
+                if record.runner == "local" and not record.running():
+                    raise SubmitError(f"job {self.job_id}'s supervisor is gone and the job "
+                                      f"never ended; cancel it with Job.cancel()")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise JobTimeout(f"job {self.job_id} is still {record.state} after "
+                                     f"{timeout:g} s; wait again, or cancel it")
+                shown.job(record.state, *steps.now())
+                time.sleep(POLL_S)
+        finally:
+            shown.close()
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every scalar the job wrote to its summaries (`<job-dir>/summaries/train`,
+        `eval`, ...), one row each, `{"run", "tag", "step", "value"}`, sorted by run,
+        tag and step: `pandas.DataFrame(job.metrics())` is TensorBoard's
+        `get_scalars()` frame. Read with TensorBoard's reader without loading
+        TensorFlow; [] before the first summary is written."""
+        record = self._record(refresh=False)
+        try:
+            series = curves.JobCurves(record.job_dir).read() if record.job_dir else {}
+        except curves.MissingReader as exc:
+            raise UsageError(str(exc)) from None
+        rows = [{"run": run, "tag": tag, "step": step, "value": value}
+                for tag, runs in series.items() for run, points in runs.items()
+                for step, value in points.items()]
+        return sorted(rows, key=lambda row: (row["run"], row["tag"], row["step"]))
 
     def logs(self, *, follow: bool = False, task_name: str | None = None) -> Iterator[str]:
         """The job's log lines (`task_name`: one replica's, e.g. master-replica-0);
@@ -123,11 +169,13 @@ class Job:
     def follow(self, echo: Callable[..., None] = print, *,
                task_name: str | None = None) -> int:
         """Print (`echo`) the job's log lines as they come until it ends, then how it
-        ended; 0 when it SUCCEEDED, else JobFailed / JobCancelled. Ctrl-C stops
-        following (the job goes on) with the status JobCancelled's."""
+        ended; 0 when it SUCCEEDED, else JobFailed / JobCancelled. An interrupt
+        (Ctrl-C, a notebook's stop) stops following, says the job goes on, and is
+        raised again: KeyboardInterrupt is the caller's (the rest of a cell does not
+        run on)."""
         record = records.load(self.job_id)
         return lifecycle.follow(submission.runner_for(record), record, echo,
-                                task_name=task_name)
+                                task_name=task_name, reraise=True)
 
     def cancel(self) -> Job:
         """Stop every replica (or worker); the job ends CANCELLED. UsageError when it
@@ -142,19 +190,28 @@ def submit(job_id: str, *, package_path: str | None = None,
            args: Sequence[str] | None = None, scale_tier: str | None = None,
            config: str | Mapping[str, Any] | None = None,
            labels: Mapping[str, str] | Sequence[str] | None = None, runner: str = "local",
-           resume: bool = False, **options: Any) -> Job:
+           resume: bool = False, progress: bool | None = None, **options: Any) -> Job:
     """Submit a training (or, with `trainingInput.hyperparameters` in `config`, a
     tuning) job, as `python -m submit jobs submit training JOB_ID --async`; the Job.
 
-    `config` is a config.yaml path or the same document as a dict (Cloud ML's Job:
-    `{"trainingInput": {...}, "labels": {...}}`). Every other keyword is the flag of the
-    same name (`worker_count=2`, `region="us-central1"`, `image=...` for kubeflow,
-    `project=...` for vertex, `ray_address=...`)."""
+    `args` are the trainer's arguments, a list (`["--lr", "0.1"]`). `config` is a
+    config.yaml path or the same document as a dict (Cloud ML's Job: `{"trainingInput":
+    {...}, "labels": {...}}`). Every other keyword is the flag of the same name
+    (`worker_count=2`, `region="us-central1"`, `image=...` for kubeflow, `project=...`
+    for vertex, `ray_address=...`). `progress`: each step of the submission (packaging,
+    an image built, the job started) shown as it happens."""
     notes: list[str] = []
-    run_submission(job_id, package_path=package_path, module_name=module_name,
-                   job_dir=job_dir, args=args, scale_tier=scale_tier, config=config,
-                   labels=labels, runner=runner, resume=resume,
-                   echo=lambda text, err=False: notes.append(text), **options)
+    shown = api_progress.Progress(job_id, on=api_progress.enabled(progress))
+
+    def echo(text: str, err: bool = False) -> None:
+        notes.append(text)
+        shown.note(text)
+    try:
+        run_submission(job_id, package_path=package_path, module_name=module_name,
+                       job_dir=job_dir, args=args, scale_tier=scale_tier, config=config,
+                       labels=labels, runner=runner, resume=resume, echo=echo, **options)
+    finally:
+        shown.close()
     return Job(job_id, notes=notes)
 
 
@@ -175,10 +232,10 @@ def run_submission(job_id: str, *, echo: Callable[..., None], stream: bool = Fal
     engine_options = EngineOptions(**engine)
     engine_options.check_for(runner)
     if engine_options.build_image is not None or engine_options.base_image is not None:
-        from submit.cli import local_image  # the image tools load only when asked for
+        from submit.runners import local_image  # the image tools load only when asked for
         options["package_path"], options["module_name"] = local_image.build_for_submit(
             engine_options, options.get("package_path"), options.get("module_name"),
-            dry_run, options)
+            dry_run, options, log=lambda text: echo(text, err=True))
     if isinstance(packages, str):
         packages = (packages,)
     given: tuple[str, ...] | dict[str, str] | None = None
@@ -218,14 +275,35 @@ class _config_file:
         import tempfile
 
         import yaml
+        api_checks.check_data(self.config, "submit(config=...)")
+        try:  # written out whole before any file is made: nothing is left half-written
+            text = yaml.safe_dump(_plain(self.config))
+        except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:
+            raise BadValue(f"submit(config=...) cannot be written as YAML "
+                           f"({type(exc).__name__}); give strings, numbers, booleans, "
+                           "lists and dicts") from None
         fd, self.path = tempfile.mkstemp(prefix="mljob-config-", suffix=".yaml")
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(dict(self.config), f)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        except BaseException:
+            os.unlink(self.path)
+            raise
         return self.path
 
     def __exit__(self, *exc: object) -> None:
         if self.path:
             os.unlink(self.path)
+
+
+def _plain(value: Any) -> Any:
+    """A config's mappings and tuples as the dicts and lists YAML's safe writer takes
+    (checked first by `api_checks.check_data`: no cycle, bounded depth)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def submit_prediction(job_id: str, *, model_dir: str | None = None,
@@ -235,11 +313,12 @@ def submit_prediction(job_id: str, *, model_dir: str | None = None,
                       max_worker_count: int | None = None, batch_size: int | None = None,
                       signature_name: str | None = None,
                       labels: Mapping[str, str] | None = None,
-                      resume: bool = False, runner: str = "local", **options: str) -> Job:
+                      resume: bool = False, runner: str = "local",
+                      progress: bool | None = None, **options: str) -> Job:
     """Submit a batch prediction job, as `python -m submit jobs submit prediction JOB_ID
     --async`; the Job. `input_paths`: globs (a list, or comma-separated). `runner`:
     local (this machine), vertex or kubeflow, with that runner's options by name
-    (`project=...`, `image=...`, `namespace=...`)."""
+    (`project=...`, `image=...`, `namespace=...`). `progress`: as `submit`'s."""
     from submit.prediction import spec as prediction_spec
     paths = input_paths if isinstance(input_paths, str) else ",".join(input_paths)
     spec = prediction_spec.resolve(
@@ -249,8 +328,16 @@ def submit_prediction(job_id: str, *, model_dir: str | None = None,
         signature_name=signature_name, resume=resume,
         labels=(",".join(f"{k}={v}" for k, v in labels.items()),) if labels else ())
     notes: list[str] = []
-    submission.submit_prediction(spec, runner, EngineOptions(**options),
-                                 lambda text, err=False: notes.append(text), stream=False)
+    shown = api_progress.Progress(job_id, on=api_progress.enabled(progress))
+
+    def echo(text: str, err: bool = False) -> None:
+        notes.append(text)
+        shown.note(text)
+    try:
+        submission.submit_prediction(spec, runner, EngineOptions(**options), echo,
+                                     stream=False)
+    finally:
+        shown.close()
     return Job(job_id, notes=notes)
 
 
@@ -281,78 +368,23 @@ def list_jobs(filter: str | None = None, *, sort_by: str | None = None,
     return out
 
 
-class Model:
-    """A model (a served base path) and its versions, as `models` / `versions`."""
-
-    def __init__(self, name: str):
-        models.base_path(name)  # UsageError when the index has no such model
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"Model({self.name!r})"
-
-    def describe(self) -> dict[str, Any]:
-        """Cloud ML's Model resource."""
-        base, data = models.record(self.name)
-        return models.model_resource(self.name, base, data)
-
-    def create_version(self, name: str, origin: str, *, description: str | None = None,
-                       labels: Mapping[str, str] | None = None,
-                       **settings: str) -> dict[str, Any]:
-        """Publish an export as version `name` (the first becomes the default); its
-        Version resource. `settings`: runtime_version, python_version, machine_type,
-        framework, recorded as `versions create`'s flags."""
-        from submit.jobdef import version_config
-        fields = version_config.version_fields(
-            config_path=None, origin=origin, description=description,
-            labels=dict(labels or {}), runtime_version=settings.pop("runtime_version", None),
-            python_version=settings.pop("python_version", None),
-            machine_type=settings.pop("machine_type", None),
-            framework_text=settings.pop("framework", None))
-        if settings:
-            raise UsageError(f"create_version() got unknown option {sorted(settings)[0]!r}")
-        models.create_version(self.name, name, fields["origin"], fields["description"],
-                              fields["labels"], fields["settings"])
-        return self.version(name)
-
-    def version(self, name: str) -> dict[str, Any]:
-        """Version `name`'s resource."""
-        base, data = models.record(self.name)
-        found = models.find_version(base, data, name, self.name)
-        return models.version_resource(self.name, base, data, name, found)
-
-    def versions(self) -> list[dict[str, Any]]:
-        """Every version's resource, oldest first."""
-        base, data = models.record(self.name)
-        found = sorted(models.versions(base, data).items(), key=lambda kv: kv[1]["number"])
-        return [models.version_resource(self.name, base, data, n, v) for n, v in found]
-
-    def set_default(self, name: str) -> None:
-        models.set_default(self.name, name)
-
-    def delete_version(self, name: str) -> None:
-        models.delete_version(self.name, name)
-
-    def delete(self) -> None:
-        """Delete the model (it must have no versions left, as Cloud ML requires)."""
-        models.delete_model(self.name)
+def _submit_option(call: str, name: str, value: Any) -> None:
+    """A `submit(**options)` keyword: a flag's (checked as its `specs.Flags` field is
+    annotated) or a runner option's (a string)."""
+    flags = _flag_hints()
+    where = f"{call}({name}=...)"
+    if name in flags:
+        hint = flags[name]
+        if name == "packages":
+            hint = str | Sequence[str] | None
+        api_checks.check(value, hint, where)
+    elif name in runners.declared_options() or name in SHARED:
+        api_checks.check(value, str | None, where)
+    # any other name: run_submission refuses it as an unknown option
 
 
-def create_model(name: str, *, base_path: str | None = None,
-                 description: str | None = None,
-                 labels: Mapping[str, str] | None = None,
-                 regions: Sequence[str] = ()) -> Model:
-    """Create a model: a base path `predict serve --model_base_path` watches."""
-    from submit.jobdef import version_config
-    for region in regions:
-        version_config.check_region(region, "regions")
-    models.create_model(name, base_path, description, dict(labels or {}), list(regions))
-    return Model(name)
+def _flag_hints() -> dict[str, Any]:
+    return typing.get_type_hints(specs.Flags)
 
 
-def get_model(name: str) -> Model:
-    return Model(name)
-
-
-def list_models() -> list[Model]:
-    return [Model(name) for name in models.names()]
+api_checks.guard(globals(), {"submit": _submit_option})

@@ -93,14 +93,18 @@ def attach(runner: Runner, rendered: Rendered, record: records.JobRecord,
 
 
 def follow(runner: Runner, record: records.JobRecord, echo: Echo, *,
-           task_name: str | None) -> int:
-    """Print the job's logs until it ends, then record and report its state."""
+           task_name: str | None, reraise: bool = False) -> int:
+    """Print the job's logs until it ends, then record and report its state. Ctrl-C
+    stops following (the job goes on): the status JobCancelled's, or (`reraise`, the
+    Python API's) the KeyboardInterrupt raised again, the caller's."""
     try:
         for line in runner.logs(handle(record), task_name=task_name, follow=True):
             echo(line)
     except KeyboardInterrupt:
         echo(f"Stopped following; job [{record.job_id}] goes on. Cancel it with "
              f"`python -m submit jobs cancel {record.job_id}`.")
+        if reraise:
+            raise
         return JobCancelled.exit_status
     return report(refresh(runner, record), echo)
 

@@ -174,3 +174,35 @@ def save_labels(record: records.JobRecord, labels: dict[str, str]) -> None:
     """Keep `jobs update`'s labels beside the index (atomically)."""
     storage.write_bytes(labels_path(record.job_id),
                         json.dumps(labels, sort_keys=True).encode())
+
+
+# Cloud ML's REST JSON writes int64 fields as strings and a trial's hyperparameters as
+# text; the Python API gives them as numbers (what Vertex's SDK gives in Python)
+COUNT_KEYS = frozenset({*INT64_KEYS, "count", "completedTrialCount", "trainingStep",
+                        "predictionCount", "errorCount", "maxTrials", "maxParallelTrials",
+                        "maxFailedTrials"})
+_NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def with_numbers(value: Any, key: str = "") -> Any:
+    """A resource with its counts (`COUNT_KEYS`: replica counts, trial counts,
+    `trainingStep`, prediction counts) and its trials' numeric hyperparameters as
+    numbers; ids, names, times and categorical values stay text."""
+    if isinstance(value, dict):
+        if key == "hyperparameters":
+            return {k: _number(v) for k, v in value.items()}
+        return {k: with_numbers(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [with_numbers(v, key) for v in value]
+    if key in COUNT_KEYS and isinstance(value, str) and value.isascii() \
+            and value.lstrip("-").isdigit():
+        return int(value)
+    return value
+
+
+def _number(value: Any) -> Any:
+    """A hyperparameter's text as the number it spells (an int when it is whole
+    digits), else as it is."""
+    if not isinstance(value, str) or not value.isascii() or not _NUMBER.fullmatch(value):
+        return value
+    return int(value) if value.lstrip("-").isdigit() else float(value)

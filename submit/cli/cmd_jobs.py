@@ -189,7 +189,10 @@ def jobs_stream_logs(job_id, task_name, polling_interval, allow_multiline_logs):
     if allow_multiline_logs:
         echo("--allow-multiline-logs: no effect here, each line of a replica's output "
              "prints as written, so a multiline message prints whole", err=True)
-    return api.get_job(job_id).follow(echo, task_name=task_name)
+    try:
+        return api.get_job(job_id).follow(echo, task_name=task_name)
+    except KeyboardInterrupt:  # the API's follow said so and raised it again
+        return api.JobCancelled.exit_status
 
 
 @jobs_group.command("cancel")

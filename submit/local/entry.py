@@ -1,7 +1,8 @@
 """What the local runner's verbs (`submit.runners.local`) call in the local wing: the
 checks only this machine makes, a job run to its end (a plain job by its `Supervisor`,
 a tuning job by its `Tuner`: the entry picks by the plan's tuning spec; a batch
-prediction job by its `PredictionJob`), and a job stopped from another process.
+prediction job runs its `PredictionJob` under `supervise` too, from
+`submit.prediction.job.run`), and a job stopped from another process.
 
 The process that runs a job (the submitting one when attached, `python -m submit
 _supervise KIND FILE` when detached, started by `detach`), for every kind of job
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from mljob import contracts, procs
 from submit import jobs, logs
@@ -26,9 +27,6 @@ from submit.errors import SubmitError, UsageError
 from submit.local.plan import JobPlan
 from submit.local.supervisor import Supervisor
 from submit.jobdef.spec import JobSpec
-
-if TYPE_CHECKING:
-    from submit.prediction.job import PredictionPlan
 
 # `jobs cancel`: how long the supervisor gets to stop the job (a stopping chief gets its
 # stop deadline to save, 60 s by default, then workers and ps their grace)
@@ -65,14 +63,6 @@ def run(plan: JobPlan, record: jobs.JobRecord, *, stream: bool) -> str:
             return Tuner(plan, record, terminal=terminal).run()
         return Supervisor(plan, record, publish=jobs.save, terminal=terminal).run()
     return supervise(record, work, stream=stream)
-
-
-def run_prediction(plan: PredictionPlan, record: jobs.JobRecord, *, stream: bool) -> str:
-    """Run a batch prediction job to its end in this process, its supervisor; the final
-    state (also in `record`)."""
-    from submit.prediction.job import PredictionJob  # psutil and the workers' plumbing
-    return supervise(record, lambda terminal: PredictionJob(
-        plan, record, publish=jobs.save, terminal=terminal).run(), stream=stream)
 
 
 def supervise(record: jobs.JobRecord, work: Callable[[logs.Terminal], T], *,

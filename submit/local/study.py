@@ -17,13 +17,13 @@ STUDY_NAME = "study"
 
 
 def check_installed() -> None:
-    """Optuna is the `tuning` extra; say how to install it before anything is built."""
-    try:
-        import optuna  # noqa: F401
-    except ImportError:
+    """Optuna is the `tuning` extra; say how to install it before anything is built.
+    Found, not imported: the submitting process (a notebook's kernel) never loads
+    Optuna, nor the tqdm it loads, which warns in a kernel without ipywidgets."""
+    import importlib.util
+    if importlib.util.find_spec("optuna") is None:
         raise UsageError("hyperparameter tuning needs the Python package 'optuna'; install "
-                         "it with pip install -e '.[tuning]' in mljob's source folder") \
-            from None
+                         "it with pip install -e '.[tuning]' in mljob's source folder")
 
 
 def sampler(spec: TuningSpec, seed: int | None = None):

@@ -420,6 +420,15 @@ class PredictionJob(JobLife):
         """Nothing to copy: workers publish each shard as it ends."""
 
 
+def run(plan: PredictionPlan, record: jobs.JobRecord, *, stream: bool) -> str:
+    """Run a batch prediction job to its end in this process, its supervisor (the
+    local wing's `supervise`: the job's lock held, the record adopted); the final state
+    (also in `record`)."""
+    from submit.local.entry import supervise
+    return supervise(record, lambda terminal: PredictionJob(
+        plan, record, publish=jobs.save, terminal=terminal).run(), stream=stream)
+
+
 def local_exit_status(returncode: int | None) -> int:
     if returncode is None:
         return 0

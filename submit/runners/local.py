@@ -36,7 +36,8 @@ MAX_REPLICAS_PER_TYPE = 64  # one process per replica on this machine
 def supervise_here(rendered: Rendered, record: jobs.JobRecord) -> str:
     """Run an attached job to its end in this process (Ctrl-C cancels it)."""
     if rendered.prediction:
-        return entry.run_prediction(_prediction_plan(rendered), record, stream=True)
+        from submit.prediction import job as prediction_job
+        return prediction_job.run(_prediction_plan(rendered), record, stream=True)
     return entry.run(JobPlan.from_dict(rendered.body), record, stream=True)
 
 

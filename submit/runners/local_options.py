@@ -1,5 +1,5 @@
 """`--runner local`'s own options, declared (`RunOpt`): custom containers' engine, and a
-package's image built here (`submit.cli.local_image`)."""
+package's image built here (`submit.runners.local_image`)."""
 from __future__ import annotations
 
 from submit.runners.engine import RunOpt

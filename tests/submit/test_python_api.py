@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from submit import api, logs
+from submit import api, logs, resource
 from submit import jobs as records
 from tests.support.common import ROOT
 from tests.support.submit_cli import write_package
@@ -111,14 +111,33 @@ def readme_example() -> str:
     return found[1]
 
 
+@pytest.mark.slow
 def test_readmes_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    """The bundled MLP trained, its curves read, its export deployed and asked."""
     monkeypatch.chdir(tmp_path)
     exec(compile(readme_example(), "README.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "SUCCEEDED"
-    assert "trained with ['--lr', '0.1', '--job-dir'" in out[1]
-    assert out[2] == "BASIC" and out[3] == "[Job('demo01', state='SUCCEEDED')]"
-    job = api.get_job("demo01")  # the records the commands read
+    assert out[:3] == ["SUCCEEDED", "BASIC", "[Job('demo01', state='SUCCEEDED')]"]
+    assert out[3] == "[100, 200]"  # eval's loss at each evaluation
+    assert out[4] == "7 10"  # the instance's key passed through, ten class scores
+    assert api.get_job("demo01").describe()["labels"] == {"team": "demo"}
+
+
+def test_the_commands_are_the_apis_calls_printed(tmp_path, monkeypatch, capsys):
+    """A job through the API, then the commands: the same resource (the API's with its
+    numbers as numbers), the same list, the same end, the same one-line errors."""
+    monkeypatch.chdir(tmp_path)
+    pkg = write_package(tmp_path / "demo", "import sys\nprint('trained with', "
+                                          "sys.argv[1:], flush=True)\n")
+    job = api.submit("demo01", package_path=pkg, module_name="fakejob.task",
+                     job_dir="jobs/demo01", scale_tier="BASIC", args=["--lr", "0.1"],
+                     labels={"team": "demo"}, progress=False)
+    job.wait()
+    assert job.state == "SUCCEEDED"
+    assert "trained with ['--lr', '0.1', '--job-dir'" in next(
+        line for line in job.logs() if "trained with" in line)
+    assert [j.job_id for j in api.list_jobs(filter="labels.team=demo AND state=SUCCEEDED")
+            ] == ["demo01"]
     described = job.describe()
     assert described["labels"] == {"team": "demo"} and described["etag"]
     assert api.list_jobs(filter="labels.team=demo AND state!=SUCCEEDED") == []
@@ -126,16 +145,16 @@ def test_readmes_example_runs_as_written(tmp_path, monkeypatch, capsys):
         job.cancel()
     assert list(job.logs(follow=True)) == list(job.logs())  # an ended job: no wait
 
-    # the commands are the API's calls, printed: the same resource, the same list, the
-    # same end, the same one-line errors
     def cli(*argv):
         done = subprocess.run([sys.executable, "-m", "submit", *argv], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)
         return done.returncode, done.stdout, done.stderr.strip()
     status, out, _ = cli("jobs", "describe", "demo01", "--format", "json")
-    assert status == 0 and json.loads(out) == job.describe()
+    assert status == 0 and resource.with_numbers(json.loads(out)) == job.describe()
     status, out, _ = cli("jobs", "list", "--filter", "labels.team=demo", "--format", "json")
-    assert json.loads(out) == [j.describe() for j in api.list_jobs(filter="labels.team=demo")]
+    assert [resource.with_numbers(j) for j in json.loads(out)] == [
+        j.describe() for j in api.list_jobs(filter="labels.team=demo")]
+    assert [j["jobId"] for j in json.loads(out)] == ["demo01"]
     assert cli("jobs", "list", "--filter", "state=FAILED", "--format", "json")[:2] == (
         0, "[]\n")
     assert cli("jobs", "wait", "demo01", "--timeout", "30")[:2] == (

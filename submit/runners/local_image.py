@@ -7,7 +7,7 @@ made here when missing, or `--base-image`), with the module as its entrypoint; t
 then runs as with `--master-image-uri NAME`: every replica in it, no package staged."""
 from __future__ import annotations
 
-import click
+from collections.abc import Callable
 
 from submit.errors import UsageError
 from submit.jobdef.containers import FLAGS, check_image
@@ -19,11 +19,13 @@ DEFAULT_MODULE = "trainer.task"
 
 
 def build_for_submit(options, package_path: str | None, module_name: str | None,
-                     dry_run: bool, job_definition: dict) -> tuple[None, str]:
+                     dry_run: bool, job_definition: dict,
+                     log: Callable[[str], None]) -> tuple[None, str]:
     """Build the image (not for a dry run) and make it the job's: the package path, now
     the image's, is spent (None); the module is what the image runs, and what the job's
     record names (`pythonModule`). The options are the local runner's
-    (`submit.runners.local_options`; `check_for` refused them elsewhere)."""
+    (`submit.runners.local_options`; `check_for` refused them elsewhere). `log` gets
+    the builds' progress lines (the command line's stderr)."""
     name, base, choice = options.build_image, options.base_image, options.container_engine
     if name is None:
         raise UsageError("--base-image is the base of --build-image; give --build-image "
@@ -37,7 +39,6 @@ def build_for_submit(options, package_path: str | None, module_name: str | None,
     module = module_name or DEFAULT_MODULE
     if not dry_run:
         engine = ce.detect(choice)
-        log = lambda text: click.echo(text, err=True)  # noqa: E731
         base = base or image_build.base_image(engine, log=log)
         images.package_image(engine, package_path, name, base, module=module, log=log)
     job_definition["master_image_uri"] = name
