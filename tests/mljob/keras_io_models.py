@@ -6,6 +6,8 @@ training, every optimizer in the checkpoint).
   loss": its embedding tower, Euclidean distance `Lambda`, BatchNormalization, sigmoid
   output `(batch, 1)`, its `contrastive_loss` (a mean over `(1 - y) * p^2 + y *
   max(margin - p, 0)^2`), labels `(batch,)` float32, RMSprop, `accuracy`;
+- `mnist_convnet`: "Simple MNIST convnet" (two Conv2D, Dropout, softmax over 10 classes,
+  categorical cross-entropy on one-hot labels), with the optimizer a test gives it;
 - `gan`: "DCGAN"/"Conditional GAN"'s shape: two models, two Adam optimizers given to its
   own `compile` and built lazily by their first `apply_gradients` in its `train_step`,
   its own loss trackers.
@@ -72,6 +74,33 @@ def siamese_data(n: int = 64):
 def siamese_dataset(batch: int = 16):
     (x1, x2), y = siamese_data()
     return tf.data.Dataset.from_tensor_slices(((x1, x2), y)).batch(batch, drop_remainder=True)
+
+
+def mnist_convnet(optimizer=None, seed: int = 3) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([
+        keras.Input(shape=(28, 28, 1)),
+        layers.Conv2D(32, kernel_size=(3, 3), activation="relu"),
+        layers.MaxPooling2D(pool_size=(2, 2)),
+        layers.Conv2D(64, kernel_size=(3, 3), activation="relu"),
+        layers.MaxPooling2D(pool_size=(2, 2)),
+        layers.Flatten(),
+        layers.Dropout(0.5),
+        layers.Dense(10, activation="softmax"),
+    ])
+    model.compile(loss="categorical_crossentropy", optimizer=optimizer or "adam",
+                  metrics=["accuracy"])
+    return model
+
+
+def mnist_data(n: int = 64):
+    rng = np.random.default_rng(9)
+    x = rng.uniform(size=(n, 28, 28, 1)).astype("float32")
+    return x, keras.utils.to_categorical(rng.integers(0, 10, n), 10).astype("float32")
+
+
+def mnist_dataset(batch: int = 16):
+    return tf.data.Dataset.from_tensor_slices(mnist_data()).batch(batch, drop_remainder=True)
 
 
 LATENT = 4
@@ -147,5 +176,5 @@ def gan_data(n: int = 64):
     return rng.normal(size=(n, 8)).astype("float32")
 
 
-__all__ = ["siamese", "siamese_data", "siamese_dataset", "contrastive_loss_of", "gan",
-           "gan_data", "GAN", "LATENT"]
+__all__ = ["mnist_convnet", "mnist_data", "mnist_dataset", "siamese", "siamese_data",
+           "siamese_dataset", "contrastive_loss_of", "gan", "gan_data", "GAN", "LATENT"]
