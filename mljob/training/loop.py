@@ -40,7 +40,7 @@ from keras.src import tree
 from keras.src.losses.loss import scale_loss_for_distribution, unscale_loss_for_distribution
 
 from mljob.training import export as export_lib
-from mljob.training import own_steps
+from mljob.training import model_optimizers, own_steps
 from mljob.training.config import STEPS_PER_EXECUTION, Program, RunConfig
 from mljob.training.errors import UsageError
 from mljob.training.losses import compiled_optimizer, merge_rule, one_replica, unpack
@@ -105,11 +105,18 @@ class Replica:
             if self.own_steps:
                 own_steps.check(self.model, program, parameter_servers=coordinator is not None,
                                 replicas=strategy.num_replicas_in_sync)
+            # On one node, the optimizers a model's own step builds lazily are built now
+            # (model_optimizers), so that the checkpoint holds them.
+            self.step_optimizers = model_optimizers.build_in_step(
+                self.model, program.train_dataset_fn(InputContext(
+                    global_batch_size=config.batch_size, seed=0)).element_spec) \
+                if self.own_steps and coordinator is None and \
+                strategy.num_replicas_in_sync == 1 else []
             self.optimizer = make_optimizer(program.optimizer) \
                 if program.optimizer is not None else compiled_optimizer(self.model)
             _check_synchronous_options(self.optimizer, strategy, coordinator)
             self.parts = [p for w in self.model.trainable_weights for p in weight_parts(w)]
-            if not self.optimizer.built:
+            if not self.optimizer.built and not self.step_optimizers:
                 self.optimizer.build(self.parts)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         # What compile was given, unless the arguments say otherwise (Objective.of); its
@@ -121,7 +128,7 @@ class Replica:
         # The model's variables by their Keras path, not the Keras objects: a Keras
         # variable holding a ShardedVariable cannot be saved, the ShardedVariable can,
         # and it restores into unsharded variables (the evaluator, a single-node resume).
-        optimizer_variables = [v for o in (own_steps.optimizers(self.model)
+        optimizer_variables = [v for o in ([o for _, o in model_optimizers.named(self.model)]
                                            if self.own_steps else [self.optimizer])
                                for v in o.variables]
         self.checkpoint = tf.train.Checkpoint(
