@@ -227,7 +227,7 @@ class Replica:
             self.objective.build(self.model, one_replica(distributed.element_spec))
         self._iterator = iter(distributed)
 
-    def _train_step(self, *data):
+    def _train_step(self, *data, metric_state=None):
         """One step as Keras's `fit` takes it: Keras's losses are their batch's mean
         already scaled by 1/replicas in a replica context (so the replicas' gradients sum
         to the global batch's), the layers' losses scaled the same, the optimizer's own
@@ -254,7 +254,8 @@ class Replica:
             self.optimizer.apply_gradients(zip(grads, self.parts, strict=True))
         kept.add_changes()
         # The metrics see the losses unscaled, as Keras's loss tracker does.
-        state = self.objective.update(self.objective.zero_state(), labels, outputs,
+        state = self.objective.update(self.objective.zero_state() if metric_state is None
+                                      else metric_state, labels, outputs,
                                       weights, [unscale_loss_for_distribution(e)
                                                 for e in each],
                                       unscale_loss_for_distribution(loss))
@@ -308,6 +309,8 @@ class Replica:
             var.assign_add(tf.cast(change, var.dtype))
 
     def _train_chunk(self, iterator, num_steps, stop_flag):
+        if self.coordinator is not None:
+            return self._ps_chunk(iterator, num_steps, stop_flag)
         # Steps before the last return nothing: fetching values costs a round trip.
         def step(i):
             self.strategy.run(self._train_step, args=next(iterator))
@@ -321,6 +324,19 @@ class Replica:
                   for how, value in zip(self.objective.aggregations, state, strict=True)]
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None), merged, \
             self._agreed_stops(stop_flag)
+
+    def _ps_chunk(self, iterator, num_steps, stop_flag):
+        """Under ps, step by step: the metric states carried through the chunk's steps,
+        so a line (and `fit`'s epoch logs) covers every step, as Keras's metrics do."""
+        def step(i, _loss, state):
+            loss, state = self.strategy.run(
+                lambda *data: self._train_step(*data, metric_state=list(state)),
+                args=next(iterator))
+            return i + 1, loss, state
+
+        _, loss, state = tf.while_loop(lambda i, *_: i < num_steps, step, (
+            tf.constant(0), tf.constant(0.0), self.objective.zero_state()))
+        return loss, state, stop_flag
 
     def _reduce(self, rule: str, value):
         if rule == "first":
