@@ -168,6 +168,15 @@ class CheckpointStore:
                     log.warning("could not delete old checkpoint file %s: %s", path, exc)
 
 
+def finalize(optimizer, model) -> None:
+    """What Keras's `fit` does when its last epoch ends, before the final checkpoint and
+    the export: `optimizer.finalize_variable_values(model.trainable_weights)`, which for
+    an optimizer with `use_ema=True` writes the moving averages into the model (a no-op
+    for every other optimizer). So the final checkpoint and the export hold the model
+    `fit` would have left."""
+    optimizer.finalize_variable_values(model.trainable_weights)
+
+
 def _state_text(steps_newest_first: list[int]) -> str:
     """TensorFlow's CheckpointState text format, relative paths, oldest listed first."""
     lines = [f'model_checkpoint_path: "{PREFIX}-{steps_newest_first[0]}"']
@@ -177,4 +186,4 @@ def _state_text(steps_newest_first: list[int]) -> str:
 
 
 
-__all__ = ["CheckpointStore", "PREFIX", "STATE_FILE"]
+__all__ = ["CheckpointStore", "PREFIX", "STATE_FILE", "finalize"]

@@ -40,7 +40,7 @@ from keras.src import tree
 from keras.src.losses.loss import scale_loss_for_distribution, unscale_loss_for_distribution
 
 from mljob.training import export as export_lib
-from mljob.training import own_steps
+from mljob.training import model_optimizers, own_steps
 from mljob.training.config import STEPS_PER_EXECUTION, Program, RunConfig
 from mljob.training.errors import UsageError
 from mljob.training.losses import compiled_optimizer, merge_rule, one_replica, unpack
@@ -106,11 +106,18 @@ class Replica:
             if self.own_steps:
                 own_steps.check(self.model, program, parameter_servers=coordinator is not None,
                                 replicas=strategy.num_replicas_in_sync)
+            # On one node, the optimizers a model's own step builds lazily are built now
+            # (model_optimizers), so that the checkpoint holds them.
+            self.step_optimizers = model_optimizers.build_in_step(
+                self.model, program.train_dataset_fn(InputContext(
+                    global_batch_size=config.batch_size, seed=0)).element_spec) \
+                if self.own_steps and coordinator is None and \
+                strategy.num_replicas_in_sync == 1 else []
             self.optimizer = make_optimizer(program.optimizer) \
                 if program.optimizer is not None else compiled_optimizer(self.model)
             _check_synchronous_options(self.optimizer, strategy, coordinator)
             self.parts = [p for w in self.model.trainable_weights for p in weight_parts(w)]
-            if not self.optimizer.built:
+            if not self.optimizer.built and not self.step_optimizers:
                 self.optimizer.build(self.parts)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         # What compile was given, unless the arguments say otherwise (Objective.of); its
@@ -122,7 +129,7 @@ class Replica:
         # The model's variables by their Keras path, not the Keras objects: a Keras
         # variable holding a ShardedVariable cannot be saved, the ShardedVariable can,
         # and it restores into unsharded variables (the evaluator, a single-node resume).
-        optimizer_variables = [v for o in (own_steps.optimizers(self.model)
+        optimizer_variables = [v for o in ([o for _, o in model_optimizers.named(self.model)]
                                            if self.own_steps else [self.optimizer])
                                for v in o.variables]
         self.checkpoint = tf.train.Checkpoint(
@@ -224,7 +231,7 @@ class Replica:
             self.objective.build(self.model, one_replica(distributed.element_spec))
         self._iterator = iter(distributed)
 
-    def _train_step(self, *data):
+    def _train_step(self, *data, metric_state=None):
         """One step as Keras's `fit` takes it: Keras's losses are their batch's mean
         already scaled by 1/replicas in a replica context (so the replicas' gradients sum
         to the global batch's), the layers' losses scaled the same, the optimizer's own
@@ -251,7 +258,8 @@ class Replica:
             self.optimizer.apply_gradients(zip(grads, self.parts, strict=True))
         kept.add_changes()
         # The metrics see the losses unscaled, as Keras's loss tracker does.
-        state = self.objective.update(self.objective.zero_state(), labels, outputs,
+        state = self.objective.update(self.objective.zero_state() if metric_state is None
+                                      else metric_state, labels, outputs,
                                       weights, [unscale_loss_for_distribution(e)
                                                 for e in each],
                                       unscale_loss_for_distribution(loss))
@@ -305,6 +313,8 @@ class Replica:
             var.assign_add(tf.cast(change, var.dtype))
 
     def _train_chunk(self, iterator, num_steps, stop_flag):
+        if self.coordinator is not None:
+            return self._ps_chunk(iterator, num_steps, stop_flag)
         # Steps before the last return nothing: fetching values costs a round trip.
         def step(i):
             self.strategy.run(self._train_step, args=next(iterator))
@@ -318,6 +328,19 @@ class Replica:
                   for how, value in zip(self.objective.aggregations, state, strict=True)]
         return self.strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None), merged, \
             self._agreed_stops(stop_flag)
+
+    def _ps_chunk(self, iterator, num_steps, stop_flag):
+        """Under ps, step by step: the metric states carried through the chunk's steps,
+        so a line (and `fit`'s epoch logs) covers every step, as Keras's metrics do."""
+        def step(i, _loss, state):
+            loss, state = self.strategy.run(
+                lambda *data: self._train_step(*data, metric_state=list(state)),
+                args=next(iterator))
+            return i + 1, loss, state
+
+        _, loss, state = tf.while_loop(lambda i, *_: i < num_steps, step, (
+            tf.constant(0), tf.constant(0.0), self.objective.zero_state()))
+        return loss, state, stop_flag
 
     def _reduce(self, rule: str, value):
         if rule == "first":

@@ -20,9 +20,12 @@ replicas (all-reduced under MultiWorkerMirroredStrategy) and of the ps workers' 
 AUC, Precision or MeanIoU over two workers is the metric over both workers' examples, not
 an average of two values.
 
-A plain function given as a loss keeps this library's contract: `(labels, outputs) ->
-per-example losses`, called on the labels as the dataset gives them (Keras would squeeze
-or expand their rank first); a Keras loss object or name is used as Keras uses it.
+A plain function given as a loss is called as `model.compile`'s wrapper calls it
+(`keras.losses.LossFunctionWrapper`): labels and outputs as float tensors, the labels
+first brought to the outputs' rank (`(batch,)` labels against `(batch, 1)` outputs become
+`(batch, 1)`, never a `(batch, batch)` broadcast), then what it returns (per-example
+losses or already a mean) reduced over the batch with the sample weights; a Keras loss
+object or name is used as Keras uses it.
 """
 from __future__ import annotations
 
@@ -32,11 +35,9 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src import tree
-from keras.src.losses.loss import reduce_weighted_values
-from keras.src.trainers import compile_utils
 
 from mljob.training.errors import UsageError
+from mljob.training.keras_private import LossFunctionWrapper, compile_utils, tree
 
 PerExample = Callable[[Any, Any], Any]
 # How the metric states of several replicas (in a chunk) or chunks (at a log line) merge,
@@ -52,28 +53,6 @@ def merge_rule(aggregation: str) -> str:
 _BINARY_CE = (keras.losses.BinaryCrossentropy, keras.losses.BinaryFocalCrossentropy)
 
 
-class _PerExampleLoss(keras.losses.Loss):
-    """A user's `(labels, outputs) -> per-example losses`, averaged over the batch (with
-    sample weights when given), the labels passed as they are."""
-
-    def __init__(self, fn: PerExample, name: str | None = None):
-        super().__init__(name=name or getattr(fn, "__name__", "loss"))
-        self.fn = fn
-
-    def __call__(self, y_true, y_pred, sample_weight=None):
-        values = tf.cast(self.fn(y_true, y_pred), tf.float32)
-        if sample_weight is not None:
-            sample_weight = tf.cast(sample_weight, tf.float32)
-            if len(sample_weight.shape) < len(values.shape):
-                values = tf.reshape(values, [tf.shape(values)[0], -1])
-                values = tf.reduce_mean(values, axis=-1)
-        return reduce_weighted_values(values, sample_weight=sample_weight,
-                                      reduction="sum_over_batch_size", dtype="float32")
-
-    def call(self, y_true, y_pred):
-        return self.fn(y_true, y_pred)
-
-
 def _wrap_loss(loss):
     if loss is None or isinstance(loss, (str, keras.losses.Loss)):
         if isinstance(loss, str) and loss.lower() not in ("crossentropy", "ce"):
@@ -84,8 +63,8 @@ def _wrap_loss(loss):
                                  "keras.losses.Loss or a function (labels, outputs) -> "
                                  "per-example losses") from None
         return loss
-    if callable(loss):
-        return _PerExampleLoss(loss)
+    if callable(loss):  # as compile wraps a function (compile_utils.get_loss)
+        return LossFunctionWrapper(loss, name=getattr(loss, "__name__", None))
     raise UsageError(f"loss must be a Keras loss or a function (labels, outputs) -> "
                      f"per-example losses, a list of them or a dict by output name, not "
                      f"{type(loss).__name__}")

@@ -16,7 +16,7 @@ import tensorflow as tf
 from mljob import hypertune, startup, storage
 from mljob.cluster import ClusterInfo
 from mljob.errors import EXIT_OK
-from mljob.training.checkpoints import CheckpointStore
+from mljob.training.checkpoints import CheckpointStore, finalize
 from mljob.training.config import Program, RunConfig
 from mljob.training.errors import PeerUnavailableError, Preempted, UsageError
 from mljob.training.evaluator import evaluate
@@ -189,6 +189,8 @@ class _Loop:
                 self.save(step)
             if cfg.eval_every and step % cfg.eval_every == 0:
                 self.evaluate(step)
+        if step >= cfg.train_steps:  # as Keras's fit ends: EMA's averages into the model
+            finalize(self.replica.optimizer, self.replica.model)
         self.save(step)
         if step >= cfg.train_steps:
             self.evaluate(step)

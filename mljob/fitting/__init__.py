@@ -1,0 +1,1 @@
+"""Keras's `model.fit`, made distributed where Keras 3's cannot run."""

@@ -1,0 +1,127 @@
+"""Keras's `fit` on one node against `mljob.fitting.ps_fit.fit` under real parameter
+servers, in a process of its own (`python -m tests.mljob.ps_fit_runs OUT.json`): a ps
+and one worker (mljob's own ps/worker replicas over gRPC on 127.0.0.1,
+tests/mljob/equivalence_ps.py's cluster), this process the chief.
+
+Each run trains the same model from the same seed on the same data for 4 epochs of 6
+steps, with callbacks that change training (`LearningRateScheduler` on every epoch's
+start, `ReduceLROnPlateau` on `val_loss` at every epoch's end) and validation data:
+SGD (the ps step one step at a time) and Adam (local steps). Written as JSON: the
+weights, the History, the learning rate each epoch ended with.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+import mljob.training  # noqa: F401
+import tensorflow as tf
+
+import keras
+import numpy as np
+
+from mljob.fitting import ps_fit
+from tests.mljob.equivalence_ps import _cluster
+
+EPOCHS, STEPS, BATCH = 4, 6, 8
+
+
+def data():
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(48, 4)).astype("float32")
+    return x, np.tanh(x @ np.array([[1.], [-2.], [0.5], [1.5]], "float32"))
+
+
+def train_dataset():
+    return tf.data.Dataset.from_tensor_slices(data()).batch(BATCH, drop_remainder=True) \
+        .repeat()
+
+
+def validation_dataset():
+    x, y = data()
+    return tf.data.Dataset.from_tensor_slices((x[:16] * 0.5, y[:16])).batch(BATCH)
+
+
+def build(optimizer):
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=optimizer(), loss="mse", metrics=["mae"])
+    return model
+
+
+class LearningRates(keras.callbacks.Callback):
+    """The rate each epoch ended with (after ReduceLROnPlateau)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rates: list[float] = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.rates.append(float(np.asarray(self.model.optimizer.learning_rate)))
+
+
+def callbacks():
+    rates = LearningRates()
+    # ReduceLROnPlateau after LearningRates in the list, so the rate recorded is the
+    # epoch's; min_delta so large that every epoch after the first counts as a plateau.
+    return rates, [keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.8),
+                   rates,
+                   keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=0.5,
+                                                     patience=0, min_delta=1e9,
+                                                     min_lr=1e-6)]
+
+
+def run(model, fit) -> dict:
+    rates, cbs = callbacks()
+    history = fit(model, train_dataset(), epochs=EPOCHS, steps_per_epoch=STEPS,
+                  validation_data=validation_dataset(), callbacks=cbs, verbose=0)
+    return {"weights": [np.asarray(w).tolist() for w in model.get_weights()],
+            "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+            "epochs": list(history.epoch), "rates": rates.rates,
+            "iterations": int(np.asarray(model.optimizer.iterations))}
+
+
+def main(argv: list[str]) -> int:
+    out = argv[0]
+    optimizers = {"sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.5),
+                  "adam": lambda: keras.optimizers.Adam(0.02)}
+    results: dict = {}
+    procs: list = []
+    status = 0
+    try:
+        for name, optimizer in optimizers.items():
+            results[f"fit_{name}"] = run(build(optimizer), lambda m, x, **kw: m.fit(
+                x, shuffle=False, **kw))
+        strategy, _ = _cluster(1, procs)
+        for name, optimizer in optimizers.items():
+            with strategy.scope():
+                model = build(optimizer)
+            results[f"ps_{name}"] = run(model, lambda m, x, **kw: ps_fit.fit(
+                m, strategy, x=x, **kw))
+    except Exception:
+        traceback.print_exc()
+        status = 1
+    finally:
+        for proc in procs:  # every replica this run started, by its PID
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    with open(out, "w") as f:
+        json.dump(results, f)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # the coordinator's threads would keep the interpreter waiting
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,51 @@
+"""The equivalence suite for `fit` under parameter servers: Keras's `fit` on one node
+against `mljob.fitting.ps_fit.fit` on a real ps and worker over gRPC
+(tests/mljob/ps_fit_runs.py), with callbacks that change training
+(`LearningRateScheduler`, `ReduceLROnPlateau` on `val_loss`) and validation data:
+the same weights, the same History (the epoch's training metrics over every step,
+`val_` metrics, the rates the callbacks logged) and the same rates, for SGD with
+momentum (the ps step one at a time) and Adam (local steps)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.support.common import ROOT
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("tensorflow")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("ps_fit") / "runs.json"
+    done = subprocess.run([sys.executable, "-m", "tests.mljob.ps_fit_runs", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_fit_under_ps_trains_and_reports_as_keras_fit_on_one_node(runs, optimizer):
+    ours, keras_fit = runs[f"ps_{optimizer}"], runs[f"fit_{optimizer}"]
+    for a, b in zip(ours["weights"], keras_fit["weights"], strict=True):
+        assert np.allclose(a, b, atol=1e-5)
+    assert ours["epochs"] == keras_fit["epochs"] == [0, 1, 2, 3]
+    assert set(ours["history"]) == set(keras_fit["history"]) == {
+        "loss", "mae", "val_loss", "val_mae", "learning_rate"}
+    for key, values in keras_fit["history"].items():
+        assert ours["history"][key] == pytest.approx(values, rel=1e-4, abs=1e-6), key
+    assert ours["rates"] == pytest.approx(keras_fit["rates"], rel=1e-6)
+    assert ours["iterations"] == keras_fit["iterations"] == 24
+
+
+def test_the_callbacks_changed_what_was_trained(runs):
+    # The scheduler and the plateau halvings moved the rate: 0.1 -> 0.01024 for SGD.
+    assert runs["ps_sgd"]["rates"][0] == pytest.approx(0.08)
+    assert runs["ps_sgd"]["rates"][-1] == pytest.approx(0.01024, rel=1e-5)
