@@ -27,6 +27,7 @@ from submit.jobdef import spec as specs
 from submit.jobdef import tuning_spec
 from submit.packaging.package import Package
 from mljob import contracts, storage
+from mljob.fitting import LAUNCHER
 from mljob.procs import free_ports
 
 ORDER = (specs.PS, specs.WORKER, specs.CHIEF, specs.EVALUATOR)  # start order
@@ -125,7 +126,7 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
     job_dir = spec.job_dir
     run_dir, log_dir, replica_job_dir, mirrors = folders(spec, home)
     if source_dir is not None:
-        python_path, cwd, mode = source_dir, source_dir, "local"
+        python_path, cwd, mode = _with_launcher(source_dir), source_dir, "local"
     elif package is None:  # custom containers: the images hold the code
         python_path, cwd, mode = "", run_dir, "container"
     else:
@@ -172,7 +173,7 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
             replicas.append(ReplicaPlan(
                 label=label, task_type=name, index=index,
                 address=hosts[index] if index < len(hosts) else None,
-                command=(python, "-m", spec.module_name, *trainer_args),
+                command=(python, "-m", LAUNCHER, spec.module_name, *trainer_args),
                 env={**base_env, "TF_CONFIG": json.dumps(tf_config, sort_keys=True),
                      **({"CUDA_VISIBLE_DEVICES": devices[label]} if label in devices
                         else {}), **threads},
@@ -191,6 +192,20 @@ def build(spec: specs.JobSpec, package: Package | None, *, home: str,
         max_wait_time=spec.max_wait_time,
         packages=tuple(staged),
         env_root=env_dir, env_key=env_key, tuning=spec.tuning)
+
+
+def _with_launcher(source_dir: str) -> str:
+    """The working tree's PYTHONPATH, and after it the folder this mljob is imported from
+    when that is a source tree rather than an installation (site-packages is on every
+    replica's path already): the replicas run the launcher of the mljob that submits."""
+    import site
+    import mljob
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mljob.__file__)))
+    installed = {os.path.abspath(p) for p in (*site.getsitepackages(),
+                                              site.getusersitepackages())}
+    if root in installed or root == os.path.abspath(source_dir):
+        return source_dir
+    return source_dir + os.pathsep + root
 
 
 def folders(spec: specs.JobSpec, home: str) -> tuple[str, str, str | None,

@@ -1,9 +1,9 @@
 """A job's packages, assembled from its spec: the main package (built from
 --package-path, the project's own source tree, or fetched from packageUris), the other
---packages archives, and mljob's core when the user's code imports mljob without
-shipping it; each with the URL it is staged to. A job of custom containers alone has
-none. `submit.submission` calls `job_packages` before the runner renders, and `stage`
-once nothing can be refused any more."""
+--packages archives, and mljob's core unless one of them is mljob (every replica runs
+the user's module through mljob's launcher); each with the URL it is staged to. A job
+of custom containers alone has none. `submit.submission` calls `job_packages` before
+the runner renders, and `stage` once nothing can be refused any more."""
 from __future__ import annotations
 
 import dataclasses
@@ -64,8 +64,8 @@ def _fetch(url: str, folder: str, dry_run: bool) -> package.Package:
 def with_extras(spec: specs.JobSpec, main: package.Package | None,
                 tmp: str, dry_run: bool = False) -> package.Package:
     """The job's packages: the main one (else the first --packages archive), the other
-    archives, and mljob's core when the user's code imports mljob and does not ship it
-    (not known, so not added, for archives a dry run leaves where they are)."""
+    archives, and mljob's core unless one of them is mljob: every replica runs the
+    user's module through mljob's launcher (`mljob.fitting.launch`)."""
     archives = []
     for i, path in enumerate(spec.extra_packages):
         if "://" in path:  # already staged: installed from where it is
@@ -77,8 +77,7 @@ def with_extras(spec: specs.JobSpec, main: package.Package | None,
     if main is None:
         main, archives = archives[0], archives[1:]
     found = (main, *archives)
-    if not any(p.dist_name == "mljob" for p in found) and any(
-            p.local_file and package.imports_mljob(p) for p in found):
+    if not any(p.dist_name == "mljob" for p in found):
         core_dir = os.path.join(tmp, "mljob-core")
         archives.append(_staged(spec, package.build_mljob_core(core_dir,
                                                                   keep=not dry_run)))

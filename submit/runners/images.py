@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 
+from mljob.fitting import LAUNCHER
 from submit.local import container_engine as ce
 from submit.local import image_build
 from submit.packaging import package as packages
@@ -40,9 +41,9 @@ def package_image(engine: ce.Engine, source: str | None, name: str | None, base:
                   requirements_file: str | None = None, log=print) -> str:
     """The image of a package folder (`--package-path`; None: this project, its bundled
     trainer): its sdist, built as a job stages it, and mljob's core, installed by the
-    Kubeflow runner's Dockerfile on `base`, with `python -m MODULE` as its entrypoint
-    when a module is given (as Vertex's local-run images have it; the Kubeflow
-    Dockerfile has none: its pods name the command). Unnamed, it is
+    Kubeflow runner's Dockerfile on `base`, with `python -m mljob.fitting.launch MODULE`
+    as its entrypoint when a module is given (as Vertex's local-run images have it; the
+    Kubeflow Dockerfile has none: its pods name the command). Unnamed, it is
     `localhost/<dist name>:<hash of its archives>`, and found already built when those
     archives were built before. `requirements` (pip's) and a `requirements_file` are
     installed in a layer of their own (`local-run`'s --requirements)."""
@@ -58,8 +59,9 @@ def package_image(engine: ce.Engine, source: str | None, name: str | None, base:
         image_build.build_job_image(engine, build_context(package, gpu=False), name, base,
                                     log=log)
         if module is not None or extra:
-            image_build.finish_image(engine, name, ["python", "-m", module] if module
-                                     else None, requirements or [], requirements_file)
+            image_build.finish_image(engine, name, ["python", "-m", LAUNCHER, module]
+                                     if module else None, requirements or [],
+                                     requirements_file)
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     return name

@@ -6,7 +6,8 @@ The TFJob has one replica spec per replica type: Chief (or Master when the confi
 for Cloud ML's legacy name), Worker, PS and Evaluator, with the counts of the scale tier
 or config.yaml. Every replica runs the same container, `--image`, which holds the staged
 sdist installed on TensorFlow 2.21 (the Dockerfile is generated; `--dry-run` prints it),
-and the same command `python -m <module> <args> --job-dir <gs://...>`. The operator sets
+and the same command `python -m mljob.fitting.launch <module> <args> --job-dir <gs://...>`
+(`python -m <module>` with Keras's `fit` made distributed: `mljob.fitting`). The operator sets
 TF_CONFIG (lower-cased types, port 2222), which the trainer reads unchanged.
 
 Decisions:
@@ -52,6 +53,7 @@ from typing import Any
 import yaml
 
 from mljob import contracts, machines
+from mljob.fitting import LAUNCHER
 from submit.jobdef import containers, spec as specs
 from submit.errors import UsageError
 from submit.home import mljob_home
@@ -232,7 +234,7 @@ def replica_spec(spec: specs.JobSpec, group: specs.ReplicaGroup, image: str,
                  labels: dict, service_account: str | None) -> dict:
     container: dict[str, Any] = {
         "name": CONTAINER, "image": group.image_uri or image,
-        "command": ["python", "-m", spec.module_name],
+        "command": ["python", "-m", LAUNCHER, spec.module_name],
         # every string the kubelet expands `$(VAR)` in is escaped (TF_CONFIG's too)
         "args": [containers.kubelet_literal(a)
                  for a in containers.args_for(group, spec.trainer_args)],

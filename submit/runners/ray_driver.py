@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Any
 
+LAUNCHER = "mljob.fitting.launch"  # mljob.fitting.LAUNCHER (this file imports no mljob)
 SERVICE = "service"
 EVENT = "replica "          # `replica LABEL state=... restarts=N exit=S node=IP`
 RESULT = "job "             # `job SUCCEEDED` / `job FAILED: why`
@@ -160,7 +161,7 @@ class ReplicaActor:
         if metric_file:  # a tuning trial's reports: a file of this replica's, here
             self.metric_file = full[HP_METRIC_FILE_ENV] = os.path.join(cwd, metric_file)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args], cwd=cwd, env=full,
+            [sys.executable, "-m", LAUNCHER, module, *args], cwd=cwd, env=full,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True, preexec_fn=_die_with_parent)
         self.readers = [threading.Thread(target=self._read, args=(pipe, stream), daemon=True)

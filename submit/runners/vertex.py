@@ -3,12 +3,14 @@ a HyperparameterTuningJob, a batch prediction job a BatchPredictionJob rendered 
 `submit.prediction.render`).
 
 Vertex AI runs a Python package the way Cloud ML Engine did: each replica pip-installs
-the staged sdists (`package_uris`: the package, its `--packages`, and mljob's core when
-the user's code imports mljob) into an executor image and runs `python -m MODULE ARGS`,
-with TF_CONFIG set by Vertex. The pools come in Vertex's fixed order: 0 the chief (one
-replica), 1 workers, 2 parameter servers, 3 evaluators; a skipped middle pool is an empty
-WorkerPoolSpec (the API's rule: "all worker pools except the first one are optional and
-can be skipped by providing an empty value") and trailing empty pools are left out.
+the staged sdists (`package_uris`: the package, its `--packages`, and mljob's core unless
+the package ships mljob) into an executor image and runs `python -m MODULE ARGS` through
+mljob's launcher (`python_module` mljob.fitting.launch, the module its first argument:
+`mljob.fitting`), with TF_CONFIG set by Vertex. The pools come in Vertex's fixed order:
+0 the chief (one replica), 1 workers, 2 parameter servers, 3 evaluators; a skipped
+middle pool is an empty WorkerPoolSpec (the API's rule: "all worker pools except the
+first one are optional and can be skipped by providing an empty value") and trailing
+empty pools are left out.
 
 Every client call goes over REST: `JobServiceClient(transport="rest")` at
 `{region}-aiplatform.googleapis.com` for jobs, Cloud Logging's `entries:list` for logs
@@ -32,6 +34,7 @@ from google.cloud import aiplatform_v1
 from google.protobuf import json_format
 
 from mljob import contracts, machines
+from mljob.fitting import LAUNCHER
 from submit.jobdef import containers, spec as specs, tuning_spec
 from submit import jobs
 from submit import training_output as training_outputs
@@ -294,8 +297,8 @@ def _pool(spec: JobSpec, group: specs.ReplicaGroup, package: Package | None,
         python_package_spec=aiplatform_v1.PythonPackageSpec(
             executor_image_uri=image or _image(region, bool(machine.accelerator_count)),
             package_uris=[p.url for p in package.all],  # the package, --packages, mljob
-            python_module=spec.module_name,
-            args=list(spec.trainer_args),
+            python_module=LAUNCHER,  # which runs spec.module_name as -m would
+            args=[spec.module_name, *spec.trainer_args],
             env=[aiplatform_v1.EnvVar(name=JOB_ID_ENV, value=spec.job_id)]))
 
 

@@ -158,7 +158,8 @@ def test_standard_1_replicas_command_and_resources():
         (container,) = replica["template"]["spec"]["containers"]
         assert container["name"] == "tensorflow" and container["image"] == IMAGE
         assert container["ports"] == [{"name": "tfjob-port", "containerPort": 2222}]
-        assert container["command"] == ["python", "-m", "trainer.task"]
+        assert container["command"] == ["python", "-m", "mljob.fitting.launch",
+                                        "trainer.task"]
         assert container["args"] == ["--model", "mlp", "--job-dir",
                                      "gs://mljob-test/jobs/job01"]
         assert container["resources"] == {"requests": {"cpu": "4", "memory": "15360Mi"},

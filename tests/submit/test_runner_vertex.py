@@ -186,8 +186,9 @@ def test_custom_job_fields():
     for pool in (chief, workers, ps, evaluators):
         package = pool["pythonPackageSpec"]
         assert package["packageUris"] == [PACKAGE.url]
-        assert package["pythonModule"] == "trainer.task"
-        assert package["args"] == ARGS + ["--job-dir", JOB_DIR]
+        # the module run by mljob's launcher, as `python -m` runs it
+        assert package["pythonModule"] == "mljob.fitting.launch"
+        assert package["args"] == ["trainer.task", *ARGS, "--job-dir", JOB_DIR]
         assert package["env"] == [{"name": "MLJOB_JOB_ID", "value": "job01"}]
     assert workers["pythonPackageSpec"]["executorImageUri"] == \
         "us-docker.pkg.dev/vertex-ai/training/tf-gpu.2-17.py310:latest"
@@ -611,7 +612,7 @@ def test_cli_submit_follow_describe_and_cancel(api, capsys, gcs_emulator, monkey
     assert out.rstrip().endswith("Job [cli01] SUCCEEDED.")
     sent = api.requests[0].json()
     pool = sent["jobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]
-    assert pool["args"] == ["--model", "mlp", "--job-dir", job_dir]
+    assert pool["args"] == ["trainer.task", "--model", "mlp", "--job-dir", job_dir]
     assert pool["packageUris"][0].startswith(job_dir + "/packages/")
     assert storage.exists(pool["packageUris"][0])   # staged before the job was created
     record = jobs.load("cli01")
@@ -636,8 +637,8 @@ def test_cli_submit_follow_describe_and_cancel(api, capsys, gcs_emulator, monkey
 
 
 @pytest.mark.parametrize("imports_mljob", [True, False])
-def test_a_package_that_imports_mljob_gets_mljobs_core_installed(capsys, tmp_path,
-                                                                  imports_mljob):
+def test_every_package_gets_mljobs_core_installed_for_the_launcher(capsys, tmp_path,
+                                                                   imports_mljob):
     folder = tmp_path / "trainer"
     folder.mkdir()
     (folder / "task.py").write_text("from mljob import storage\n" if imports_mljob
@@ -651,10 +652,12 @@ def test_a_package_that_imports_mljob_gets_mljobs_core_installed(capsys, tmp_pat
         "pythonPackageSpec"]["packageUris"]
     assert uris[0].startswith(f"{JOB_DIR}/packages/") and uris[0].endswith(
         "/trainer-0.0.0.tar.gz")
-    if imports_mljob:  # mljob's core alone: the full distribution has its own `trainer`
-        assert len(uris) == 2 and uris[1].endswith("/mljob-0.1.0.tar.gz")
-    else:
-        assert len(uris) == 1
+    # mljob's core alone (the full distribution has its own `trainer`), whether the code
+    # imports mljob or not: the replica runs the module through mljob's launcher
+    assert len(uris) == 2 and uris[1].endswith("/mljob-0.1.0.tar.gz")
+    spec = json.loads(out)["customJob"]["jobSpec"]["workerPoolSpecs"][0]["pythonPackageSpec"]
+    assert spec["pythonModule"] == "mljob.fitting.launch"
+    assert spec["args"][0] == "trainer.task"
 
 
 def test_jobs_update_changes_the_record_and_says_vertex_keeps_its_labels(api, capsys):

@@ -187,8 +187,8 @@ def test_dry_run_standard_1_matches_cloud_ml(capsys, tmp_path, pkg):
         assert task["index"] == int(index) and replica["index"] == int(index)
         assert replica["address"] == cluster[task["type"]][task["index"]]
         command = replica["command"]
-        assert command[1:] == ["-m", "fakejob.task", "--model", "mlp", "--train-steps",
-                               "20", "--job-dir", job_dir]
+        assert command[1:] == ["-m", "mljob.fitting.launch", "fakejob.task", "--model",
+                               "mlp", "--train-steps", "20", "--job-dir", job_dir]
         env = replica["env"]
         assert env["PYTHONPATH"] == ""  # no working tree shadows the installed package
         assert command[0] == os.path.join(plan["env_root"], plan["env_key"], "bin", "python")
