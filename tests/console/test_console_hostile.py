@@ -183,3 +183,34 @@ def test_a_slow_filter_runs_off_the_event_loop(tmp_path, reaper):
         assert proc.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn re-raises it
         worker.join(timeout=60)
     assert results and set(results) == {200}
+
+
+def test_the_filter_is_read_off_the_event_loop(tmp_path, monkeypatch):
+    """A filter that takes long (here: one held until another page was answered) leaves
+    the event loop free: were it run on the loop, the other page would never come."""
+    import asyncio
+
+    from submit.cli import listing
+    from submit.console.app import Console
+    stored_job(tmp_path)
+    answered = threading.Event()
+    select = listing.select
+
+    def slow_select(*args, **kwargs):
+        assert answered.wait(30), "the job page was not answered while the filter ran"
+        return select(*args, **kwargs)
+    monkeypatch.setattr(listing, "select", slow_select)
+
+    async def both():
+        transport = httpx.ASGITransport(app=Console("127.0.0.1", 8080))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8080",
+                                     timeout=60) as client:
+            async def page():
+                answer = await client.get("/jobs/fake01/live")
+                answered.set()
+                return answer
+            return await asyncio.gather(client.get("/rows", params={"filter": "jobId:*"}),
+                                        page())
+    rows, live = asyncio.run(asyncio.wait_for(both(), 60))
+    assert live.status_code == 200 and rows.status_code == 200
+    assert 'data-job="fake01"' in rows.text
