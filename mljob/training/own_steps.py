@@ -101,7 +101,7 @@ def check(model, program, *, parameter_servers: bool, replicas: int) -> None:
 def reduce_logs(logs, strategy):
     """A step's logs, one value per name, as Keras's fit reduces them over replicas: their
     mean (`reduce_per_replica`'s "auto" off TPUs), element by element."""
-    from keras.src import tree
+    from mljob.training.keras_private import tree
     return tree.map_structure(
         lambda v: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None), logs)
 
