@@ -196,11 +196,13 @@ class Replica:
     def shards(self) -> dict[str, int]:
         return {w.path: len(weight_parts(w)) for w in self.model.weights}
 
-    def learning_rate(self) -> float:
-        try:
-            return float(np.asarray(self.optimizer.learning_rate))
-        except (TypeError, ValueError):
-            return float("nan")
+    def learning_rate(self) -> float | dict[str, float]:
+        """The rate of the optimizer the steps apply; of each, by attribute, when a
+        model's own step applies several (`model_optimizers`)."""
+        used = self.step_optimizers or [("", self.optimizer)]
+        if len(used) == 1:
+            return model_optimizers.learning_rate(used[0][1])
+        return {f"{name}_lr": model_optimizers.learning_rate(o) for name, o in used}
 
     def start_input(self, train_dataset_fn, seed: int) -> None:
         """Build the input pipelines: per worker under ps, per replica otherwise."""

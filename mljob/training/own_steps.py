@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from mljob.training.errors import UsageError
 from mljob.training.losses import as_floats
+from mljob.training.summaries import NO_LOSS
 
 STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
 _eval_steps: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -110,7 +111,7 @@ def results(model, logs) -> tuple[float, dict[str, float]]:
     """(loss, metrics) of fetched logs, as Python floats; the model's trackers reset."""
     values = as_floats(logs)
     reset(model)
-    return values.pop("loss", float("nan")), values
+    return values.pop("loss", NO_LOSS), values
 
 
 def reset(model) -> None:
