@@ -20,9 +20,9 @@ What the step needs must exist before it is distributed: the model compiled in
 `optimizer=` and `metrics=` are refused rather than ignored), and, with several
 replicas, every optimizer the step applies built (`optimizer.build(variables)` in
 `compile`): tf.distribute cannot create an optimizer's state inside a replica's step.
-On one node an optimizer may build itself in the first step, as in Keras, but only the
-optimizers built before training are in the checkpoints (a resumed run restarts the
-state of one built later).
+On one node an optimizer may build itself in its first `apply_gradients`, as in Keras:
+the model's `train_step` is traced before training (`model_optimizers.build_in_step`),
+which builds it, so the checkpoints hold every optimizer the step applies.
 """
 from __future__ import annotations
 
