@@ -69,6 +69,12 @@ def fit(model, strategy, *, x=None, y=None, batch_size=None, epochs=1, verbose="
         features, _, _ = unpack(next(iter(ps_inputs.sample(x).take(1))))
         with strategy.scope():
             model(features)
+    outside = [w.path for w in model.weights
+               if not strategy.extended.variable_created_in_scope(w.value)]
+    if outside:
+        raise UsageError(f"the model's {outside[0]} was made outside strategy.scope(), "
+                         "so it is not on the parameter servers: build and compile the "
+                         "model inside `with strategy.scope():`")
     workers = keras_private.ps_workers(strategy)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     program = Program(model_fn=lambda: model, train_dataset_fn=train_fn,

@@ -56,6 +56,23 @@ def test_what_the_workers_cannot_read_is_refused(kwargs, match):
     _refused(match, **kwargs)
 
 
+class _Extended:
+    @staticmethod
+    def variable_created_in_scope(variable):
+        return False
+
+
+class _StrategyOfOthers(_Strategy):
+    """A strategy none of whose variables the model's are."""
+    extended = _Extended()
+
+
+def test_a_model_made_outside_the_strategy_s_scope_is_refused():
+    with pytest.raises(UsageError, match=r"made outside strategy.scope\(\)") as info:
+        ps_fit.fit(_model(), _StrategyOfOthers(), x=_dataset(), steps_per_epoch=2)
+    assert "\n" not in str(info.value)
+
+
 def test_an_uncompiled_model_is_refused():
     _refused("compile the model in strategy.scope", model=_model(compiled=False))
 
