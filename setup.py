@@ -9,6 +9,10 @@ from setuptools import find_packages, setup
 # the one tested; tests/predict/test_uvicorn_private_api.py fails loudly when a release
 # moves what they override
 UVICORN = "uvicorn>=0.54,<0.55"
+# mljob.training reads Keras's private names (mljob/training/keras_private.py, every one
+# in that module): the range is the one tested; tests/mljob/test_keras_private.py fails
+# naming the name a release moves
+KERAS = "keras>=3.15,<3.16"
 
 setup(
     name="mljob",
@@ -72,8 +76,8 @@ setup(
         # TensorFlow is an extra: on this machine `cpu` installs it; on a cluster the
         # image provides it (Kubeflow's TensorFlow base, Vertex's prebuilt executors),
         # and a hard requirement would make pip lay a second TensorFlow over the image's.
-        "cpu": ["tensorflow-cpu==2.21.*"],
-        "gpu": ["tensorflow[and-cuda]==2.21.*"],
+        "cpu": ["tensorflow-cpu==2.21.*", KERAS],
+        "gpu": ["tensorflow[and-cuda]==2.21.*", KERAS],
         # the cluster engines' SDKs (`--runner kubeflow`, `--runner vertex`)
         "kubeflow": ["kubernetes>=29"],
         "vertex": ["google-cloud-aiplatform>=1.60"],

@@ -62,21 +62,29 @@ class Progress(NamedTuple):
     loss: float
 
 
-_PROGRESS = re.compile(r"^step ([0-9]+)/([0-9]+)\b.*?\bloss=([-+0-9.eEnaif]+)")
+# The loss is optional (a GAN's logs have none); the examples/s every line ends with is not.
+_PROGRESS = re.compile(r"^step ([0-9]+)/([0-9]+)\b(?=.*\bexamples/s=|.*\bloss=)"
+                       r"(?:.*?\bloss=([-+0-9.eEnaif]+))?")
 
 
-def progress_line(step: int, total: int, loss: float,
+def progress_line(step: int, total: int, loss: float | None,
                   accuracy: float | Mapping[str, float], examples_per_sec: float,
-                  lr: float) -> str:
+                  lr: float | Mapping[str, float]) -> str:
     """What a training replica prints every few steps; `parse_progress` reads it back.
-    `accuracy` is the accuracy, or the model's metrics by name (printed in order)."""
-    return " ".join(filter(None, (f"step {step}/{total} loss={loss:.4f}",
+    `accuracy` is the accuracy, or the model's metrics by name (printed in order). loss
+    None: the model's logs have none (a GAN's `d_loss`, `g_loss` are its metrics). lr:
+    the rate, or each optimizer's by name (`d_optimizer_lr`)."""
+    rates = f"lr={lr:g}" if not isinstance(lr, Mapping) else \
+        " ".join(f"{name}={value:g}" for name, value in lr.items())
+    return " ".join(filter(None, (f"step {step}/{total}",
+                                  "" if loss is None else f"loss={loss:.4f}",
                                   _metrics_text(accuracy),
-                                  f"examples/s={examples_per_sec:.1f} lr={lr:g}")))
+                                  f"examples/s={examples_per_sec:.1f} {rates}")))
 
 
-def eval_line(step: int, loss: float, accuracy: float | Mapping[str, float]) -> str:
-    return f"eval step={step} loss={loss:.4f} {_metrics_text(accuracy)}".rstrip()
+def eval_line(step: int, loss: float | None, accuracy: float | Mapping[str, float]) -> str:
+    shown = "" if loss is None else f" loss={loss:.4f}"
+    return f"eval step={step}{shown} {_metrics_text(accuracy)}".rstrip()
 
 
 def _metrics_text(metrics: float | Mapping[str, float]) -> str:
@@ -90,7 +98,8 @@ def parse_progress(text: str) -> Progress | None:
     if not match:
         return None
     try:
-        return Progress(int(match[1]), int(match[2]), float(match[3]))
+        return Progress(int(match[1]), int(match[2]),
+                        float(match[3]) if match[3] is not None else float("nan"))
     except ValueError:
         return None
 

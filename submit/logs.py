@@ -147,7 +147,8 @@ class Progress:
         parts = [self.state]
         if self.step is not None:
             parts.append(f"step {self.step}/{self.total}")
-            parts.append(f"loss {self.loss}")
+            if self.loss != "nan":  # a model whose logs have no loss (a GAN's)
+                parts.append(f"loss {self.loss}")
         parts.append(f"{elapsed // 60:d}:{elapsed % 60:02d}")
         return "  ".join(parts)
 

@@ -38,6 +38,8 @@ from mljob.training.errors import UsageError
 from mljob.training.evaluator import evaluate
 from mljob.training.loop import Replica
 from mljob.training.losses import unpack
+from mljob.training.shared_state import tf_variable
+from mljob.training.strategies import weight_parts
 
 
 def fit(model, strategy, *, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
@@ -69,6 +71,13 @@ def fit(model, strategy, *, x=None, y=None, batch_size=None, epochs=1, verbose="
         features, _, _ = unpack(next(iter(ps_inputs.sample(x).take(1))))
         with strategy.scope():
             model(features)
+    outside = [w.path for w in model.weights if not all(  # a sharded one: each shard
+        strategy.extended.variable_created_in_scope(tf_variable(part))
+        for part in weight_parts(w))]
+    if outside:
+        raise UsageError(f"the model's {outside[0]} was made outside strategy.scope(), "
+                         "so it is not on the parameter servers: build and compile the "
+                         "model inside `with strategy.scope():`")
     workers = keras_private.ps_workers(strategy)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     program = Program(model_fn=lambda: model, train_dataset_fn=train_fn,

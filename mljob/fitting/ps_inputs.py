@@ -85,7 +85,7 @@ def validation(validation_data, validation_steps, validation_batch_size):
     elif not isinstance(data, tf.data.Dataset):
         if not callable(data):
             raise UsageError(
-                f"validation_data is a {type(data).__name__}: give a tf.data.Dataset, a "
+                f"validation_data of type {type(data).__name__}: give a tf.data.Dataset, a "
                 "function (tf.distribute.InputContext) -> tf.data.Dataset, or "
                 "(x_val, y_val) arrays")
         data = data(tf.distribute.InputContext())

@@ -21,7 +21,6 @@ Signatures (from `Serving`, which the predictor and `saved_model_cli` read):
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import shutil
@@ -193,13 +192,9 @@ def fresh_names():
     this thread built before (Keras numbers `dense`, `dense_1`... per thread): the
     training model, the evaluator's and the serving model then name their variables
     alike, and match by path (checkpoints, the export)."""
-    from keras.src.backend.common import global_state
-    before = global_state.get_global_attribute("object_name_uids")
-    global_state.set_global_attribute("object_name_uids", collections.defaultdict(int))
-    try:
+    from mljob.training.keras_private import fresh_object_names
+    with fresh_object_names():
         yield
-    finally:
-        global_state.set_global_attribute("object_name_uids", before)
 
 
 def built(model_fn):
@@ -359,7 +354,8 @@ def held_resources(keras_model, variables) -> list:
             for item in list(value):
                 visit(item, depth + 1)
 
-    for layer in keras_model._flatten_layers(include_self=True, recursive=True):
+    from mljob.training.keras_private import all_layers
+    for layer in all_layers(keras_model):
         for value in list(vars(layer).values()):
             if not isinstance(value, (str, bytes, int, float, bool, type(None))):
                 visit(value, 0)

@@ -36,13 +36,13 @@ from __future__ import annotations
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src import tree
-from keras.src.losses.loss import scale_loss_for_distribution, unscale_loss_for_distribution
 
 from mljob.training import export as export_lib
 from mljob.training import model_optimizers, own_steps
 from mljob.training.config import STEPS_PER_EXECUTION, Program, RunConfig
 from mljob.training.errors import UsageError
+from mljob.training.keras_private import adam_slots, learning_rate_setting, \
+    regularization_losses, scale_loss_for_distribution, tree, unscale_loss_for_distribution
 from mljob.training.losses import compiled_optimizer, merge_rule, one_replica, unpack
 from mljob.training.precision import WIRE_BFLOAT16, wire_dtype
 from mljob.training.shared_state import add_change, atomic_iterations, keeping_state, \
@@ -115,7 +115,8 @@ class Replica:
                 strategy.num_replicas_in_sync == 1 else []
             self.optimizer = make_optimizer(program.optimizer) \
                 if program.optimizer is not None else compiled_optimizer(self.model)
-            _check_synchronous_options(self.optimizer, strategy, coordinator)
+            model_optimizers.check_synchronous_options(self.optimizer, strategy, coordinator,
+                                                       self.model)
             self.parts = [p for w in self.model.trainable_weights for p in weight_parts(w)]
             if not self.optimizer.built and not self.step_optimizers:
                 self.optimizer.build(self.parts)
@@ -157,8 +158,9 @@ class Replica:
         # the optimizer's own apply. Asked for where they are not exact, they are an error.
         exact = fusable(self.optimizer, self.parts)
         if config.ps_local_steps and not exact and coordinator is not None:
+            shown = model_optimizers.optimizer_text(self.optimizer, self.model)
             raise UsageError(f"ps_local_steps runs plain Adam's update on the workers, "
-                             f"not {_optimizer_text(self.optimizer)}'s: give "
+                             f"not {shown}'s: give "
                              "keras.optimizers.Adam without amsgrad, clipping, weight "
                              "decay, EMA, accumulation or loss scaling, or turn it off")
         self.local_steps = coordinator is not None and config.ps_local_steps is not False \
@@ -198,11 +200,13 @@ class Replica:
     def shards(self) -> dict[str, int]:
         return {w.path: len(weight_parts(w)) for w in self.model.weights}
 
-    def learning_rate(self) -> float:
-        try:
-            return float(np.asarray(self.optimizer.learning_rate))
-        except (TypeError, ValueError):
-            return float("nan")
+    def learning_rate(self) -> float | dict[str, float]:
+        """The rate of the optimizer the steps apply; of each, by attribute, when a
+        model's own step applies several (`model_optimizers`)."""
+        used = self.step_optimizers or [("", self.optimizer)]
+        if len(used) == 1:
+            return model_optimizers.learning_rate(used[0][1])
+        return {f"{name}_lr": model_optimizers.learning_rate(o) for name, o in used}
 
     def start_input(self, train_dataset_fn, seed: int) -> None:
         """Build the input pipelines: per worker under ps, per replica otherwise."""
@@ -244,7 +248,7 @@ class Replica:
             with keeping_state(state) as kept:
                 outputs = self.model(features, training=True)
             # add_loss's terms (held by the scope under ps) and the weights' regularizers
-            extra = kept.losses + self.model._get_regularization_losses() if state \
+            extra = kept.losses + regularization_losses(self.model) if state \
                 else self.model.losses
             if self.objective.class_weight is not None:
                 weights = self.objective.class_weights(tree.flatten(labels)[0])
@@ -363,16 +367,16 @@ class Replica:
         (1/N, --ps-merge mean) ended 0.9 to 2.5 points below, and their sum diverged
         with 4 workers."""
         opt = self.optimizer
-        moments = [opt._momentums[opt._get_variable_index(p)] for p in self.parts]
-        velocities = [opt._velocities[opt._get_variable_index(p)] for p in self.parts]
+        moments, velocities = adam_slots(opt, self.parts)
         state = self.model.non_trainable_variables
         start = [[self._read(v) for v in group] for group in (self.parts, moments, velocities)]
         start.append([tf.identity(_tf_variable(v)) for v in state])
         t0 = tf.identity(opt.iterations)
         # A schedule is Keras's function of the step count: each local step takes its
         # own step's rate, as it would stepping one at a time.
-        schedule = opt._learning_rate if isinstance(
-            opt._learning_rate, keras.optimizers.schedules.LearningRateSchedule) else None
+        setting = learning_rate_setting(opt)
+        schedule = setting if isinstance(
+            setting, keras.optimizers.schedules.LearningRateSchedule) else None
         lr = tf.cast(opt.learning_rate, tf.float32)
         b1, b2, eps = opt.beta_1, opt.beta_2, opt.epsilon
 
@@ -430,7 +434,7 @@ class Replica:
             outputs = self.model(features, training=True)
             # The weights' regularizers, on the weights given (the scope holds only
             # add_loss's terms: Keras computes regularizers when `losses` is read).
-            regularization = self.model._get_regularization_losses()
+            regularization = regularization_losses(self.model)
         after = [scope.get_current_value(v) for v in state]
         return (outputs, [a if a is not None else b
                           for a, b in zip(after, state_values, strict=True)],
@@ -477,36 +481,6 @@ def steps_per_execution(model, config: RunConfig) -> int:
     if config.steps_per_execution == STEPS_PER_EXECUTION and compiled > 1:
         return compiled
     return config.steps_per_execution
-
-
-def _check_synchronous_options(optimizer, strategy, coordinator) -> None:
-    """EMA and gradient accumulation update under a tf.cond that calls merge_call, which
-    a step run by a distribution strategy cannot do (Keras's own fit fails on them under
-    a MirroredStrategy, and a ps step fails the same way): refused before the first step,
-    not a traceback at it."""
-    replicas = strategy.num_replicas_in_sync
-    if coordinator is None and replicas < 2:
-        return
-    where = "parameter servers" if coordinator is not None else \
-        f"{replicas} synchronous replicas"
-    for option in ("use_ema", "gradient_accumulation_steps"):
-        if getattr(optimizer, option, None):
-            raise UsageError(
-                f"{_optimizer_text(optimizer)}: {option} cannot run under {where} "
-                "(Keras's fit cannot run it under a distribution strategy either); train "
-                f"on one node, or leave {option} out")
-
-
-def _optimizer_text(optimizer) -> str:
-    """An optimizer as the refusal names it: Adam(clipnorm=1.0), SGD..."""
-    options = [f"{name}={getattr(optimizer, name)}" for name in (
-        "clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "loss_scale_factor",
-        "gradient_accumulation_steps") if getattr(optimizer, name, None) is not None]
-    if getattr(optimizer, "use_ema", False):
-        options.append("use_ema=True")
-    if getattr(optimizer, "amsgrad", False):
-        options.append("amsgrad=True")
-    return f"{type(optimizer).__name__}({', '.join(options)})"
 
 
 def _all_replicas_sum(value):

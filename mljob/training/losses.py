@@ -37,7 +37,8 @@ import numpy as np
 import tensorflow as tf
 
 from mljob.training.errors import UsageError
-from mljob.training.keras_private import LossFunctionWrapper, compile_utils, tree
+from mljob.training.keras_private import LossFunctionWrapper, auc_from_logits, \
+    compile_utils, flat_losses, flat_metrics, get_object_name, tree
 
 PerExample = Callable[[Any, Any], Any]
 # How the metric states of several replicas (in a chunk) or chunks (at a log line) merge,
@@ -64,7 +65,7 @@ def _wrap_loss(loss):
                                  "per-example losses") from None
         return loss
     if callable(loss):  # as compile wraps a function (compile_utils.get_loss)
-        return LossFunctionWrapper(loss, name=getattr(loss, "__name__", None))
+        return LossFunctionWrapper(loss, name=get_object_name(loss))
     raise UsageError(f"loss must be a Keras loss or a function (labels, outputs) -> "
                      f"per-example losses, a list of them or a dict by output name, not "
                      f"{type(loss).__name__}")
@@ -247,10 +248,10 @@ class Objective:
                              f"{str(exc).splitlines()[0]}") from None
         self._respect_logits()
         if self.names is not None:
-            flat = [m for mls in self.metrics._flat_metrics if mls for m in mls.metrics]
+            flat = [m for mls in flat_metrics(self.metrics)[0] if mls for m in mls.metrics]
             for metric, name in zip(flat, self.names, strict=False):
                 metric.name = name
-        losses = self.compile_loss._flat_losses
+        losses = flat_losses(self.compile_loss)
         self.loss_means = [keras.metrics.Mean(name=f"{entry[3]}_loss")
                            for entry in losses] if len(losses) > 1 else []
         self.loss_mean = keras.metrics.Mean(name="loss")
@@ -277,7 +278,7 @@ class Objective:
         given = {id(m) for m in tree.flatten(self.user_metrics or []) +
                  tree.flatten(self.user_weighted or [])}
         losses = self._loss_per_output()
-        for lists in (self.metrics._flat_metrics, self.metrics._flat_weighted_metrics):
+        for lists in flat_metrics(self.metrics):
             for index, mls in enumerate(lists):
                 loss = losses[index] if index < len(losses) else None
                 if not mls or not (isinstance(loss, _BINARY_CE) and loss.from_logits):
@@ -288,7 +289,7 @@ class Objective:
                     if isinstance(metric, keras.metrics.BinaryAccuracy):
                         mls.metrics[j] = keras.metrics.BinaryAccuracy(name=metric.name,
                                                                       threshold=0.0)
-                    elif isinstance(metric, keras.metrics.AUC) and not metric._from_logits:
+                    elif isinstance(metric, keras.metrics.AUC) and not auc_from_logits(metric):
                         mls.metrics[j] = keras.metrics.AUC(name=metric.name,
                                                            from_logits=True)
 
@@ -329,7 +330,7 @@ class Objective:
             return obj
         total, each = [], []
         nested = tree.is_nested(y_true) or tree.is_nested(y_pred)
-        for path, loss_fn, weight, _ in self.compile_loss._flat_losses:
+        for path, loss_fn, weight, _ in flat_losses(self.compile_loss):
             y_t = resolve(path, y_true) if nested else y_true
             y_p = resolve(path, y_pred) if nested else y_pred
             sw = resolve(path, sample_weight) if nested and tree.is_nested(sample_weight) \

@@ -11,13 +11,14 @@ spec, as Keras's `fit` traces its train function: every optimizer the step appli
 makes its variables then, so the checkpoint made after it holds all of them (a resumed
 run restores the moments instead of restarting them at zero), and the optimizers the
 traced step reads are the ones it uses: their learning rates are what the progress
-lines show.
+lines show; and a refusal names an optimizer by its attribute (`optimizer_text`).
 """
 from __future__ import annotations
 
 import keras
 import tensorflow as tf
 
+from mljob.training.errors import UsageError
 from mljob.training.shared_state import tf_variable
 
 
@@ -51,6 +52,39 @@ def build_in_step(model, element_spec) -> list[tuple[str, keras.optimizers.Optim
             if id(tf_variable(o.iterations)) in read]
 
 
+def optimizer_text(optimizer, model=None) -> str:
+    """An optimizer as a refusal names it: `Adam(clipnorm=1.0)`, and with the model the
+    attribute that holds it first (`g_optimizer=Adam(use_ema=True)`): a GAN's two are
+    both named `adam`."""
+    options = [f"{name}={getattr(optimizer, name)}" for name in (
+        "clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "loss_scale_factor",
+        "gradient_accumulation_steps") if getattr(optimizer, name, None) is not None]
+    if getattr(optimizer, "use_ema", False):
+        options.append("use_ema=True")
+    if getattr(optimizer, "amsgrad", False):
+        options.append("amsgrad=True")
+    text = f"{type(optimizer).__name__}({', '.join(options)})"
+    return text if model is None else f"{attribute_of(model, optimizer)}={text}"
+
+
+def check_synchronous_options(optimizer, strategy, coordinator, model=None) -> None:
+    """EMA and gradient accumulation update under a tf.cond that calls merge_call, which
+    a step run by a distribution strategy cannot do (Keras's own fit fails on them under
+    a MirroredStrategy, and a ps step fails the same way): refused before the first step,
+    not a traceback at it."""
+    replicas = strategy.num_replicas_in_sync
+    if coordinator is None and replicas < 2:
+        return
+    where = "parameter servers" if coordinator is not None else \
+        f"{replicas} synchronous replicas"
+    for option in ("use_ema", "gradient_accumulation_steps"):
+        if getattr(optimizer, option, None):
+            raise UsageError(
+                f"{optimizer_text(optimizer, model)}: {option} cannot run under {where} "
+                "(Keras's fit cannot run it under a distribution strategy either); train "
+                f"on one node, or leave {option} out")
+
+
 def learning_rate(optimizer) -> float:
     try:
         return float(optimizer.learning_rate.numpy()
@@ -60,4 +94,5 @@ def learning_rate(optimizer) -> float:
         return float("nan")
 
 
-__all__ = ["named", "attribute_of", "build_in_step", "learning_rate"]
+__all__ = ["named", "attribute_of", "build_in_step", "optimizer_text",
+           "check_synchronous_options", "learning_rate"]

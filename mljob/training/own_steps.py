@@ -20,9 +20,9 @@ What the step needs must exist before it is distributed: the model compiled in
 `optimizer=` and `metrics=` are refused rather than ignored), and, with several
 replicas, every optimizer the step applies built (`optimizer.build(variables)` in
 `compile`): tf.distribute cannot create an optimizer's state inside a replica's step.
-On one node an optimizer may build itself in the first step, as in Keras, but only the
-optimizers built before training are in the checkpoints (a resumed run restarts the
-state of one built later).
+On one node an optimizer may build itself in its first `apply_gradients`, as in Keras:
+the model's `train_step` is traced before training (`model_optimizers.build_in_step`),
+which builds it, so the checkpoints hold every optimizer the step applies.
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from mljob.training.errors import UsageError
 from mljob.training.losses import as_floats
+from mljob.training.summaries import NO_LOSS
 
 STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
 _eval_steps: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -101,7 +102,7 @@ def check(model, program, *, parameter_servers: bool, replicas: int) -> None:
 def reduce_logs(logs, strategy):
     """A step's logs, one value per name, as Keras's fit reduces them over replicas: their
     mean (`reduce_per_replica`'s "auto" off TPUs), element by element."""
-    from keras.src import tree
+    from mljob.training.keras_private import tree
     return tree.map_structure(
         lambda v: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None), logs)
 
@@ -110,7 +111,7 @@ def results(model, logs) -> tuple[float, dict[str, float]]:
     """(loss, metrics) of fetched logs, as Python floats; the model's trackers reset."""
     values = as_floats(logs)
     reset(model)
-    return values.pop("loss", float("nan")), values
+    return values.pop("loss", NO_LOSS), values
 
 
 def reset(model) -> None:

@@ -24,7 +24,7 @@ from mljob.training.loop import Replica
 from mljob.training.signals import StopSignal
 from mljob.training.strategies import check_collectives_can_start, make_strategy, \
     peer_named_in, wait_for_leader, wait_for_peers, weights_numpy
-from mljob.training.summaries import Progress, SummaryWriters
+from mljob.training.summaries import NO_LOSS, Progress, SummaryWriters
 
 
 def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
@@ -196,7 +196,8 @@ class _Loop:
             self.evaluate(step)
             shown = "".join(f" {name}={value:.4f}" for name, value in metrics.items())
             self.progress.line(
-                f"training finished: step={step} loss={loss:.4f}{shown} "
+                f"training finished: step={step}"
+                + ("" if loss is NO_LOSS else f" loss={loss:.4f}") + f"{shown} "
                 f"seconds={time.monotonic() - started:.1f}")
         return step
 
@@ -209,7 +210,8 @@ class _Loop:
         examples = steps_per_sec * self.config.batch_size
         lr = self.replica.learning_rate() if self.chief else float("nan")
         self.progress.step(step, loss, metrics, examples, lr)
-        self.writers.train(step, loss=loss, **metrics, learning_rate=lr,
+        rates = lr if isinstance(lr, dict) else {"learning_rate": lr}
+        self.writers.train(step, loss=loss, **metrics, **rates,
                            steps_per_sec=steps_per_sec, examples_per_sec=examples)
         return loss, metrics
 

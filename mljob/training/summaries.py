@@ -32,6 +32,9 @@ import tensorflow as tf
 from mljob import contracts, storage
 
 METRICS, OPTIMIZER, SPEED, WEIGHTS = "metrics", "optimizer", "speed", "weights"
+# The loss of a model whose own step's logs have none (a GAN's are `d_loss`, `g_loss`):
+# NaN to arithmetic, left out of the lines and the event files (told by identity).
+NO_LOSS = float("nan")
 # Where the loop's own scalars go; the model's metrics go under METRICS by their names.
 GROUPS = {"loss": METRICS, "learning_rate": OPTIMIZER, "steps_per_sec": SPEED,
           "examples_per_sec": SPEED}
@@ -97,13 +100,17 @@ class SummaryWriters:
             return
         with writer.as_default(step=step):
             for name, value in scalars.items():
+                if value is NO_LOSS:
+                    continue
                 tf.summary.scalar(tag(name), value)
 
 
 def tag(name: str) -> str:
     """The TensorBoard tag of a scalar: `loss` -> `metrics/loss`, `examples_per_sec` ->
-    `speed/examples_per_sec`, a model metric `accuracy` -> `metrics/accuracy`."""
-    return f"{GROUPS.get(name, METRICS)}/{name}"
+    `speed/examples_per_sec`, a model metric `accuracy` -> `metrics/accuracy`, one
+    optimizer's rate among several `g_optimizer_lr` -> `optimizer/g_optimizer_lr`."""
+    group = OPTIMIZER if name.endswith("_lr") else GROUPS.get(name, METRICS)
+    return f"{group}/{name}"
 
 
 class Progress:
@@ -127,12 +134,13 @@ class Progress:
         self.stream.flush()
 
     def step(self, step: int, loss: float, metrics: dict[str, float],
-             examples_per_sec: float, lr: float) -> None:
-        self.line(contracts.progress_line(step, self.total, loss, metrics,
-                                          examples_per_sec, lr))
+             examples_per_sec: float, lr) -> None:
+        """lr: the rate, or {`<attribute>_lr`: rate} of each optimizer the step uses."""
+        self.line(contracts.progress_line(step, self.total, None if loss is NO_LOSS
+                                          else loss, metrics, examples_per_sec, lr))
 
     def eval(self, step: int, loss: float, metrics: dict[str, float]) -> None:
-        self.line(contracts.eval_line(step, loss, metrics))
+        self.line(contracts.eval_line(step, None if loss is NO_LOSS else loss, metrics))
 
     def bar(self, step: int) -> None:
         """Redraw the terminal progress bar (only when stdout is a terminal)."""
@@ -145,4 +153,4 @@ class Progress:
         self._bar_shown = True
 
 
-__all__ = ["SummaryWriters", "Progress", "tag", "GROUPS"]
+__all__ = ["SummaryWriters", "Progress", "tag", "GROUPS", "NO_LOSS"]

@@ -15,6 +15,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from mljob.training.keras_private import adam_slots
+
 
 @tf.function(jit_compile=True, autograph=False)
 def adam_step(weights, ms, vs, grads, alpha, b1, b2, eps):
@@ -46,9 +48,7 @@ def apply_adam(optimizer, variables, grads) -> bool:
     those)."""
     if any(g is None or not isinstance(g, tf.Tensor) for g in grads):
         return False
-    index = [optimizer._get_variable_index(v) for v in variables]
-    moments = [optimizer._momentums[i] for i in index]
-    velocities = [optimizer._velocities[i] for i in index]
+    moments, velocities = adam_slots(optimizer, variables)
     t = tf.cast(optimizer.iterations + 1, tf.float32)
     lr = tf.cast(optimizer.learning_rate, tf.float32)
     b1, b2 = optimizer.beta_1, optimizer.beta_2

@@ -7,7 +7,9 @@ Each run trains the same model from the same seed on the same data for 4 epochs 
 steps, with callbacks that change training (`LearningRateScheduler` on every epoch's
 start, `ReduceLROnPlateau` on `val_loss` at every epoch's end) and validation data:
 SGD (the ps step one step at a time) and Adam (local steps). Written as JSON: the
-weights, the History, the learning rate each epoch ended with.
+weights, the History, the learning rate each epoch ended with. And `BackupAndRestore`:
+a run stopped after its second epoch, fit again, resumes at the third, on one node and
+under ps alike.
 """
 from __future__ import annotations
 
@@ -88,6 +90,34 @@ def run(model, fit) -> dict:
             "iterations": int(np.asarray(model.optimizer.iterations))}
 
 
+class Preempted(Exception):
+    pass
+
+
+class _StopAfter(keras.callbacks.Callback):
+    """A preemption at the end of epoch 1 (after BackupAndRestore saved it)."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1:
+            raise Preempted()
+
+
+def resumed(build_model, fit, backup: str) -> dict:
+    """Trained with BackupAndRestore, stopped after epoch 1, then fit again from scratch
+    as a resubmitted job would: it resumes at epoch 2 with the backed-up state."""
+    try:
+        fit(build_model(), train_dataset(), epochs=EPOCHS, steps_per_epoch=STEPS,
+            callbacks=[keras.callbacks.BackupAndRestore(backup), _StopAfter()], verbose=0)
+    except Preempted:
+        pass
+    model = build_model()
+    history = fit(model, train_dataset(), epochs=EPOCHS, steps_per_epoch=STEPS,
+                  callbacks=[keras.callbacks.BackupAndRestore(backup)], verbose=0)
+    return {"weights": [np.asarray(w).tolist() for w in model.get_weights()],
+            "epochs": list(history.epoch),
+            "iterations": int(np.asarray(model.optimizer.iterations))}
+
+
 def main(argv: list[str]) -> int:
     out = argv[0]
     optimizers = {"sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.5),
@@ -99,12 +129,20 @@ def main(argv: list[str]) -> int:
         for name, optimizer in optimizers.items():
             results[f"fit_{name}"] = run(build(optimizer), lambda m, x, **kw: m.fit(
                 x, shuffle=False, **kw))
+        results["fit_backup"] = resumed(lambda: build(optimizers["adam"]), lambda m, x, **kw:
+                                        m.fit(x, shuffle=False, **kw), f"{out}.fit-backup")
         strategy, _ = _cluster(1, procs)
         for name, optimizer in optimizers.items():
             with strategy.scope():
                 model = build(optimizer)
             results[f"ps_{name}"] = run(model, lambda m, x, **kw: ps_fit.fit(
                 m, strategy, x=x, **kw))
+
+        def in_scope():
+            with strategy.scope():
+                return build(optimizers["adam"])
+        results["ps_backup"] = resumed(in_scope, lambda m, x, **kw: ps_fit.fit(
+            m, strategy, x=x, **kw), f"{out}.ps-backup")
     except Exception:
         traceback.print_exc()
         status = 1

@@ -25,6 +25,19 @@ def test_other_lines_are_not_progress(text):
     assert contracts.parse_progress(text) is None
 
 
+def test_a_line_without_a_loss_is_progress_and_shows_each_optimizer_s_rate():
+    line = contracts.progress_line(3, 6, None, {"d_loss": 0.5, "g_loss": 0.7}, 10.0,
+                                   {"d_optimizer_lr": 3e-4, "g_optimizer_lr": 1e-4})
+    assert line == ("step 3/6 d_loss=0.5000 g_loss=0.7000 examples/s=10.0 "
+                    "d_optimizer_lr=0.0003 g_optimizer_lr=0.0001")
+    progress = contracts.parse_progress(line)
+    assert progress is not None and progress.step == 3 and progress.loss != progress.loss
+    watched = logs.Progress()
+    assert watched.observe("master-replica-0", line)
+    assert "step 3/6" in watched.render() and "loss" not in watched.render()
+    assert contracts.eval_line(6, None, {"d_loss": 0.5}) == "eval step=6 d_loss=0.5000"
+
+
 @pytest.mark.parametrize("task_type, index, label, pool", [
     ("chief", 0, "master-replica-0", "workerpool0-0"),
     ("master", 0, "master-replica-0", "workerpool0-0"),

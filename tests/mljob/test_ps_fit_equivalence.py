@@ -4,7 +4,8 @@ against `mljob.fitting.ps_fit.fit` on a real ps and worker over gRPC
 (`LearningRateScheduler`, `ReduceLROnPlateau` on `val_loss`) and validation data:
 the same weights, the same History (the epoch's training metrics over every step,
 `val_` metrics, the rates the callbacks logged) and the same rates, for SGD with
-momentum (the ps step one at a time) and Adam (local steps)."""
+momentum (the ps step one at a time) and Adam (local steps); and `BackupAndRestore`
+resuming a stopped run at its epoch, with the optimizer's state, as on one node."""
 from __future__ import annotations
 
 import json
@@ -49,3 +50,11 @@ def test_the_callbacks_changed_what_was_trained(runs):
     # The scheduler and the plateau halvings moved the rate: 0.1 -> 0.01024 for SGD.
     assert runs["ps_sgd"]["rates"][0] == pytest.approx(0.08)
     assert runs["ps_sgd"]["rates"][-1] == pytest.approx(0.01024, rel=1e-5)
+
+
+def test_backup_and_restore_resumes_a_stopped_run_at_its_epoch_as_on_one_node(runs):
+    ours, keras_fit = runs["ps_backup"], runs["fit_backup"]
+    assert ours["epochs"] == keras_fit["epochs"] == [2, 3]
+    assert ours["iterations"] == keras_fit["iterations"] == 24  # the optimizer's state too
+    for a, b in zip(ours["weights"], keras_fit["weights"], strict=True):
+        assert np.allclose(a, b, atol=1e-5)

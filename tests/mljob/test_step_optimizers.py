@@ -73,3 +73,19 @@ def test_a_gan_s_checkpoint_holds_both_optimizers_moments_and_resumes_exactly(tm
     assert len(restored) == len(moments)
     assert sorted(float(np.sum(v)) for v in restored) == pytest.approx(
         sorted(float(np.sum(saved[k])) for k in moments), rel=1e-6)
+
+
+def test_a_gan_s_lines_show_its_own_logs_and_each_optimizer_it_steps(tmp_path, capsys):
+    out = _fit(tmp_path / "lines", 4, capsys)
+    lines = [line for line in out.splitlines() if line.startswith("step ")]
+    assert lines
+    for line in lines:
+        # Its logs are d_loss and g_loss: no loss=nan; the rates are the two Adams' it
+        # steps (0.0003), not the RMSprop `super().compile()` made (0.001).
+        assert " d_loss=" in line and " g_loss=" in line and "loss=nan" not in line
+        assert "d_optimizer_lr=0.0003 g_optimizer_lr=0.0003" in line
+        assert " lr=" not in line
+    finished = next(line for line in out.splitlines() if line.startswith("training finished"))
+    assert "loss=nan" not in finished and " d_loss=" in finished
+    from mljob import contracts
+    assert contracts.parse_progress(lines[-1]).step == 4  # the launcher still reads it
