@@ -46,6 +46,15 @@ def image(engine):
     return fixture_image.image(engine)
 
 
+@pytest.fixture(autouse=True)
+def _nothing_left_behind(engine):
+    """Whatever a test's job left (when the code under test fails to remove it) is gone
+    before the next test, which may use the same job id."""
+    yield
+    for job_id in ("cfail", "ccancel", "cint", "crerun", "cboth", "cshare"):
+        forget(engine, job_id)
+
+
 def config(tmp_path, image: str, *, chief=("300",), worker=None, ps=None,
            machine="n1-standard-2") -> str:
     def replica(args):
@@ -77,6 +86,18 @@ def record_or_none(job_id: str):
         return records.load(job_id)
     except Exception:  # not written yet
         return None
+
+
+def forget(engine, job_id: str) -> None:
+    """Whatever a job id left, removed by the engine's own commands (not by the code
+    under test, which a planted fault may break)."""
+    label = f"label={ce.JOB_LABEL}={job_id}"
+    names = subprocess.run([engine.path, "ps", "-aq", "--filter", label],
+                           capture_output=True, text=True).stdout.split()
+    if names:
+        subprocess.run([engine.path, "rm", "-f", "-t", "0", *names], capture_output=True)
+    subprocess.run([engine.path, "network", "rm", "-f", ce.network_name(job_id)],
+                   capture_output=True)
 
 
 def up(job_dir, label="master-replica-0") -> bool:
@@ -142,6 +163,7 @@ def test_an_earlier_runs_containers_and_network_go_before_the_job_runs(capsys, e
     container, under the names and label the job's own have) is removed before the job
     runs: it does not fail with "could not create network"."""
     label = f"{ce.JOB_LABEL}=crerun"
+    forget(engine, "crerun")
     subprocess.run([engine.path, "network", "create", "--label", label,
                     ce.network_name("crerun")], check=True, capture_output=True)
     subprocess.run([engine.path, "create", "--label", label, "--name",
@@ -156,19 +178,24 @@ def test_an_earlier_runs_containers_and_network_go_before_the_job_runs(capsys, e
         assert "Job [crerun] SUCCEEDED." in out
         assert ce.leftovers(engine, "crerun") == ([], [])
     finally:
-        ce.remove_job(engine, "crerun")
+        forget(engine, "crerun")
 
 
 def test_remove_job_removes_containers_and_network_together(engine, image):
     label = f"{ce.JOB_LABEL}=cboth"
-    subprocess.run([engine.path, "network", "create", "--label", label,
-                    ce.network_name("cboth")], check=True, capture_output=True)
-    subprocess.run([engine.path, "create", "--label", label, "--name",
-                    ce.container_name("cboth", "ps-replica-0"), image, "python3"],
-                   check=True, capture_output=True)
-    assert ce.leftovers(engine, "cboth") == (["mljob-cboth-ps-replica-0"], ["mljob-cboth"])
-    ce.remove_job(engine, "cboth")
-    assert ce.leftovers(engine, "cboth") == ([], [])
+    forget(engine, "cboth")
+    try:
+        subprocess.run([engine.path, "network", "create", "--label", label,
+                        ce.network_name("cboth")], check=True, capture_output=True)
+        subprocess.run([engine.path, "create", "--label", label, "--name",
+                        ce.container_name("cboth", "ps-replica-0"), image, "python3"],
+                       check=True, capture_output=True)
+        assert ce.leftovers(engine, "cboth") == (["mljob-cboth-ps-replica-0"],
+                                                 ["mljob-cboth"])
+        ce.remove_job(engine, "cboth")
+        assert ce.leftovers(engine, "cboth") == ([], [])
+    finally:
+        forget(engine, "cboth")
 
 
 def test_a_container_weighs_its_machine_types_vcpus_beside_the_processes(capsys, engine,
