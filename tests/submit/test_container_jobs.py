@@ -242,3 +242,32 @@ def test_the_cgroup_parent_is_this_processes_cpu_cgroup(tmp_path, monkeypatch):
     assert ce.cgroup_parent(ce.Engine("docker", "/usr/bin/docker"), str(cgroups)) is None
     answers["info"] = "systemd v2\n"
     assert ce.cgroup_parent(podman, str(cgroups)) is None
+
+
+def test_a_container_that_stopped_by_itself_is_told_from_a_running_one(engine, image):
+    """What the supervisor asks once a replica's grace period is over: whether its
+    container stopped by itself (its engine's `run` is only tearing it down: wait for
+    its own status) or still runs (SIGKILL)."""
+    from submit.local import containers
+    from submit.local.plan import ReplicaPlan
+    name = ce.container_name("cstopped", "worker-replica-0")
+
+    def replica(container):
+        return ReplicaPlan("worker-replica-0", "worker", 0, None, (), {}, {}, "/dev/null",
+                           container=container)
+
+    plan = replica({"name": name, "engine": engine.path, "kind": engine.kind,
+                    "image": image})
+    try:
+        subprocess.run([engine.path, "run", "-d", "--name", name, "--label",
+                        f"{ce.JOB_LABEL}=cstopped", image, "python3", "-c",
+                        "import time; time.sleep(300)"], check=True, capture_output=True)
+        assert not containers.stopped(plan)               # running: it gets the SIGKILL
+        subprocess.run([engine.path, "stop", "-t", "0", name], check=True,
+                       capture_output=True)
+        assert containers.stopped(plan)                   # exited, not yet removed
+        forget(engine, "cstopped")
+        assert containers.stopped(plan)                   # removed (`--rm`)
+        assert not containers.stopped(replica(None))      # a process: never
+    finally:
+        forget(engine, "cstopped")
