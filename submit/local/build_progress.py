@@ -43,6 +43,10 @@ class Debootstrap:
         self.last = "starting"
 
     def feed(self, line: str) -> None:
+        if line.startswith(("I: Retrieving InRelease", "I: Retrieving Packages")):
+            self.last = "reading the archive's index"
+        elif line.startswith("I: Resolving dependencies"):
+            self.last = "resolving dependencies"
         match = DEBOOTSTRAP_LINE.match(line.strip())
         # a package's line, not an index's (Release, Packages) or a stage's
         # ("Unpacking required packages...")
@@ -54,7 +58,7 @@ class Debootstrap:
 
     def status(self, debs: str) -> str:
         _, size = folder_size(debs)
-        done = ", ".join(f"{n} {verb}" for verb, n in self.counts.items()) or "resolving"
+        done = ", ".join(f"{n} {verb}" for verb, n in self.counts.items()) or "none yet"
         return f"Debian packages: {done} ({megabytes(size)} in the cache; now {self.last})"
 
 

@@ -46,6 +46,15 @@ def image(engine):
     return fixture_image.image(engine)
 
 
+@pytest.fixture(autouse=True)
+def _nothing_left_behind(engine):
+    """Whatever a test's job left (when the code under test fails to remove it) is gone
+    before the next test, which may use the same job id."""
+    yield
+    for job_id in ("cfail", "ccancel", "cint", "crerun", "cboth", "cshare"):
+        forget(engine, job_id)
+
+
 def config(tmp_path, image: str, *, chief=("300",), worker=None, ps=None,
            machine="n1-standard-2") -> str:
     def replica(args):
@@ -77,6 +86,18 @@ def record_or_none(job_id: str):
         return records.load(job_id)
     except Exception:  # not written yet
         return None
+
+
+def forget(engine, job_id: str) -> None:
+    """Whatever a job id left, removed by the engine's own commands (not by the code
+    under test, which a planted fault may break)."""
+    label = f"label={ce.JOB_LABEL}={job_id}"
+    names = subprocess.run([engine.path, "ps", "-aq", "--filter", label],
+                           capture_output=True, text=True).stdout.split()
+    if names:
+        subprocess.run([engine.path, "rm", "-f", "-t", "0", *names], capture_output=True)
+    subprocess.run([engine.path, "network", "rm", "-f", ce.network_name(job_id)],
+                   capture_output=True)
 
 
 def up(job_dir, label="master-replica-0") -> bool:
@@ -142,6 +163,7 @@ def test_an_earlier_runs_containers_and_network_go_before_the_job_runs(capsys, e
     container, under the names and label the job's own have) is removed before the job
     runs: it does not fail with "could not create network"."""
     label = f"{ce.JOB_LABEL}=crerun"
+    forget(engine, "crerun")
     subprocess.run([engine.path, "network", "create", "--label", label,
                     ce.network_name("crerun")], check=True, capture_output=True)
     subprocess.run([engine.path, "create", "--label", label, "--name",
@@ -156,19 +178,24 @@ def test_an_earlier_runs_containers_and_network_go_before_the_job_runs(capsys, e
         assert "Job [crerun] SUCCEEDED." in out
         assert ce.leftovers(engine, "crerun") == ([], [])
     finally:
-        ce.remove_job(engine, "crerun")
+        forget(engine, "crerun")
 
 
 def test_remove_job_removes_containers_and_network_together(engine, image):
     label = f"{ce.JOB_LABEL}=cboth"
-    subprocess.run([engine.path, "network", "create", "--label", label,
-                    ce.network_name("cboth")], check=True, capture_output=True)
-    subprocess.run([engine.path, "create", "--label", label, "--name",
-                    ce.container_name("cboth", "ps-replica-0"), image, "python3"],
-                   check=True, capture_output=True)
-    assert ce.leftovers(engine, "cboth") == (["mljob-cboth-ps-replica-0"], ["mljob-cboth"])
-    ce.remove_job(engine, "cboth")
-    assert ce.leftovers(engine, "cboth") == ([], [])
+    forget(engine, "cboth")
+    try:
+        subprocess.run([engine.path, "network", "create", "--label", label,
+                        ce.network_name("cboth")], check=True, capture_output=True)
+        subprocess.run([engine.path, "create", "--label", label, "--name",
+                        ce.container_name("cboth", "ps-replica-0"), image, "python3"],
+                       check=True, capture_output=True)
+        assert ce.leftovers(engine, "cboth") == (["mljob-cboth-ps-replica-0"],
+                                                 ["mljob-cboth"])
+        ce.remove_job(engine, "cboth")
+        assert ce.leftovers(engine, "cboth") == ([], [])
+    finally:
+        forget(engine, "cboth")
 
 
 def test_a_container_weighs_its_machine_types_vcpus_beside_the_processes(capsys, engine,
@@ -215,3 +242,32 @@ def test_the_cgroup_parent_is_this_processes_cpu_cgroup(tmp_path, monkeypatch):
     assert ce.cgroup_parent(ce.Engine("docker", "/usr/bin/docker"), str(cgroups)) is None
     answers["info"] = "systemd v2\n"
     assert ce.cgroup_parent(podman, str(cgroups)) is None
+
+
+def test_a_container_that_stopped_by_itself_is_told_from_a_running_one(engine, image):
+    """What the supervisor asks once a replica's grace period is over: whether its
+    container stopped by itself (its engine's `run` is only tearing it down: wait for
+    its own status) or still runs (SIGKILL)."""
+    from submit.local import containers
+    from submit.local.plan import ReplicaPlan
+    name = ce.container_name("cstopped", "worker-replica-0")
+
+    def replica(container):
+        return ReplicaPlan("worker-replica-0", "worker", 0, None, (), {}, {}, "/dev/null",
+                           container=container)
+
+    plan = replica({"name": name, "engine": engine.path, "kind": engine.kind,
+                    "image": image})
+    try:
+        subprocess.run([engine.path, "run", "-d", "--name", name, "--label",
+                        f"{ce.JOB_LABEL}=cstopped", image, "python3", "-c",
+                        "import time; time.sleep(300)"], check=True, capture_output=True)
+        assert not containers.stopped(plan)               # running: it gets the SIGKILL
+        subprocess.run([engine.path, "stop", "-t", "0", name], check=True,
+                       capture_output=True)
+        assert containers.stopped(plan)                   # exited, not yet removed
+        forget(engine, "cstopped")
+        assert containers.stopped(plan)                   # removed (`--rm`)
+        assert not containers.stopped(replica(None))      # a process: never
+    finally:
+        forget(engine, "cstopped")

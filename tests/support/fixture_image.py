@@ -82,6 +82,8 @@ def image(engine: ce.Engine) -> str:
             for path in files:  # links resolved: each file at its own path
                 tar.add(os.path.realpath(path), arcname=path.lstrip("/"), recursive=False)
             for link in ("usr/bin/python3", "usr/bin/python"):
+                if "/" + link == executable:  # Debian's own: the file is there
+                    continue
                 info = tarfile.TarInfo(link)
                 info.type, info.linkname = tarfile.SYMTYPE, executable
                 tar.addfile(info)
