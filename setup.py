@@ -109,6 +109,9 @@ setup(
             "mypy==2.4.*",
         ],
         "bench": ["matplotlib>=3.8", "uv>=0.5"],
+        # the Python API's progress bar in a notebook (submit/api/progress.py; lines on
+        # stderr without them)
+        "notebook": ["tqdm>=4.66", "ipywidgets>=8.1"],
     },
     entry_points={
         "console_scripts": [

@@ -19,7 +19,8 @@ import shutil
 import pytest
 
 from mljob import procs
-from submit import api, api_progress, resource
+from submit import api, resource
+from submit.api import progress as api_progress
 from submit import jobs as records
 from tests.support.common import ROOT
 from tests.support.submit_cli import write_package
@@ -136,7 +137,7 @@ def test_metrics_are_every_scalar_by_run_tag_and_step_without_tensorflow(tmp_pat
     assert {r["run"] for r in rows} == {"train", "eval"}
     assert all(set(r) == {"run", "tag", "step", "value"} and isinstance(r["step"], int)
                and isinstance(r["value"], float) for r in rows)
-    from submit import curves
+    from submit.query import curves
     series = curves.JobCurves(str(tmp_path / "curves03")).read()
     assert {(r["tag"], r["run"], r["step"]): r["value"] for r in rows} == {
         (tag, run, step): value for tag, runs in series.items()

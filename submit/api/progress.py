@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from submit import curves
+from submit.query import curves
 
 LINE_EVERY_S = 30.0
 STEP_EVERY_S = 2.0   # how often `wait` reads the job's summaries for its progress
@@ -125,8 +125,8 @@ class JobSteps:
 
 def _train_steps(args: Sequence[str]) -> int | None:
     for i, arg in enumerate(args):
-        found = re.fullmatch(r"--train[-_]steps(?:=(\d+))?", arg)
+        found = re.fullmatch(r"--train[-_]steps(?:=([0-9]{1,18}))?", arg)
         if found:
             text = found[1] or (args[i + 1] if i + 1 < len(args) else "")
-            return int(text) if text.isascii() and text.isdigit() else None
+            return int(text) if re.fullmatch(r"[0-9]{1,18}", text) else None
     return None
