@@ -32,8 +32,12 @@ def enabled(progress: bool | None) -> bool:
 
 
 def _notebook_bar(total: int | None, desc: str) -> Any | None:
-    """tqdm's notebook bar when this is an IPython kernel with ipywidgets; else None."""
-    if "ipykernel" not in sys.modules:
+    """tqdm's notebook bar when this runs in an IPython kernel (a notebook's: its shell
+    is the ZMQ one) with ipywidgets; else None."""
+    if "IPython" not in sys.modules:  # never imported here: not a notebook
+        return None
+    from IPython import get_ipython
+    if type(get_ipython()).__name__ != "ZMQInteractiveShell":
         return None
     try:
         import ipywidgets  # noqa: F401  (tqdm's notebook bar draws with it)
@@ -105,8 +109,12 @@ class JobSteps:
     bundled trainer's flag and Cloud ML samples')."""
 
     def __init__(self, record: Any):
-        self.reader = curves.JobCurves(record.job_dir) if record.job_dir else None
-        self.total = _train_steps(record.trainer_args)
+        # a tuning job's trials write their summaries in folders of their own: its
+        # progress is its state
+        tuning = bool((record.training_input or {}).get("hyperparameters"))
+        self.reader = curves.JobCurves(record.job_dir) if record.job_dir and not tuning \
+            else None
+        self.total = None if tuning else _train_steps(record.trainer_args)
         self.read_at = -STEP_EVERY_S
         self.step: int | None = None
 
