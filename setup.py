@@ -111,11 +111,15 @@ setup(
             # the Python API's notebook (docs/notebook.ipynb), executed headless in the
             # slow tests by Jupyter's own executor on a real kernel
             "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
+            "tqdm>=4.66", "ipywidgets>=8.1",  # its progress bar (the notebook extra)
             # `.ci/run`'s linters, pinned: a newer release may find new things to say
             "ruff==0.17.*",
             "mypy==2.4.*",
         ],
         "bench": ["matplotlib>=3.8", "uv>=0.5"],
+        # the Python API's progress bar in a notebook (submit/api/progress.py; lines on
+        # stderr without them)
+        "notebook": ["tqdm>=4.66", "ipywidgets>=8.1"],
     },
     entry_points={
         "console_scripts": [

@@ -181,7 +181,8 @@ def save_labels(record: records.JobRecord, labels: dict[str, str]) -> None:
 COUNT_KEYS = frozenset({*INT64_KEYS, "count", "completedTrialCount", "trainingStep",
                         "predictionCount", "errorCount", "maxTrials", "maxParallelTrials",
                         "maxFailedTrials"})
-_NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+_INT = re.compile(r"-?[0-9]{1,18}")
+_NUMBER = re.compile(r"-?([0-9]{1,40}\.?[0-9]{0,40}|\.[0-9]{1,40})([eE][-+]?[0-9]{1,3})?")
 
 
 def with_numbers(value: Any, key: str = "") -> Any:
@@ -194,8 +195,7 @@ def with_numbers(value: Any, key: str = "") -> Any:
         return {k: with_numbers(v, k) for k, v in value.items()}
     if isinstance(value, list):
         return [with_numbers(v, key) for v in value]
-    if key in COUNT_KEYS and isinstance(value, str) and value.isascii() \
-            and value.lstrip("-").isdigit():
+    if key in COUNT_KEYS and isinstance(value, str) and _INT.fullmatch(value):
         return int(value)
     return value
 
@@ -203,6 +203,6 @@ def with_numbers(value: Any, key: str = "") -> Any:
 def _number(value: Any) -> Any:
     """A hyperparameter's text as the number it spells (an int when it is whole
     digits), else as it is."""
-    if not isinstance(value, str) or not value.isascii() or not _NUMBER.fullmatch(value):
+    if not isinstance(value, str) or not _NUMBER.fullmatch(value):
         return value
-    return int(value) if value.lstrip("-").isdigit() else float(value)
+    return int(value) if _INT.fullmatch(value) else float(value)

@@ -118,7 +118,8 @@ def test_the_local_wing_never_reaches_up():
     assert {m: deps for m, deps in wing.items() if deps} == {}
 
 
-WINGS = ("submit.jobdef", "submit.packaging", "submit.prediction", "submit.home")
+WINGS = ("submit.jobdef", "submit.packaging", "submit.prediction", "submit.home",
+         "submit.query")
 
 
 def reaching_up(g: dict[str, set[str]]) -> dict[str, list[str]]:

@@ -13,16 +13,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("submit.__main__", "submit.cli"),
     ("submit.console",),
     ("submit.api",),
-    ("submit.api_models", "submit.api_progress"),
-    ("submit.api_checks", "submit.endpoint"),
     ("submit.submission",),
     ("submit.lifecycle",),
     ("submit.runners",),
     ("submit.prediction",),
     ("submit.local",),
-    ("submit.listing", "submit.job_index", "submit.models", "submit.packaging",
-     "submit.curves"),
-    ("submit.filter_expr", "submit.resource", "submit.logs", "submit.training_output"),
+    ("submit.query.listing", "submit.query.curves", "submit.job_index", "submit.models",
+     "submit.packaging"),
+    ("submit.query", "submit.resource", "submit.logs", "submit.training_output"),
     ("submit.jobs",),
     ("submit.jobdef", "submit.record_values", "submit.home", "submit.errors",
      "submit"),  # the package itself: its __init__ alone
@@ -75,5 +73,5 @@ def test_the_check_sees_the_arrows_that_once_were():
                                   "submit.console.app -> submit.cli.formats",
                                   "submit.local.entry -> submit.prediction.job"]
     # the layers read the imports they judge
-    assert "submit.listing" in g["submit.api"] and "submit.local.entry" in g[
+    assert "submit.query.listing" in g["submit.api"] and "submit.local.entry" in g[
         "submit.prediction.job"]

@@ -212,7 +212,7 @@ def jobs_cancel(job_id):
 def jobs_wait(job_id, timeout):
     """Wait until the job ends: exit 0 when it SUCCEEDED, else the status of `jobs
     stream-logs` (failed 1, cancelled 130) with its one line."""
-    api.get_job(job_id).wait(timeout)
+    api.get_job(job_id).wait(timeout, progress=False)
     echo(f"Job [{job_id}] SUCCEEDED.")
     return EXIT_OK
 

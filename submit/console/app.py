@@ -2,7 +2,7 @@
 server-sent events, a job's training curves from its summaries, cancel as a POST.
 
 Everything it shows comes from what the CLI reads: the index (`submit.jobs`), the filter
-of `jobs list` (`submit.listing`), the job life's `refresh` and `cancel`
+of `jobs list` (`submit.query.listing`), the job life's `refresh` and `cancel`
 (`submit.lifecycle`) on each runner (`submit.submission.runner_for`), a runner's `logs`,
 and the local runner's log follower (`submit.logs`).
 
@@ -35,8 +35,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Route
 
 from mljob.errors import ascii_digits, first_line
-from submit import job_index, jobs, lifecycle, listing, logs
-from submit import curves
+from submit import job_index, jobs, lifecycle, logs
+from submit.query import curves, listing
 from submit.console import assets, guard, pages
 from submit.errors import JobNotFoundError, SubmitError, UsageError
 from submit.submission import runner_for

@@ -262,7 +262,7 @@ def curves_section(series: Mapping[str, Mapping[str, Mapping[int, float]]],
                    note: str | None = None) -> str:
     """The job's curves (`curves.py`): one chart per tag against step, each run (train,
     eval) a line, and each run's last value; a line saying why when there are none."""
-    from submit.curves import shown
+    from submit.query.curves import shown
     tags = shown(series)
     if not tags:
         why = note or "no summaries yet (the chief writes them under the job dir)"

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from submit import api, api_checks
+from submit import api
+from submit.api import checks as api_checks
 from submit import jobs as records
 
 SELF_REFERENCING: list = []

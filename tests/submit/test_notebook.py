@@ -7,6 +7,7 @@ one-line UsageErrors. Nothing but the API's own progress lines reaches a cell's 
 (no third-party warnings)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 
@@ -53,7 +54,19 @@ def test_the_notebook_runs_headless(tmp_path, monkeypatch):
     assert "Stopped following; job [nb_fashion] goes on" in followed
     assert "followed to its end" not in followed
     assert _outputs(cells["wait"], "stdout").startswith("SUCCEEDED BASIC {'notebook': 'demo'}")
-    assert "[nb_fashion] SUCCEEDED, step 300/300" in _outputs(cells["wait"], "stderr")
+    if importlib.util.find_spec("ipywidgets") is None:  # progress as lines on stderr
+        assert "[nb_fashion] SUCCEEDED, step 300/300" in _outputs(cells["wait"], "stderr")
+    else:  # tqdm's notebook bar, its last state kept with the notebook's widgets
+        bars = [o for o in cells["wait"].outputs if o.output_type == "display_data"
+                and "application/vnd.jupyter.widget-view+json" in o.data]
+        assert len(bars) == 1 and bars[0].data["text/plain"].startswith("nb_fashion:")
+        state = notebook.metadata.widgets["application/vnd.jupyter.widget-state+json"][
+            "state"]
+        values = [w["state"] for w in state.values()]
+        assert {"value": 300.0, "max": 300.0, "bar_style": "success"} in [
+            {k: v.get(k) for k in ("value", "max", "bar_style")} for v in values]
+        assert any("300/300" in str(v.get("value")) and "SUCCEEDED" in str(v.get("value"))
+                   for v in values)
 
     curves = _outputs(cells["curves"], "stdout").splitlines()
     assert curves[0].startswith("train loss by step: [(") and curves[1].startswith(

@@ -191,7 +191,7 @@ def test_a_tuning_job_and_a_batch_prediction_job_on_a_model_version(tmp_path,
         input_paths=[str(tmp_path / "in.json")], output_path=str(tmp_path / "out"))
     predicted.wait(timeout=300)
     output = predicted.describe()["predictionOutput"]
-    assert output["predictionCount"] == "6"
+    assert output["predictionCount"] == 6  # a number, as the API gives counts
     assert "trainingInput" not in predicted.describe()
     rows = [json.loads(line) for f in sorted((tmp_path / "out").glob(
         "prediction.results-*")) for line in f.read_text().splitlines()]

@@ -19,7 +19,8 @@ import shutil
 import pytest
 
 from mljob import procs
-from submit import api, api_progress, resource
+from submit import api, resource
+from submit.api import progress as api_progress
 from submit import jobs as records
 from tests.support.common import ROOT
 from tests.support.submit_cli import write_package
@@ -100,6 +101,15 @@ def test_an_interrupt_while_following_is_the_callers(tmp_path):
         assert any("started" in line for line in lines)
         assert lines[-1].startswith("Stopped following; job [follow01] goes on")
         assert job.state == "RUNNING"
+        timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                for _ in job.logs(follow=True):
+                    pass
+        finally:
+            timer.cancel()
+        assert job.state == "RUNNING"
         cli = subprocess.Popen([sys.executable, "-m", "submit", "jobs", "stream-logs",
                                 "follow01"], cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
@@ -136,7 +146,7 @@ def test_metrics_are_every_scalar_by_run_tag_and_step_without_tensorflow(tmp_pat
     assert {r["run"] for r in rows} == {"train", "eval"}
     assert all(set(r) == {"run", "tag", "step", "value"} and isinstance(r["step"], int)
                and isinstance(r["value"], float) for r in rows)
-    from submit import curves
+    from submit.query import curves
     series = curves.JobCurves(str(tmp_path / "curves03")).read()
     assert {(r["tag"], r["run"], r["step"]): r["value"] for r in rows} == {
         (tag, run, step): value for tag, runs in series.items()
@@ -191,3 +201,12 @@ def test_progress_lines_and_the_off_switch(monkeypatch):
     assert api_progress._train_steps(["--lr", "0.1", "--train-steps", "300"]) == 300
     assert api_progress._train_steps(["--train_steps=40"]) == 40
     assert api_progress._train_steps(["--steps", "3"]) is None
+
+
+def test_an_endpoints_server_finds_the_project():
+    """The server is `python -m predict` with the project first on its path (the
+    folder that holds predict/ and submit/, never a package inside it, whose
+    `packaging` would hide the distribution TensorFlow imports)."""
+    from submit.api import endpoint
+    assert sorted(n for n in os.listdir(endpoint.ROOT) if n in ("predict", "submit")) == [
+        "predict", "submit"]

@@ -31,7 +31,7 @@ from submit.errors import SubmitError, UsageError
 
 STOP_GRACE_S = 10.0
 POLL_S = 0.25
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _live: set[Endpoint] = set()
 _live_lock = threading.Lock()
 

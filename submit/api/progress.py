@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from submit import curves
+from submit.query import curves
 
 LINE_EVERY_S = 30.0
 STEP_EVERY_S = 2.0   # how often `wait` reads the job's summaries for its progress
@@ -32,8 +32,12 @@ def enabled(progress: bool | None) -> bool:
 
 
 def _notebook_bar(total: int | None, desc: str) -> Any | None:
-    """tqdm's notebook bar when this is an IPython kernel with ipywidgets; else None."""
-    if "ipykernel" not in sys.modules:
+    """tqdm's notebook bar when this runs in an IPython kernel (a notebook's: its shell
+    is the ZMQ one) with ipywidgets; else None."""
+    if "IPython" not in sys.modules:  # never imported here: not a notebook
+        return None
+    from IPython import get_ipython
+    if type(get_ipython()).__name__ != "ZMQInteractiveShell":
         return None
     try:
         import ipywidgets  # noqa: F401  (tqdm's notebook bar draws with it)
@@ -105,8 +109,12 @@ class JobSteps:
     bundled trainer's flag and Cloud ML samples')."""
 
     def __init__(self, record: Any):
-        self.reader = curves.JobCurves(record.job_dir) if record.job_dir else None
-        self.total = _train_steps(record.trainer_args)
+        # a tuning job's trials write their summaries in folders of their own: its
+        # progress is its state
+        tuning = bool((record.training_input or {}).get("hyperparameters"))
+        self.reader = curves.JobCurves(record.job_dir) if record.job_dir and not tuning \
+            else None
+        self.total = None if tuning else _train_steps(record.trainer_args)
         self.read_at = -STEP_EVERY_S
         self.step: int | None = None
 
@@ -125,8 +133,8 @@ class JobSteps:
 
 def _train_steps(args: Sequence[str]) -> int | None:
     for i, arg in enumerate(args):
-        found = re.fullmatch(r"--train[-_]steps(?:=(\d+))?", arg)
+        found = re.fullmatch(r"--train[-_]steps(?:=([0-9]{1,18}))?", arg)
         if found:
             text = found[1] or (args[i + 1] if i + 1 < len(args) else "")
-            return int(text) if text.isascii() and text.isdigit() else None
+            return int(text) if re.fullmatch(r"[0-9]{1,18}", text) else None
     return None

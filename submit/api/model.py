@@ -9,7 +9,7 @@ from typing import Any
 
 from mljob import storage
 from submit import models
-from submit.endpoint import Endpoint
+from submit.api.endpoint import Endpoint
 from submit.errors import UsageError
 
 

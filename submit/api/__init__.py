@@ -23,12 +23,12 @@ message), `JobNotFoundError`, `JobFailed`, `JobCancelled`, `JobTimeout`, all
 `SubmitError`s.
 
 Every argument of every public call is checked against its annotation before anything
-is read, written or started (`submit.api_checks`): a wrong type is `WrongType`, a value
+is read, written or started (`submit/api/checks.py`): a wrong type is `WrongType`, a value
 no call takes (nan, negative, huge, NUL, a config that contains itself) `BadValue`, both
 `UsageError`s in one line (`args="--lr 0.1"` is refused with the list it meant). An
 interrupt (Ctrl-C, a notebook's stop button) is the caller's: `follow` and `wait` let
 KeyboardInterrupt through, the job goes on. `submit` and `wait` show their progress
-(`submit.api_progress`: a bar in a notebook with ipywidgets, lines on stderr elsewhere;
+(`submit/api/progress.py`: a bar in a notebook with ipywidgets, lines on stderr elsewhere;
 `progress=False` or MLJOB_PROGRESS=0 turns it off). `describe()` gives counts,
 `trainingStep` and numeric trial parameters as numbers (`jobs describe` prints Cloud
 ML's REST form, where they are strings).
@@ -50,13 +50,16 @@ import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from submit import api_checks, api_progress, curves, listing, resource, runners
+from submit import resource, runners
 from submit import jobs as records
 from submit import lifecycle, submission
-from submit.api_checks import BadValue, WrongType
-from submit.api_models import Model, create_model, get_model, list_models
-from submit.endpoint import Endpoint, Prediction
+from submit.api import checks as api_checks
+from submit.api import progress as api_progress
+from submit.api.checks import BadValue, WrongType
+from submit.api.model import Model, create_model, get_model, list_models
+from submit.api.endpoint import Endpoint, Prediction
 from submit.jobdef import spec as specs
+from submit.query import curves, listing
 from submit.errors import (JobCancelled, JobFailed, JobNotFoundError, SubmitError,
                            UsageError)
 from submit.runners.engine import SHARED, EngineOptions

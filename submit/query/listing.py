@@ -1,6 +1,6 @@
 """`jobs list --filter --sort-by --limit`: gcloud's forms over the local index.
 
-A filter is gcloud's expression language (`submit.filter_expr`): `KEY=VALUE` (states
+A filter is gcloud's expression language (`submit.query.filter_expr`): `KEY=VALUE` (states
 compare without case), `!=`, `<`, `<=`, `>`, `>=`, `KEY:PATTERN` (`*` matches
 anything, as gcloud's `jobId:job1*`; `labels.KEY:*` a label that is set), `~` regular
 expressions, joined by spaces, `AND`, `OR`, `NOT` and parentheses. Keys are the record's
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from submit import filter_expr
+from submit.query import filter_expr
 from submit.errors import UsageError
 from submit.jobs import JobRecord
 
