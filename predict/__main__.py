@@ -101,9 +101,33 @@ def batch(model_dir, input_paths, data_format, output_path, batch_size, signatur
 def serve(args):
     """Serve TF Serving's gRPC (--port, 8500) and REST (--rest_api_port) APIs, with
     `tensorflow_model_server`'s flags; --help lists them."""
-    startup.tensorflow_quietly()
-    from predict import serving
+    from predict import serving  # TensorFlow is imported once the flags are checked
     return serving.main(list(args), prog="python -m predict serve")
+
+
+@cli.command()
+@click.option("--model-dir", required=True, metavar="PATH",
+              help="The SavedModel folder (a local path), e.g. a served version's.")
+@click.option("--output", metavar="URL", default=None,
+              help="Where to write the file; default: model.tflite in --model-dir, "
+                   "where --prefer_tflite_model reads it.")
+def tflite(model_dir, output):
+    """Convert an export to TensorFlow Lite for --prefer_tflite_model, checked first
+    against the SavedModel's own answers."""
+    from mljob import storage
+    if not storage.is_local(model_dir):
+        raise click.UsageError("--model-dir must be a local folder; copy the version "
+                               "here first")
+    startup.tensorflow_quietly()
+    from predict import model as models, tflite as lite
+    model = models.load(model_dir)
+    if not isinstance(model, models.SavedModel):
+        raise PredictError(f"{model_dir} is a TF1 export; only a SavedModel converts")
+    content, names = lite.convert(model, storage.local_path(model_dir))
+    target = output or storage.join(model_dir, lite.TFLITE_FILE)
+    storage.write_bytes(target, content)
+    click.echo(f"wrote {target} ({len(content)} bytes): signatures {', '.join(names)}, "
+               f"answers within rtol={lite.RTOL:g} atol={lite.ATOL:g} of the SavedModel's")
 
 
 @cli.command()

@@ -17,34 +17,15 @@ run in separate calls. A request larger than `max_batch_size` runs alone (TF Ser
 refuses it). A queue's threads end after IDLE_S without work, so an unloaded version is
 not kept alive by them.
 
-A caller that must not block (the REST event loop) puts its request in the queue with
-`enqueue` and is called back from the thread that ran the batch; every other caller
-waits in `predict`. Once a queue's last batch ran within LOOP_S (a small model, or
-merged batches on TensorFlow Lite), a batch the loop opens is timed and run by the loop
-itself (its timers have a millisecond's grain, as TF Serving's batch threads, which
-look again every millisecond): a batcher thread waking for it and taking the GIL from
-the loop cost some twenty thread switches a batch, as much CPU as the requests'
-decoding. A thread's request that joins such a batch is answered by the loop's run; a
-batch that runs longer sends the next ones back to the threads. Of a queue's threads,
-one at a time waits out the first batch's timeout; the others wake when a batch opens
-or fills up.
-
-With `--batch_when_idle` (ours) a batch does not wait out `batch_timeout_micros` for
-requests that are not there (`Arrivals`): the server counts each predict request a
-pool thread carries from when it is read until it joins a queue (or is answered
-without one; a REST :predict queued from the event loop joins as it is read), and once
-none is on its way to any queue the thread of the request that arrived last runs what
-waits in its queue (no batcher thread between), the other queues' threads run theirs. TF
-Serving waits the whole timeout even at one client (3 ms a request at
-`batch_timeout_micros=2000`, where the call takes 0.1); under load requests keep
-coming and batches fill or time out as before.
+Of a queue's threads, one at a time waits out the first batch's timeout; the others
+wake when a batch opens or fills up. A batch is called through the model's own
+`predict`: TensorFlow's executor, as for a request alone.
 """
 from __future__ import annotations
 
 import collections
 import threading
 import time
-import weakref
 
 import numpy as np
 
@@ -52,7 +33,6 @@ from predict.errors import PredictError
 from predict.protos import BatchingParameters
 
 IDLE_S = 5.0
-LOOP_S = 0.001  # a queue whose last batch ran within this runs an event loop's on it
 
 
 class Unavailable(PredictError):
@@ -60,79 +40,24 @@ class Unavailable(PredictError):
 
 
 class _Item:
-    __slots__ = ("batch", "rows", "done", "on_done", "loop", "result", "error")
+    __slots__ = ("batch", "rows", "done", "result", "error")
 
-    def __init__(self, batch: dict, rows: int, on_done=None, loop=None):
+    def __init__(self, batch: dict, rows: int):
         self.batch = batch
         self.rows = rows
-        self.on_done = on_done  # called with the item once answered, else done is set
-        self.loop = loop  # the event loop that queued it, which may run its batch
-        self.done = threading.Event() if on_done is None else None
+        self.done = threading.Event()
         self.result: dict | None = None
         self.error: BaseException | None = None
 
 
 class _Batch:
-    __slots__ = ("items", "rows", "opened", "closed", "on_loop")
+    __slots__ = ("items", "rows", "opened", "closed")
 
     def __init__(self, item: _Item):
         self.items = [item]
         self.rows = item.rows
         self.opened = time.monotonic()
         self.closed = False
-        self.on_loop = False  # timed and run by the event loop that opened it
-
-
-class Arrivals:
-    """The server's predict requests on their way to a batch queue: `coming()` as a
-    request is read (any thread), `carry()` on the thread that will decode it and call
-    the model, `gone()` on that thread after its answer; a Batcher told of them counts a
-    request as arrived when it joins a queue, and runs a batch early once none is
-    coming."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.count = 0
-        self._local = threading.local()
-        self._batchers: weakref.WeakSet = weakref.WeakSet()  # a swapped-out version's go
-
-    def coming(self) -> None:
-        with self._lock:
-            self.count += 1
-
-    def carry(self) -> None:
-        self._local.carrying = True
-
-    def arrived(self) -> bool:
-        """The request this thread carries joined a queue (under its lock): True when
-        it was the last one coming."""
-        if getattr(self._local, "carrying", False):
-            self._local.carrying = False
-            with self._lock:
-                self.count -= 1
-                return self.count == 0
-        return False
-
-    def gone(self) -> None:
-        """The request this thread carried was answered; if it never joined a queue and
-        was the last one coming, the open batches need not wait for it."""
-        if getattr(self._local, "carrying", False):
-            self._local.carrying = False
-            with self._lock:
-                self.count -= 1
-                last = self.count == 0
-            if last:
-                self.wake()
-
-    def wake(self) -> None:
-        with self._lock:
-            batchers = list(self._batchers)
-        for batcher in batchers:
-            batcher.wake()
-
-    def watch(self, batcher: "Batcher") -> None:
-        with self._lock:
-            self._batchers.add(batcher)
 
 
 class _Queue:
@@ -140,14 +65,12 @@ class _Queue:
         self.batches: collections.deque = collections.deque()
         self.cond = threading.Condition()
         self.threads = 0
-        self.recent: float | None = None  # seconds the last batch's run took
         self.timer: int | None = None  # the thread waiting for the first batch's timeout
 
 
 class Batcher:
     def __init__(self, params: BatchingParameters | None = None, *, metrics=None,
-                 max_batch_size: int | None = None, timeout_s: float | None = None,
-                 arrivals: Arrivals | None = None):
+                 max_batch_size: int | None = None, timeout_s: float | None = None):
         params = params or BatchingParameters()
         if max_batch_size is not None:
             params = _replace(params, max_batch_size=max_batch_size)
@@ -160,9 +83,6 @@ class Batcher:
         self._lock = threading.Lock()
         self._queues: dict = {}  # (model name, version, signature) -> _Queue
         self._stopped = False
-        self.arrivals = arrivals
-        if arrivals is not None:
-            arrivals.watch(self)
 
     def wrap(self, model, model_name: str, version: int = 0) -> "BatchedModel":
         return BatchedModel(self, model, model_name, version)
@@ -173,64 +93,30 @@ class Batcher:
         if rows >= self.max_batch_size or self._stopped:
             return model.predict(batch, signature_name)
         item = _Item(batch, rows)
-        for ready in self._put(item, model, model_name, signature_name, version):
-            self._run(model, model_name, signature_name, ready.items, ready.rows)
-        assert item.done is not None
+        self._put(item, model, model_name, signature_name, version)
         item.done.wait()
         if item.error is not None:
             raise item.error
         assert item.result is not None  # the worker sets a result or an error
         return item.result
 
-    def enqueue(self, model, model_name: str, batch: dict, signature_name: str,
-                version: int, on_done, loop=None) -> bool:
-        """predict() without waiting, for a caller that must not block (the REST event
-        loop): the request joins its queue and on_done(item) is called, on the thread
-        that ran its batch, once item.result or item.error is set. When the queue's
-        last batch ran within LOOP_S, a due batch holding a request of `loop` is run by
-        that loop (module docstring). False, and nothing queued, for a request predict()
-        would not batch (the caller calls the model). Unavailable when the queue is
-        full."""
-        rows = len(next(iter(batch.values())))
-        if rows >= self.max_batch_size or self._stopped:
-            return False
-        self._put(_Item(batch, rows, on_done, loop), model, model_name, signature_name,
-                  version)
-        return True
-
     def _put(self, item: _Item, model, model_name: str, signature_name: str,
-             version: int) -> list:
-        """item into its queue, a batcher thread started or told; -> the batches this
-        thread is to run itself (with --batch_when_idle, when its request was the last
-        one coming)."""
+             version: int) -> None:
+        """item into its queue, a batcher thread started or told."""
         key = (model_name, version, signature_name)
-        last, ready = False, []
         with self._lock:
             work = self._queues.get(key)
             if work is None:
                 work = self._queues[key] = _Queue()
             with work.cond:
-                wake = self._enqueue(work, item) or self.arrivals is not None
-                if item.loop is not None and work.recent is not None and \
-                        work.recent <= LOOP_S:  # its loop times and runs the batch
-                    self._on_loop_soon(work, item, model, model_name, signature_name)
-                    return []
-                if self.arrivals is not None and item.on_done is None:
-                    last = self.arrivals.arrived()
-                if last:  # nothing else is coming: this thread runs what waits here
-                    while work.batches:
-                        ready.append(work.batches.popleft())
-                        ready[-1].closed = True
-                elif work.threads < self.params.num_batch_threads:
+                wake = self._enqueue(work, item)
+                if work.threads < self.params.num_batch_threads:
                     work.threads += 1
                     threading.Thread(target=self._worker, args=(key, work, model,
                                                                 model_name, signature_name),
                                      name="batcher", daemon=True).start()
                 if wake:
                     work.cond.notify()
-        if last and self.arrivals is not None:  # nor need the other queues' batches
-            self.arrivals.wake()
-        return ready
 
     def _enqueue(self, work: _Queue, item: _Item) -> bool:
         """item into the open batch, or a new one; -> whether a batcher thread must look
@@ -257,11 +143,6 @@ class Batcher:
                 while True:
                     first = work.batches[0] if work.batches else None
                     now = time.monotonic()
-                    if first is not None and first.on_loop:  # the loop's to run
-                        if work.timer == me:
-                            work.timer = None
-                        work.cond.wait(IDLE_S)
-                        continue
                     if first is not None:
                         due = first.opened + self.timeout_s
                         if self._ready(work, first, now):
@@ -293,64 +174,20 @@ class Batcher:
                             del self._queues[key]
                         return
                 continue
-            self._run(model, model_name, signature, batch.items, batch.rows, work)
+            self._run(model, model_name, signature, batch.items, batch.rows)
 
     def _ready(self, work: _Queue, first: _Batch, now: float) -> bool:
         """Whether the batch at work's head runs now: closed, full, past its timeout,
-        with another behind it, or (--batch_when_idle) nothing else coming."""
+        or with another behind it."""
         return first.closed or first.rows >= self.max_batch_size or \
-            now >= first.opened + self.timeout_s or len(work.batches) > 1 or \
-            (self.arrivals is not None and self.arrivals.count == 0)
+            now >= first.opened + self.timeout_s or len(work.batches) > 1
 
-    def _on_loop_soon(self, work: _Queue, item: _Item, model, model_name: str,
-                      signature: str) -> None:
-        """(under work.cond) item, from an event loop, just joined work's last batch: a
-        batch it opened is timed on the loop, one ready now is run there soon."""
-        loop, last = item.loop, work.batches[-1]
-        args = (work, model, model_name, signature, loop)
-        if len(work.batches) > 1 or last.rows >= self.max_batch_size or (
-                self.arrivals is not None and self.arrivals.count == 0):
-            loop.call_soon(self._on_loop, None, *args)
-        if last.items[0] is item:
-            last.on_loop = True
-            loop.call_later(self.timeout_s, self._on_loop, last, *args)
-
-    def _on_loop(self, timed: _Batch | None, work: _Queue, model, model_name: str,
-                 signature: str, loop) -> None:
-        """On the event loop, at `timed`'s timeout (or at once when a batch filled up or
-        was closed): run the batches at the queue's head that are ready, as a batcher
-        thread would; a timer that came early (the loop's clock has a millisecond's
-        grain) comes back when `timed` is due."""
-        while True:
-            with work.cond:
-                first = work.batches[0] if work.batches else None
-                if first is None:
-                    return
-                now = time.monotonic()
-                if not self._ready(work, first, now):
-                    if timed is not None and first is timed:
-                        loop.call_later(first.opened + self.timeout_s - now, self._on_loop,
-                                        timed, work, model, model_name, signature, loop)
-                    return
-                batch = work.batches.popleft()
-                batch.closed = True
-                if not batch.on_loop or (work.batches and not work.batches[0].on_loop):
-                    work.cond.notify_all()  # the threads time a head that is theirs
-            self._run(model, model_name, signature, batch.items, batch.rows, work)
-
-    def _run(self, model, model_name: str, signature: str, items: list, rows: int,
-             work: _Queue | None = None) -> None:
-        began = time.perf_counter()
+    def _run(self, model, model_name: str, signature: str, items: list, rows: int) -> None:
         try:
             self._call(model, model_name, signature, items, rows)
         finally:
-            if work is not None:  # the model's time, not the answers' hand-off below
-                work.recent = time.perf_counter() - began
             for item in items:
-                if item.on_done is not None:
-                    item.on_done(item)
-                else:
-                    item.done.set()
+                item.done.set()
 
     def _call(self, model, model_name: str, signature: str, items: list, rows: int) -> None:
         if self.metrics is not None:
@@ -365,8 +202,7 @@ class Batcher:
             if size > rows:  # pad with copies of the first row, as TF Serving does
                 merged = {name: np.concatenate([value, np.repeat(value[:1], size - rows, 0)])
                           for name, value in merged.items()}
-            merged_call = getattr(model, "predict_merged", model.predict)
-            outputs = merged_call(merged, signature)
+            outputs = model.predict(merged, signature)
             if any(len(np.shape(v)) == 0 or len(v) != size for v in outputs.values()):
                 for item in items:  # outputs without a batch dimension: one by one
                     item.result = model.predict(item.batch, signature)
@@ -379,14 +215,6 @@ class Batcher:
         except Exception as exc:  # the model refused the merged batch: tell each request
             for item in items:
                 item.error = exc
-
-    def wake(self) -> None:
-        """Every queue's threads look again at their open batch (Arrivals.gone)."""
-        with self._lock:
-            queues = list(self._queues.values())
-        for work in queues:
-            with work.cond:
-                work.cond.notify_all()
 
     def stop(self) -> None:
         self._stopped = True
@@ -426,21 +254,33 @@ class PerModelBatchers:
     """`--enable_per_model_batching_parameters`, as TF Serving: a version whose folder
     holds `batching_params.pbtxt` batches with those parameters (a Batcher of its own),
     one without it is not batched; only num_batch_threads comes from the global
-    parameters. Each version's file is read once, at its first request."""
+    parameters. Each version's file is read and checked when the version loads
+    (`prepare`, the loader's step): a file that cannot be read or holds values out of
+    range fails that version's load, with the reason in its status."""
 
-    def __init__(self, common: BatchingParameters, *, metrics=None,
-                 arrivals: Arrivals | None = None):
+    def __init__(self, common: BatchingParameters, *, metrics=None):
         self.common = common
         self.metrics = metrics
-        self.arrivals = arrivals
         self._lock = threading.Lock()
         self._by_source: dict = {}  # the version's URL -> Batcher, or None: no file
 
+    def prepare(self, source: str) -> None:
+        """Read and check the version's file (UsageError naming what is wrong)."""
+        batcher = self._read(source)
+        with self._lock:
+            old = self._by_source.get(source)
+            self._by_source[source] = batcher
+        if old is not None:
+            old.stop()
+
     def batcher_for(self, source: str) -> Batcher | None:
         with self._lock:
-            if source not in self._by_source:
-                self._by_source[source] = self._read(source)
-            return self._by_source[source]
+            known = source in self._by_source
+            batcher = self._by_source.get(source)
+        if not known:  # a model not loaded through prepare (tests)
+            self.prepare(source)
+            return self.batcher_for(source)
+        return batcher
 
     def _read(self, source: str) -> Batcher | None:
         from mljob import storage
@@ -449,11 +289,12 @@ class PerModelBatchers:
         try:
             if not storage.exists(url):
                 return None
-        except (OSError, storage.StorageError):
-            return None
-        params = protos.read_batching(url, self.common.num_batch_threads)
+        except (OSError, storage.StorageError) as exc:
+            raise PredictError(f"{PER_MODEL_FILE}: cannot read {url}: {exc}") from None
+        params = protos.read_batching(url, self.common.num_batch_threads,
+                                      flag=PER_MODEL_FILE)
         params = _replace(params, num_batch_threads=self.common.num_batch_threads)
-        return Batcher(params, metrics=self.metrics, arrivals=self.arrivals)
+        return Batcher(params, metrics=self.metrics)
 
     def wrap(self, model, model_name: str, version: int = 0):
         batcher = self.batcher_for(model.source)
@@ -486,11 +327,5 @@ class BatchedModel:
         return self._batcher.predict(self._model, self._name, batch, sig.name,
                                      self._version)
 
-    def enqueue(self, batch: dict, signature_name: str, on_done, loop=None) -> bool:
-        """Batcher.enqueue for this model's version (signature_name as the signature
-        has it)."""
-        return self._batcher.enqueue(self._model, self._name, batch, signature_name,
-                                     self._version, on_done, loop)
 
-
-__all__ = ["Arrivals", "Batcher", "BatchedModel", "PerModelBatchers", "Unavailable"]
+__all__ = ["Batcher", "BatchedModel", "PerModelBatchers", "Unavailable"]

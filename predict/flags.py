@@ -21,7 +21,9 @@ server.h's Options):
   `--tensorflow_session_parallelism` (0; both pools), `--enable_batching`,
   `--batching_parameters_file`, `--monitoring_config_file`,
   `--allow_version_labels_for_unavailable_models`, `--rest_api_enable_cors_support`,
-  `--enable_per_model_batching_parameters`, `--version`.
+  `--enable_per_model_batching_parameters`, `--version`, `--prefer_tflite_model`
+  (false), `--num_tflite_pools` and `--num_tflite_interpreters_per_pool` (1),
+  `--xla_cpu_compilation_enabled` (false; taken, nothing is compiled either way).
 
 TF Serving's Docker image runs `tensorflow_model_server --port=8500
 --rest_api_port=8501 --model_name=${MODEL_NAME} --model_base_path=${MODEL_BASE_PATH}/
@@ -100,6 +102,16 @@ TF_SERVING = [
     Flag("version", bool, False, "print the server's and TensorFlow's versions and exit"),
     Flag("enable_grpc_healthcheck_service", bool, False, "taken: grpc.health.v1 is "
          "served on the gRPC port whatever its value"),
+    Flag("xla_cpu_compilation_enabled", bool, False, "taken: this server compiles "
+         "nothing with XLA either way; a model's own functions marked for XLA "
+         "(jit_compile) run as TensorFlow runs them"),
+    Flag("prefer_tflite_model", bool, False, "answer from the model.tflite a version "
+         "folder holds beside its SavedModel (TensorFlow Lite's interpreter, "
+         "pip install 'mljob[serve-tflite]'); without that file the SavedModel answers"),
+    Flag("num_tflite_pools", int, 1, "with --prefer_tflite_model: pools of "
+         "interpreters a version keeps", low=1),
+    Flag("num_tflite_interpreters_per_pool", int, 1, "with --prefer_tflite_model: "
+         "interpreters in each pool (one call at a time each)", low=1),
 ]
 
 OURS = [
@@ -123,19 +135,6 @@ OURS = [
          "a parameters file", ours=True, low=1),
     Flag("batch_timeout_micros", int, None, "ours: likewise batch_timeout_micros",
          ours=True),
-    Flag("batch_when_idle", bool, False, "ours: with --enable_batching, run a batch as "
-         "soon as no other request is on its way to a batch queue, not after the whole "
-         "batch_timeout_micros (TF Serving waits it out even at one client)", ours=True),
-    Flag("compile_small_calls", bool, True, "ours: compile a signature for an input "
-         "shape seen twice whose call took under 2 ms (small models and batches, where "
-         "TensorFlow's per-op overhead is most of the call): TensorFlow Lite's "
-         "interpreter where the graph converts to its built-in ops, else XLA; in the "
-         "background, used once it answered as TensorFlow did (floats within 1e-4); "
-         "with --enable_batching, merged batches on TensorFlow Lite alone; "
-         "false: TensorFlow's executor only", ours=True),
-    Flag("grpc_native_front", bool, True, "ours: the gRPC port's HTTP/2 and gRPC work "
-         "in Rust threads outside the GIL (pygrpc-native), the servicers in Python as "
-         "before; false: grpcio's own server", ours=True),
 ]
 
 # TF Serving flags this server does not implement: refused, with why.
@@ -155,19 +154,15 @@ NOT_IMPLEMENTED = {
     "tensorflow_session_config_file": "a session ConfigProto file",
     "enforce_session_run_timeout": "per-run timeouts",
     "remove_unused_fields_from_bundle_metagraph": "metagraph trimming",
-    "prefer_tflite_model": "TFLite models",
-    "num_tflite_pools": "TFLite models",
-    "num_tflite_interpreters_per_pool": "TFLite models",
     "thread_pool_factory_config_file": "thread pool factories",
     "enable_signature_method_name_check": "the signature method name check",
-    "xla_cpu_compilation_enabled": "XLA compilation",
     "xla_gpu_compilation_enabled": "XLA compilation (and GPUs)",
     "enable_serialization_as_tensor_content": "a choice of the answers' tensor "
                                               "encoding",
     "enable_profiler": "the profiler service",
     "mixed_precision": "mixed precision",
     "skip_initialize_tpu": "TPUs",
-    "use_tflite_model": "TFLite models",
+    "use_tflite_model": "TF Serving's older spelling of --prefer_tflite_model",
 }
 
 _ALL = {f.name: f for f in TF_SERVING + OURS}
@@ -334,8 +329,9 @@ def _check(values: dict, given: set) -> None:
         raise UsageError("--batching_parameters_file needs --enable_batching")
     if values["enable_per_model_batching_parameters"] and not values["enable_batching"]:
         raise UsageError("--enable_per_model_batching_parameters needs --enable_batching")
-    if values["batch_when_idle"] and not values["enable_batching"]:
-        raise UsageError("--batch_when_idle needs --enable_batching")
+    for name in ("num_tflite_pools", "num_tflite_interpreters_per_pool"):
+        if name in given and not values["prefer_tflite_model"]:
+            raise UsageError(f"--{name} needs --prefer_tflite_model")
 
 
 class HelpRequested(Exception):

@@ -50,17 +50,13 @@ def _apis():
             model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc)
 
 
-def start(service, host: str, port: int, *, threads: int = 4, reload=None, health=None,
-          native: bool = True):
-    """Start the gRPC server beside the REST one; returns (server, bound port).
-    `reload(configs)` answers HandleReloadConfigRequest; `health` is a
-    grpc_health HealthServicer to register. `native`: pygrpc-native's server, else
-    grpcio's own (`--grpc_native_front`, predict.grpc_front)."""
+def start(service, host: str, port: int, *, reload=None, health=None):
+    """Start grpcio's server beside the REST one, its calls on the threads
+    predict.calls gives them; returns (server, bound port). `reload(configs)` answers
+    HandleReloadConfigRequest; `health` is a grpc_health HealthServicer to register."""
     (_, _, _, model_service_grpc, _, prediction_service_grpc) = _apis()
-    from predict import grpc_front
-    server = grpc_front.server(
-        threads, [("grpc.max_receive_message_length", service.max_body_bytes)],
-        native=native, batching=service.batcher is not None)
+    server = grpc.server(service.calls.grpc_pool(), options=[
+        ("grpc.max_receive_message_length", service.max_body_bytes)])
     api = GrpcApi(service, reload)
     prediction_service_grpc.add_PredictionServiceServicer_to_server(api, server)
     model_service_grpc.add_ModelServiceServicer_to_server(api, server)
@@ -130,10 +126,6 @@ class GrpcApi:
         else:
             name = request.model_spec.name
         code, message = grpc.StatusCode.OK, ""
-        arrivals = getattr(self.service.batcher, "arrivals", None)
-        if arrivals is not None:  # on its way to a batch queue (predict.batching)
-            arrivals.coming()
-            arrivals.carry()
         try:
             response = fn(request)
             self._log(api, name, request, response)
@@ -148,8 +140,6 @@ class GrpcApi:
             log.exception("gRPC %s failed", api)
             code, message = grpc.StatusCode.INTERNAL, "internal error; see the server's log"
         finally:
-            if arrivals is not None:
-                arrivals.gone()
             if metrics is not None and name in self.service.repository.models:
                 metrics.request(name, api, "GRPC", _CODE_NAMES.get(code, code.name),
                                 time.perf_counter() - start)

@@ -73,8 +73,26 @@ def serialized(input_proto, max_instances: int) -> list:
 
 
 def _run(model, sig, records: list) -> dict:
+    """The signature on the serialized Examples. An Example the signature's parsing
+    refuses (a feature of another length or type, a scalar where a list is declared)
+    is the request's fault: InputError with TensorFlow's reason (HTTP 400, gRPC
+    INVALID_ARGUMENT), as TF Serving answers it."""
+    import tensorflow as tf
     (name,) = sig.inputs
-    return model.predict({name: np.array(records, dtype=_DT_STRING)}, sig.name)
+    try:
+        return model.predict({name: np.array(records, dtype=_DT_STRING)}, sig.name)
+    except tf.errors.InvalidArgumentError as exc:
+        raise InputError("examples", f"the signature {sig.name!r} cannot parse them: "
+                         f"{_reason(exc.message or str(exc))}") from None
+
+
+def _reason(message: str) -> str:
+    """TensorFlow's reason out of its error text: the line after the graph's frames
+    (`Name: <unknown>, Key: x, Index: 0.  Number of float values != expected...`)."""
+    lines = [line.strip() for line in message.splitlines()]
+    kept = [line for line in lines if line and not line.startswith((
+        "Graph execution error", "Detected at node", "<stack traces", "[[", "File "))]
+    return (kept[-1] if kept else "invalid argument")[:300]
 
 
 def classify(model, signature_name: str | None, records: list):

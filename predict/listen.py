@@ -24,14 +24,14 @@ def build_app(service: PredictionService):
     return rest_http.app(service.handle)
 
 
-def serve(repository: Repository, *, host: str, rest_port: int | None, grpc_port: int,
+def serve(repository: Repository, *, host: str, rest_socket, grpc_port: int,
           threads: int, batcher=None, reload=None, health=None, after_start=None,
-          grpc_native: bool = True, **service_options) -> None:
-    """Load the models, serve gRPC on grpc_port and REST on rest_port (None: REST off)
-    until SIGTERM or SIGINT, then return (the process exits 0). `reload(proto)`
-    answers HandleReloadConfigRequest; `after_start()` runs once the models are loaded
-    (the config file poller)."""
-    sock = rest_http.bind(host, rest_port) if rest_port is not None else None
+          **service_options) -> None:
+    """Load the models, serve gRPC on grpc_port and REST on rest_socket (bound by the
+    caller, rest_http.bind; None: REST off) until SIGTERM or SIGINT, then return (the
+    process exits 0). `reload(proto)` answers HandleReloadConfigRequest;
+    `after_start()` runs once the models are loaded (the config file poller)."""
+    sock = rest_socket
     grpc_server = None
     try:
         repository.start()
@@ -39,9 +39,8 @@ def serve(repository: Repository, *, host: str, rest_port: int | None, grpc_port
                                     health=health, **service_options)
         from predict import grpc_api
         grpc_server, bound = grpc_api.start(
-            service, host, grpc_port, threads=threads, reload=reload,
-            health=health.grpc_servicer() if health is not None else None,
-            native=grpc_native)
+            service, host, grpc_port, reload=reload,
+            health=health.grpc_servicer() if health is not None else None)
         if after_start is not None:
             after_start()
         shown_host = f"[{host}]" if ":" in host else host
@@ -69,17 +68,14 @@ def serve(repository: Repository, *, host: str, rest_port: int | None, grpc_port
         # coroutine a request.
         config = uvicorn.Config(build_app(service), log_level="warning", access_log=False,
                                 lifespan="off", timeout_graceful_shutdown=10,
-                                timeout_keep_alive=KEEP_ALIVE, http=rest_http.PROTOCOL,
-                                loop=rest_http.LOOP, proxy_headers=False)
+                                timeout_keep_alive=KEEP_ALIVE, proxy_headers=False)
         # uvicorn re-raises the signal it stopped for once it has shut down; with these
         # handlers in place that re-raise is a no-op and the process ends with status 0.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: None)
         _ReadyServer(config, "\n".join(lines)).run(sockets=[sock])
-        service.pool.shutdown(wait=True, cancel_futures=True)
+        service.calls.close()
     finally:
-        if sock is not None:
-            sock.close()
         if grpc_server is not None:
             grpc_server.stop(grace=5).wait()
         if batcher is not None:

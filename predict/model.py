@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,10 +76,6 @@ class Model:
         """Column arrays (one per input, equal first dimensions) -> column arrays."""
         raise NotImplementedError
 
-    def predict_merged(self, batch: dict, signature_name: str | None = None) -> dict:
-        """predict() of a batch merged from several requests (predict.batching)."""
-        return self.predict(batch, signature_name)
-
     def close(self) -> None:
         pass
 
@@ -123,69 +118,16 @@ class SavedModel(Model):
             raise ModelLoadError(f"cannot load the SavedModel at {source}: "
                                  f"{first_line(exc)}") from None
         self._functions = {name: self._loaded.signatures[name] for name in signatures}
-        self._flat = {name: _flat_call(fn, signatures[name])
-                      for name, fn in self._functions.items()}
-        self._compiled: dict = {}  # signature name -> CompiledCalls
         super().__init__(source, signatures)
 
-    def compile_small_calls(self) -> None:
-        """Let small calls of every signature with numeric inputs be compiled
-        (predict.compiled; the server's --compile_small_calls)."""
-        from predict.compiled import CompiledCalls, state_changes
-        for name, flat in self._flat.items():
-            sig = self.signatures[name]
-            if flat is None or any(np.dtype(info.dtype).kind not in "fiub"
-                                   for info in sig.inputs.values()):
-                continue
-            fn = self._functions[name]
-            if state_changes(fn) is not None:  # compiling would run a request twice
-                continue
-            self._compiled[name] = CompiledCalls(
-                fn, [n for n, _ in flat[0]], list(fn.structured_outputs),
-                f"{self.source} signature {name}", tensor_of=[t for _, t in flat[0]],
-                owner=self._loaded)
-
     def predict(self, batch: dict, signature_name: str | None = None) -> dict:
-        return self._predict(batch, signature_name)
-
-    def predict_merged(self, batch: dict, signature_name: str | None = None) -> dict:
-        """A merged batch's rows are one count of many (each batch takes what the queue
-        held): XLA compiling each count cost a fresh server seconds of CPU beside the
-        requests (at 16 clients, 360 requests/s against 620 with the executor alone), so
-        merged batches run on TensorFlow Lite's interpreter resized to their rows, or
-        on the executor (predict.compiled)."""
-        return self._predict(batch, signature_name, merged=True)
-
-    def _predict(self, batch: dict, signature_name: str | None, *,
-                 merged: bool = False) -> dict:
+        """The signature called by TensorFlow, as `saved_model_cli run` and TF Serving
+        call it: each input a tensor of the signature's dtype, by its name."""
         import tensorflow as tf
         sig = self.signature(signature_name)
-        flat = self._flat[sig.name]
-        if flat is not None:  # the callers checked names, dtypes and shapes already
-            order, call = flat
-            compiled = self._compiled.get(sig.name)
-            if compiled is None:
-                out = call([tensor(batch[name]) for name, tensor in order])
-            else:
-                key = tuple(getattr(batch[name], "shape", None) for name, _ in order)
-                fast = compiled.merged(key) if merged else compiled.call(key)
-                if fast is not None:
-                    try:  # arrays in, arrays out
-                        answer = fast([batch[name] for name, _ in order])
-                    except Exception as exc:  # the executor answers (or says why)
-                        compiled.failed(exc)  # it could, the compiled call not
-                    else:
-                        return {name: answer[name] for name in sig.outputs}
-                tensors = [tensor(batch[name]) for name, tensor in order]
-                began = time.perf_counter()
-                out = call(tensors)
-                if fast is None:
-                    seen = compiled.merged_seen if merged else compiled.seen
-                    seen(key, tensors, out, time.perf_counter() - began)
-        else:
-            args = {name: tf.convert_to_tensor(batch[name], dtype=info.dtype)
-                    for name, info in sig.inputs.items()}
-            out = self._functions[sig.name](**args)
+        args = {name: tf.convert_to_tensor(batch[name], dtype=info.dtype)
+                for name, info in sig.inputs.items()}
+        out = self._functions[sig.name](**args)
         return {name: out[name].numpy() for name in sig.outputs}
 
 
@@ -246,100 +188,6 @@ class LegacyExport(Model):
 
     def close(self) -> None:
         self._session.close()
-
-
-def _flat_call(fn, sig: Signature):
-    """(input order with dtypes, a call taking the input tensors in that order) for a
-    signature function whose parameters are all keyword-only tensors, or None.
-
-    Calling a signature by keyword binds and checks the arguments in Python first (some
-    50 us a call, a sixth of a small model's); the flat call runs the same graph function
-    on tensors given in its own order. The order is the function type's, checked here
-    against the graph's placeholders; anything unexpected keeps the keyword call."""
-    import inspect
-
-    import tensorflow as tf
-    try:
-        params = list(fn.function_type.parameters.values())
-        captured = fn.captured_inputs
-        placeholders = fn.inputs[:len(fn.inputs) - len(captured)]
-        call_flat = fn._call_flat
-    except AttributeError:  # another TensorFlow's ConcreteFunction
-        return None
-    if len(params) != len(sig.inputs) or len(placeholders) != len(params) or \
-            {p.name for p in params} != set(sig.inputs):
-        return None
-    order = []
-    for param, placeholder in zip(params, placeholders, strict=True):
-        spec = param.type_constraint
-        if param.kind is not inspect.Parameter.KEYWORD_ONLY or \
-                not isinstance(spec, tf.TensorSpec) or spec.dtype != placeholder.dtype or \
-                tf.as_dtype(sig.inputs[param.name].dtype) != spec.dtype:
-            return None
-        order.append((param.name, _to_tensor(spec.dtype)))
-    return order, _runtime_call(fn) or (
-        lambda tensors: call_flat(tensors, fn.captured_inputs))
-
-
-def _runtime_call(fn):
-    """A call taking the input tensors in order and answering {output name: tensor}
-    straight through the eager runtime, or None.
-
-    `_call_flat` wraps the runtime's call in what only tracing and gradients need
-    (tape checks, graph-mode branches, packing the outputs): some 70 us of a small
-    model's 200. The runtime's call runs the same registered function on the inputs
-    and the captured variables; the outputs come back flat in the order of the
-    signature's sorted output names (how a dict is flattened), checked here against
-    the function's own outputs: anything else keeps `_call_flat`."""
-    import tensorflow as tf
-    try:
-        from tensorflow.python.eager import context
-        atomic = fn._inference_function
-        name = atomic.name
-        graph_outputs = atomic.cached_definition.signature.output_arg
-        call_function = context.context().call_function
-    except (ImportError, AttributeError):  # another TensorFlow's internals
-        return None
-    structured = fn.structured_outputs
-    if not isinstance(structured, dict) or len(structured) != len(graph_outputs) or \
-            not all(isinstance(k, str) for k in structured) or \
-            not all(isinstance(v, (tf.TensorSpec, tf.Tensor)) for v in structured.values()):
-        return None
-    names = sorted(structured)
-    if [tf.as_dtype(structured[n].dtype).as_datatype_enum for n in names] != \
-            [arg.type for arg in graph_outputs] or \
-            [o.dtype for o in fn.outputs] != [structured[n].dtype for n in names]:
-        return None
-    captured = list(fn.captured_inputs)
-    count = len(names)
-
-    def call(tensors: list) -> dict:
-        return dict(zip(names, call_function(name, tensors + captured, count),
-                        strict=True))
-    call.runtime = True
-    return call
-
-
-def _to_tensor(dtype):
-    """array -> eager tensor of dtype: a numeric array already of that dtype is wrapped
-    directly (`EagerTensor`, a third less than tf.constant's 15 us, which checks and
-    dispatches first); anything else goes through tf.constant."""
-    import tensorflow as tf
-    try:
-        from tensorflow.python.eager import context
-        from tensorflow.python.framework import ops
-        eager, ctx = ops.EagerTensor, context.context()
-    except (ImportError, AttributeError):  # another TensorFlow's internals
-        eager = None
-    numpy_dtype = np.dtype(dtype.as_numpy_dtype)
-    enum = dtype.as_datatype_enum
-
-    def tensor(value):
-        if eager is not None and type(value) is np.ndarray and value.dtype == numpy_dtype \
-                and numpy_dtype.kind in "fiub":
-            return eager(value, ctx.device_name, enum)
-        return tf.constant(value, dtype=dtype)
-    return tensor
 
 
 def detect_format(local_dir: str) -> str:

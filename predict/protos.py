@@ -76,11 +76,18 @@ class BatchingParameters:
     pad_variable_length_inputs: bool = False
 
 
+MAX_BYTES = 1 << 20  # a config file of these few fields is a few hundred bytes
+
+
 def _parse(url: str, flag: str, message):
     try:
-        raw = storage.read_bytes(url).decode("utf-8")
+        raw = storage.read_bytes(url, limit=MAX_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"{flag} {url} does not exist") from None
+    except IsADirectoryError:
+        raise UsageError(f"{flag} {url} is a folder; give a text proto file") from None
+    except storage.StorageError as exc:  # a device, a named pipe, past MAX_BYTES
+        raise UsageError(f"{flag}: {exc}") from None
     except UnicodeDecodeError:
         raise UsageError(f"{flag} {url} is not UTF-8 text") from None
     try:
@@ -91,10 +98,12 @@ def _parse(url: str, flag: str, message):
     return message
 
 
-def read_batching(url: str, threads: int) -> BatchingParameters:
-    """--batching_parameters_file -> BatchingParameters, checked as TF Serving checks."""
-    proto = _parse(url, "--batching_parameters_file", BatchingParametersProto())
-    where = f"--batching_parameters_file {url}"
+def read_batching(url: str, threads: int,
+                  flag: str = "--batching_parameters_file") -> BatchingParameters:
+    """--batching_parameters_file (or a version's batching_params.pbtxt) ->
+    BatchingParameters, checked as TF Serving checks."""
+    proto = _parse(url, flag, BatchingParametersProto())
+    where = f"{flag} {url}"
     for unsupported in ("enable_large_batch_splitting", "max_execution_batch_size",
                         "batch_padding_policy"):
         if proto.HasField(unsupported):

@@ -13,32 +13,25 @@ Routes (everything else is 404, a known route with the wrong method 405):
 
 Which versions exist is the repository's business (`predict.repository`): one export
 served as version 1, or numbered versions under a watched base path. A request without
-a version goes to the highest available one. Each request's JSON decoding, checking,
-model call and encoding run in a thread pool, so the event loop keeps accepting and
-reading requests while TensorFlow works (a signature call releases the GIL); a small
-request while no other is being answered runs on the event loop itself, which saves
-the two thread switches that are a tenth of a small model's request (`_in_pool`); with
-batching on, a small :predict is decoded on the event loop and waits in its batch
-queue there, the answers handed back by the thread that ran the batch
-(`_predict_queued`, predict.queued). The
+a version goes to the highest available one.
+Each request's JSON decoding, checking, model call and encoding run on the pool
+(predict.calls, which decides how every call runs, for gRPC too), so the event loop
+keeps accepting and reading requests while TensorFlow works. The
 version a request started with stays loaded until it has answered. Bodies are counted
 while they are read and refused with 413 past --max-body-bytes: the rest is drained,
 not kept, so the client still gets the answer.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
-import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from predict import decode, inference, loop, request_log
 from predict.batching import Unavailable
+from predict.calls import Calls, DeadlineExceeded
 from predict.errors import InputError, InstanceError, UsageError, clip
 from predict.instances import parse_json_bytes
-from predict.queued import LoopAnswers
 from predict.rest_http import ClientDisconnect, Request, dumps
 from predict.repository import NotFoundError, Repository, ServedModel
 from predict.versions import MAX_VERSION
@@ -48,8 +41,6 @@ log = logging.getLogger("predict.server")
 REST_HEALTH = "/healthz"
 
 DRAIN_LIMIT = 64 * 1024 * 1024  # past this an oversized body is cut off, not drained
-INLINE_BYTES = 64 * 1024  # the fast path's largest body (predict 100 images: ~90 KB)
-INLINE_S = 0.002  # and its slowest model (a recent call's seconds)
 _ROUTE = re.compile(r"^/v1/models/(?P<name>[^/:]+)"
                     r"(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
                     r"(?P<rest>/metadata|:[A-Za-z_]+)?/?$")
@@ -87,10 +78,7 @@ class PredictionService:
         self.health = health
         self.vertex = vertex or {}  # health_route, predict_route, model
         self.loggers = request_log.Loggers()  # each model's logging_config
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="predict")
-        self._busy = 0  # requests between _in_pool's start and their call's end
-        self._recent: dict = {}  # model name -> seconds its last call took
-        self.answers = LoopAnswers()  # of the requests waiting in batch queues
+        self.calls = Calls(threads, batcher=batcher, timeout_s=timeout_s)
 
     async def handle(self, request: Request) -> tuple:
         """-> (status, body, headers, content type); with CORS on, the API's answers
@@ -161,12 +149,7 @@ class PredictionService:
             api, fn = verbs[rest]
             if timer is not None:
                 timer.api = api
-            if rest == ":predict" and self.batcher is not None and \
-                    len(body) <= INLINE_BYTES and \
-                    getattr(served.config, "logging", None) is None:
-                return 200, await self._predict_queued(body, served, version, label)
-            return 200, await self._in_pool(len(body), served.name, fn, body, served,
-                                             version, label)
+            return 200, await self._in_pool(fn, body, served, version, label)
         if rest is not None and rest.startswith(":"):
             raise HTTPError(404, f"unknown method {rest}; this server answers :predict, "
                                  ":classify and :regress")
@@ -184,79 +167,13 @@ class PredictionService:
             raise HTTPError(404, str(exc)) from None
         return 200, dumps(payload)
 
-    async def _in_pool(self, size: int, name: str, fn, *args):
-        """fn(*args) in the thread pool; past --rest_api_timeout_in_ms the client gets
-        504 (TF Serving's DEADLINE_EXCEEDED) while the call finishes on its own.
-
-        The fast path: a body of at most INLINE_BYTES, for a model whose last call took
-        at most INLINE_S (and under a tenth of the timeout), while no other request is
-        being answered and batching is off, runs on the event loop's thread, as TF
-        Serving runs a request on the thread that read it: nothing waits behind it, and
-        it saves two thread switches (~60 us of a 0.3 ms model). With batching on, a
-        request waits in the queue (TF Serving waits batch_timeout_micros at one client
-        too)."""
-        recent = self._recent.get(name)
-        inline = self._busy == 0 and self.batcher is None and size <= INLINE_BYTES and \
-            recent is not None and recent <= INLINE_S and recent * 10 < self.timeout_s
-        self._busy += 1
-        if inline:
-            began = time.perf_counter()
-            try:
-                answer = fn(*args)
-            finally:
-                self._busy -= 1
-                took = self._recent[name] = time.perf_counter() - began
-            if took > self.timeout_s:  # the model slowed down: answer as the pool would
-                raise self._timeout()
-            return answer
-
-        arrivals = getattr(self.batcher, "arrivals", None)
-        if arrivals is not None:  # on its way to a batch queue, from now
-            arrivals.coming()
-
-        def timed():
-            began = time.perf_counter()
-            if arrivals is not None:
-                arrivals.carry()
-            try:
-                return fn(*args)
-            finally:
-                self._recent[name] = time.perf_counter() - began
-                if arrivals is not None:
-                    arrivals.gone()
-
-        future = asyncio.get_running_loop().run_in_executor(self.pool, timed)
-        future.add_done_callback(self._release)
+    async def _in_pool(self, fn, *args):
+        """fn(*args) as predict.calls runs a REST request; past --rest_api_timeout_in_ms
+        the client gets 504 (TF Serving's DEADLINE_EXCEEDED)."""
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
-        except asyncio.TimeoutError:
-            raise self._timeout() from None
-
-    async def _predict_queued(self, raw: bytes, served: ServedModel,
-                              version: int | None, label: str | None) -> bytes:
-        """A small :predict with batching on, on the event loop: its body parsed and
-        decoded here, then put in its batch queue while the loop goes on reading; the
-        thread that runs the batch hands every answer back to the loop, or the loop ran
-        it itself. No pool thread waits out a request's batch (a model whose requests
-        are logged goes through the pool)."""
-        body = _parse_body(raw)
-        with self._answering():
-            with served.use(version, label) as (number, model):
-                batched = self._batched(model, served, number)
-                sig, batch, finish = self._predict_call(body, batched)
-                outputs = await self._queued(batched, batch, sig.name)
-                return dumps(finish(outputs))
-
-    async def _queued(self, model, batch: dict, signature: str) -> dict:
-        return await self.answers.call(model, batch, signature, timeout_s=self.timeout_s,
-                                       timeout_error=self._timeout, pool=self.pool)
-
-    def _release(self, _future) -> None:
-        self._busy -= 1
-
-    def _timeout(self) -> HTTPError:
-        return HTTPError(504, f"the request took longer than {self.timeout_s * 1000:g} ms "
-                              "(--rest_api_timeout_in_ms)")
+            return await self.calls.rest(fn, *args)
+        except DeadlineExceeded as exc:
+            raise HTTPError(504, str(exc)) from None
 
     async def _vertex_predict(self, request: Request, timer=None):
         """Vertex AI's predict route: {"instances": [...], "parameters": {...}} for the
@@ -266,8 +183,7 @@ class PredictionService:
         if timer is not None:
             timer.model_name, timer.api = served.name, "Predict"
         raw = await self._read_body(request)
-        return 200, await self._in_pool(len(raw), served.name, self.predict_json, raw,
-                                        served, None, None, True)
+        return 200, await self._in_pool(self.predict_json, raw, served, None, None, True)
 
     def _served(self, name: str) -> ServedModel:
         try:
@@ -371,8 +287,7 @@ class PredictionService:
             raise HTTPError(400, str(exc)) from None
 
     def _batched(self, model, served: ServedModel, version: int = 0):
-        return model if self.batcher is None else \
-            self.batcher.wrap(model, served.name, version)
+        return self.calls.model_for(model, served.name, version)
 
     def predict(self, body, model) -> dict:
         sig, batch, finish = self._predict_call(body, model)

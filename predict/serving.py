@@ -7,11 +7,13 @@ here; the first listens on 0.0.0.0 as TF Serving does, the second on 127.0.0.1 u
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
 import sys
 import threading
+from typing import Any
 
 from mljob import procs, startup
 from mljob.errors import boundary, first_line
@@ -24,7 +26,6 @@ log = logging.getLogger("predict.serving")
 def main_model_server(argv=None) -> int:
     """The `tensorflow_model_server` console script."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    startup.tensorflow_quietly()  # its start-up notices off stderr: errors are one line
     return main(sys.argv[1:] if argv is None else argv, prog="tensorflow_model_server",
                 drop_in=True)
 
@@ -77,26 +78,51 @@ def check_serving_api() -> None:
         raise PredictError(reason)
 
 
+@dataclasses.dataclass
+class Prepared:
+    """What the flags name, read and checked before TensorFlow is imported: the models'
+    configs, the monitoring path, the batching parameters, Vertex AI's routes, the
+    REST port's socket (bound) and the gRPC port (free when checked)."""
+
+    configs: list
+    metrics_path: str | None
+    batching: Any  # protos.BatchingParameters, or None with batching off
+    vertex: dict
+    rest_socket: Any  # socket.socket, or None with REST off
+
+    def close(self) -> None:
+        if self.rest_socket is not None:
+            self.rest_socket.close()
+
+
 def run(options) -> None:
+    """Serve until SIGTERM or SIGINT. Every refusal of the flags and the files they name
+    (a port in use, a bad version policy, an unreadable config) comes before
+    TensorFlow is imported: it takes seconds, and a mistake is told at once."""
     from mljob.storage import StorageError
-    check_serving_api()
     _logging()
     try:
-        _run(options)
+        prepared = prepare(options)
     except StorageError as exc:
         raise UsageError(str(exc)) from None
+    try:
+        startup.tensorflow_quietly()  # its start-up notices off stderr
+        check_serving_api()
+        _run(options, prepared)
+    except StorageError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        prepared.close()
 
 
-def _run(options) -> None:
-    from predict import batching, config as model_config, health as health_mod, metrics
-    from predict import listen, protos, repository, versions, warmup
-    _tensorflow_threads(options)
+def prepare(options) -> Prepared:
+    """The flags' files read and checked, the ports had: no TensorFlow imported."""
+    from predict import protos, rest_http
     configs = _configs(options)
     metrics_path = None
     if options.monitoring_config_file:
         metrics_path = protos.read_monitoring(options.monitoring_config_file)
-    registry = metrics.Metrics() if metrics_path else None
-    batcher = None
+    params = None
     if options.enable_batching:
         params = protos.BatchingParameters(num_batch_threads=procs.usable_cores())
         if options.batching_parameters_file:
@@ -106,13 +132,43 @@ def _run(options) -> None:
                                      ("batch_timeout_micros", options.batch_timeout_micros))
                    if v is not None}
         if changes:
-            import dataclasses
             params = dataclasses.replace(params, **changes)
             protos.check_batching(params, "--max_batch_size/--batch_timeout_micros")
-        arrivals = batching.Arrivals() if options.batch_when_idle else None
-        batcher = (batching.PerModelBatchers(params, metrics=registry, arrivals=arrivals)
-                   if options.enable_per_model_batching_parameters
-                   else batching.Batcher(params, metrics=registry, arrivals=arrivals))
+    vertex = _vertex(options, configs)
+    _check_grpc_port(options.host, options.port)
+    sock = rest_http.bind(options.host, options.rest_api_port) \
+        if options.rest_api_port else None
+    return Prepared(configs, metrics_path, params, vertex, sock)
+
+
+def _check_grpc_port(host: str, port: int) -> None:
+    """The gRPC port is free (grpcio binds it later, once TensorFlow is in)."""
+    if not port:
+        return
+    import socket
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {host}:{port} for gRPC "
+                             f"({exc.strerror}); pick another --port") from None
+
+
+def _run(options, prepared: Prepared) -> None:
+    from predict import batching, config as model_config, health as health_mod, metrics
+    from predict import listen, repository, versions, warmup
+    _tensorflow_threads(options)
+    configs = prepared.configs
+    registry = metrics.Metrics() if prepared.metrics_path else None
+    batcher: Any = None
+    per_model = None
+    if prepared.batching is not None:
+        params = prepared.batching
+        if options.enable_per_model_batching_parameters:
+            batcher = per_model = batching.PerModelBatchers(params, metrics=registry)
+        else:
+            batcher = batching.Batcher(params, metrics=registry)
     warm = warmup.replayer(options.num_request_iterations_for_warmup,
                            options.max_instances) if options.enable_model_warmup else None
     load_options = versions.LoadOptions(
@@ -122,9 +178,11 @@ def _run(options) -> None:
     events = _events(registry, health)
     tags = [t.strip() for t in options.saved_model_tags.split(",") if t.strip()]
     loader = None
-    if tags != ["serve"] or options.compile_small_calls:
-        loader = functools.partial(_load, tags=None if tags == ["serve"] else tags,
-                                   compile_small_calls=options.compile_small_calls)
+    if tags != ["serve"] or per_model is not None or options.prefer_tflite_model:
+        loader = functools.partial(
+            _load, tags=None if tags == ["serve"] else tags, per_model=per_model,
+            tflite=(options.num_tflite_pools * options.num_tflite_interpreters_per_pool
+                    if options.prefer_tflite_model else 0))
     repo = repository.Repository(
         configs, poll_seconds=options.file_system_poll_wait_seconds, events=events,
         load_options=load_options, loader=loader,
@@ -134,32 +192,40 @@ def _run(options) -> None:
     def reload(proto) -> None:
         from google.protobuf import json_format
         doc = json_format.MessageToDict(proto, preserving_proto_field_name=True)
-        repo.reload(model_config.parse(doc, "(HandleReloadConfigRequest)"))
+        try:
+            repo.reload(model_config.parse(doc, "(HandleReloadConfigRequest)"))
+        except UsageError as exc:  # answered FAILED_PRECONDITION; the log says it too
+            log.error("model config reload refused (HandleReloadConfigRequest): %s", exc)
+            raise
         health.refresh()
         log.info("model config reloaded (HandleReloadConfigRequest): %s",
                  ", ".join(sorted(repo.models)))
 
     poller = ConfigPoller(options.model_config_file, configs, repo, health,
                           options.model_config_file_poll_wait_seconds)
-    vertex = _vertex(options, configs)
-    listen.serve(repo, host=options.host,
-                 rest_port=options.rest_api_port or None, grpc_port=options.port,
+    listen.serve(repo, host=options.host, rest_socket=prepared.rest_socket,
+                 grpc_port=options.port,
                  threads=options.rest_api_num_threads, batcher=batcher,
                  reload=None if options.model_dir else reload, health=health,
                  after_start=poller.start, max_body_bytes=options.max_body_bytes,
                  max_instances=options.max_instances, metrics=registry,
                  timeout_s=options.rest_api_timeout_in_ms / 1000,
-                 metrics_path=metrics_path, vertex=vertex,
-                 cors=options.rest_api_enable_cors_support,
-                 grpc_native=options.grpc_native_front)
+                 metrics_path=prepared.metrics_path, vertex=prepared.vertex,
+                 cors=options.rest_api_enable_cors_support)
     poller.stop()
 
 
-def _load(url: str, *, tags, compile_small_calls: bool):
+def _load(url: str, *, tags, per_model, tflite: int):
+    """A version loaded as the flags say: its MetaGraph by tags, its
+    batching_params.pbtxt read and checked first (a bad one fails the load), and with
+    --prefer_tflite_model its model.tflite beside the SavedModel."""
     from predict import model as models
+    if per_model is not None:
+        per_model.prepare(url)
     model = models.load(url, tags=tags)
-    if compile_small_calls and isinstance(model, models.SavedModel):
-        model.compile_small_calls()
+    if tflite:
+        from predict import tflite as lite
+        model = lite.prefer(model, url, interpreters=tflite)
     return model
 
 
@@ -213,19 +279,21 @@ def _tensorflow_threads(options) -> None:
 def _logging() -> None:
     """Version events and reloads, one line each on stderr, as TF Serving logs them.
 
-    The handler writes to this call's stderr (one left by an earlier in-process run is
-    replaced, its stream may be closed) and the records still propagate, so whoever
-    listens at the root (a test's log capture) sees them too."""
-    root = logging.getLogger("predict")
+    The handler sits at the root (the `predict` loggers log at INFO, the others at the
+    root's WARNING): a library that configures logging later (`logging.basicConfig`,
+    as exporting or converting a model does) then finds the root configured and adds
+    no second handler, which printed every line twice. It writes to this call's stderr
+    (one left by an earlier in-process run is replaced: its stream may be closed);
+    whoever else listens at the root (a test's log capture) sees the records too."""
+    root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "serving_stderr", False)]:
         root.removeHandler(old)
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s] "
-                                               "%(message)s"))
-        handler.serving_stderr = True  # type: ignore[attr-defined]
-        root.addHandler(handler)
-        root.setLevel(logging.INFO)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s] "
+                                           "%(message)s"))
+    handler.serving_stderr = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    logging.getLogger("predict").setLevel(logging.INFO)
 
 
 class ConfigPoller:

@@ -30,7 +30,7 @@ def ask(cors: bool, method: str, path: str, origin: str | None = None):
     try:
         return asyncio.run(service.handle(request))
     finally:
-        service.pool.shutdown()
+        service.calls.close()
 
 
 @pytest.mark.parametrize("cors", [True, False])
