@@ -28,6 +28,8 @@ VARIANTS = {
     "submit": ("submit", "import submit.__main__"),
     # the server's process before TensorFlow: its command line, flags, HTTP and gRPC
     "serve": ("serve", "import predict.__main__, predict.serving, grpc, uvicorn"),
+    # --prefer_tflite_model's interpreter, an extra of its own beside the server's
+    "serve-tflite": ("serve,serve-tflite", "import ai_edge_litert.interpreter"),
     "cpu": ("cpu", "import tensorflow"),
     "kubeflow": ("submit,kubeflow", "import submit.runners.kubeflow"),
     "vertex": ("submit,vertex", "import submit.runners.vertex"),

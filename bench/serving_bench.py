@@ -317,7 +317,8 @@ def stages(export_dir: str, n: int = 2000) -> dict:
     trip (the empty route above) does not hold."""
     import tensorflow as tf
 
-    from predict import decode, instances, model as models, rest_http
+    from predict.runtime import decode, instances, model as models
+    from predict.api import http as rest_http
     model = models.load(export_dir)
     sig = model.signature(None)
     image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)

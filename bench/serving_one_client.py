@@ -101,7 +101,7 @@ def build_client(folder: str) -> str:
 def request_files(folder: str) -> tuple[str, str]:
     """(REST body file, serialized PredictRequest file) of the one-image request every
     serving client sends, written into folder."""
-    from predict import tensors
+    from predict.runtime import tensors
     from predict.serving_api.apis import predict_pb2
     image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)
     body_file, request_file = os.path.join(folder, "body.json"), os.path.join(folder,

@@ -46,7 +46,9 @@ def cli():
 def local(model_dir, json_instances, json_request, text_instances, signature_name, fmt):
     """Predict a few instances, like `gcloud ai-platform local predict`."""
     startup.tensorflow_quietly()  # its start-up notices off stderr: errors are one line
-    from predict import instances, local as local_mode, model as models
+    from predict.runtime import instances
+    from predict.offline import local as local_mode
+    from predict.runtime import model as models
     given = [(flag, value) for flag, value in (("--json-instances", json_instances),
                                                ("--json-request", json_request),
                                                ("--text-instances", text_instances))
@@ -84,7 +86,8 @@ def local(model_dir, json_instances, json_request, text_instances, signature_nam
 def batch(model_dir, input_paths, data_format, output_path, batch_size, signature_name):
     """Predict many files, like Cloud ML batch prediction."""
     startup.tensorflow_quietly()
-    from predict import batch as batch_mode, model as models
+    from predict.offline import batch as batch_mode
+    from predict.runtime import model as models
     files = batch_mode.expand_inputs(input_paths)
     model = models.load(model_dir)
     summary = batch_mode.run(model, files, data_format, output_path,
@@ -101,7 +104,7 @@ def batch(model_dir, input_paths, data_format, output_path, batch_size, signatur
 def serve(args):
     """Serve TF Serving's gRPC (--port, 8500) and REST (--rest_api_port) APIs, with
     `tensorflow_model_server`'s flags; --help lists them."""
-    from predict import serving  # TensorFlow is imported once the flags are checked
+    from predict.serving import process as serving  # TensorFlow: once the flags are checked
     return serving.main(list(args), prog="python -m predict serve")
 
 
@@ -119,7 +122,7 @@ def tflite(model_dir, output):
         raise click.UsageError("--model-dir must be a local folder; copy the version "
                                "here first")
     startup.tensorflow_quietly()
-    from predict import model as models, tflite as lite
+    from predict.runtime import model as models, tflite as lite
     model = models.load(model_dir)
     if not isinstance(model, models.SavedModel):
         raise PredictError(f"{model_dir} is a TF1 export; only a SavedModel converts")
@@ -142,7 +145,7 @@ def tflite(model_dir, output):
                    "assets.extra/tf_serving_warmup_requests.")
 def publish(model_dir, base_path, version, warmup_requests):
     """Publish an export as the next version under a served base path."""
-    from predict import publish as publishing
+    from predict.models import publish as publishing
     number = publishing.publish(model_dir, base_path, version,
                                 warmup_requests=warmup_requests)
     click.echo(f"published {model_dir} as version {number} at "

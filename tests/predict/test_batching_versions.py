@@ -101,7 +101,7 @@ def test_per_model_batching_parameters_come_from_each_versions_folder(tmp_path):
     and the thread count is the global one."""
     import threading
 
-    from predict import batching, protos
+    from predict.runtime import batching, protos
 
     class Model:
         signatures = {"serving_default": None}
@@ -153,9 +153,10 @@ def test_a_versions_batching_params_are_read_and_checked_when_it_loads(tmp_path)
     import os
     import shutil
 
-    from predict import batching, protos, serving
-    from predict.repository import Repository
-    from predict.versions import LoadOptions, ModelConfig, VersionPolicy
+    from predict.runtime import batching, protos
+    from predict.serving import process as serving
+    from predict.models.repository import Repository
+    from predict.models.versions import LoadOptions, ModelConfig, VersionPolicy
 
     base = tmp_path / "m"
     saved_model_export(str(base / "1"), seed=2)

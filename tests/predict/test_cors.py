@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from predict import rest_http, server
+from predict.api import http as rest_http, rest as server
 
 
 class NoModels:
     models: dict = {}
 
     def get(self, name):
-        from predict.repository import NotFoundError
+        from predict.models.repository import NotFoundError
         raise NotFoundError(f"model {name!r} not found")
 
 

@@ -1,6 +1,6 @@
 """The REST path's JSON through orjson reads and writes exactly what json does (the
 bodies it would read otherwise go to json), and a request past --rest_api_timeout_in_ms
-is answered 504 at the timeout while its call finishes on the pool (predict.calls)."""
+is answered 504 at the timeout while its call finishes on the pool (predict.runtime.calls)."""
 import asyncio
 import json
 import math
@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from predict import calls, instances, rest_http
+from predict.runtime import calls, instances
+from predict.api import http as rest_http
 from predict.errors import InstanceError
 
 BODIES = [

@@ -2,7 +2,7 @@
 called in this process by TensorFlow: REST (rows and columns) and gRPC, batching off and
 on, one shape and another, the same shape again; with the defaults, to the bit. The
 opt-in layer (`--prefer_tflite_model`, a model.tflite beside the SavedModel) answers
-within the bound docs/predict.md states (predict.tflite: RTOL, ATOL). And a server
+within the bound docs/predict.md states (predict.runtime.tflite: RTOL, ATOL). And a server
 started with TF Serving's flags only maps no TensorFlow Lite and no pygrpc-native
 library into its process."""
 from __future__ import annotations
@@ -169,10 +169,10 @@ def mapped(pid: int) -> set:
 def test_tflite_answers_within_its_bound_and_maps_litert_only_when_asked(
         exports, reaper, tmp_path):
     """--prefer_tflite_model with a model.tflite: every path answers within the bound
-    the docs state (predict.tflite.RTOL/ATOL; classes and keys equal); the same folder
+    the docs state (predict.runtime.tflite.RTOL/ATOL; classes and keys equal); the same folder
     served with TF Serving's flags only maps no TensorFlow Lite library and answers the
     signature's bits."""
-    from predict import tflite
+    from predict.runtime import tflite
     export_dir = lite_copy(exports["cnn"], tmp_path)
     proc, url, channel = start(reaper, export_dir, "--prefer_tflite_model=true")
     assert any("ai_edge_litert" in lib for lib in mapped(proc.pid))  # it answers

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from predict import flags
+from predict.serving import flags
 from predict.errors import UsageError
 from tests.test_import_circles import ROOT
 
@@ -144,7 +144,7 @@ def test_cors_per_model_batching_and_version_are_taken_by_tf_servings_names():
 
 
 def test_version_prints_tf_servings_two_lines_and_exits_0(capsys):
-    from predict import serving
+    from predict.serving import process as serving
     assert serving.main(["--version"], prog="tensorflow_model_server") == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("TensorFlow ModelServer: ") and "+mljob." in out[0]
@@ -162,7 +162,7 @@ def test_with_a_grpcio_older_than_the_stubs_the_server_says_so_before_loading_an
 
     import grpc
 
-    from predict import serving
+    from predict.serving import process as serving
     from predict.serving_api.apis import predict_pb2  # noqa: F401  (TensorFlow's protos: its import)
     monkeypatch.setattr(grpc, "__version__", "1.60.0")
     # imported afresh (an earlier test may have imported it): from sys.modules and from
@@ -183,7 +183,7 @@ def test_with_a_grpcio_older_than_the_stubs_the_server_says_so_before_loading_an
 
 REFUSE_WITHOUT_TENSORFLOW = """
 import socket, sys
-from predict import serving
+from predict.serving import process as serving
 busy = socket.socket()
 busy.bind(("127.0.0.1", 0))
 busy.listen()
@@ -231,7 +231,7 @@ def test_a_log_line_is_written_once_when_a_library_configures_logging_after(caps
     server's lines must still come once each, not once per handler."""
     import logging
 
-    from predict import serving
+    from predict.serving import process as serving
     serving._logging()
     try:
         logging.getLogger("predict.serving").info("model m: version 1 available")

@@ -67,7 +67,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def direct(server):
-    from predict import model as models
+    from predict.runtime import model as models
     return {name: models.load(path) for name, path in server["models"].items()}
 
 
@@ -187,7 +187,8 @@ def test_sampled_requests_are_logged_as_prediction_logs(server):
     """logging_config: every request of "iris" (rate 1.0) in TF Serving's PredictionLog
     records, REST and gRPC alike; the file is a valid warmup file; "reg" logs none."""
     from predict.serving_api.apis import prediction_log_pb2
-    from predict import records, warmup
+    from predict.runtime import records
+    from predict.models import warmup
     (path,) = (server["root"] / "logs").glob("iris-*.tfrecord")
     with open(path, "rb") as f:
         logs = [prediction_log_pb2.PredictionLog.FromString(r)
@@ -217,7 +218,7 @@ def test_health_vertex_routes_and_metrics(server, direct):
                                direct["iris"].predict({"x": ROWS})["outputs"], rtol=1e-5)
     from predict.serving_api.apis import prediction_log_pb2
     import tensorflow as tf
-    from predict import records
+    from predict.runtime import records
     (path,) = (server["root"] / "logs").glob("iris-*.tfrecord")
     with open(path, "rb") as f:
         last = prediction_log_pb2.PredictionLog.FromString(list(records.read_tfrecords(f))[-1])

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from predict.errors import ModelLoadError
-from predict import model as models, tflite
+from predict.runtime import model as models, tflite
 from tests.support.predict_models import images, saved_model_export
 
 pytest.importorskip("ai_edge_litert")

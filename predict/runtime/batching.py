@@ -1,5 +1,5 @@
 """`--enable_batching`: concurrent requests merged into one signature call, as TF
-Serving's batching session does, with its BatchingParameters (predict.protos).
+Serving's batching session does, with its BatchingParameters (predict.runtime.protos).
 
 A request's decoded batch joins the queue of its model, *version* and signature (a
 queue per loaded version: after a swap the new version's requests never share a call
@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from predict.errors import PredictError
-from predict.protos import BatchingParameters
+from predict.runtime.protos import BatchingParameters
 
 IDLE_S = 5.0
 
@@ -284,7 +284,7 @@ class PerModelBatchers:
 
     def _read(self, source: str) -> Batcher | None:
         from mljob import storage
-        from predict import protos
+        from predict.runtime import protos
         url = storage.join(source, PER_MODEL_FILE)
         try:
             if not storage.exists(url):

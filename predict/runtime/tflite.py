@@ -22,7 +22,7 @@ import numpy as np
 
 from mljob import storage
 from predict.errors import ModelLoadError
-from predict.model import Model, SavedModel
+from predict.runtime.model import Model, SavedModel
 
 TFLITE_FILE = "model.tflite"
 MAX_BYTES = 2 << 30  # TensorFlow Lite's flatbuffers stop at 2 GB

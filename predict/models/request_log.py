@@ -81,7 +81,7 @@ class RequestLogger:
         """kind: predict_log, classify_log, regress_log or multi_inference_log; spec the
         answer's ModelSpec."""
         from predict.serving_api.apis import prediction_log_pb2
-        from predict.records import write_tfrecords
+        from predict.runtime.records import write_tfrecords
         log = prediction_log_pb2.PredictionLog()
         log.log_metadata.model_spec.CopyFrom(spec)
         log.log_metadata.sampling_config.sampling_rate = self.spec.sampling_rate
@@ -151,7 +151,7 @@ def example_messages(kind: str, name: str, version: int, signature: str, records
                      result: list):
     """A REST :classify or :regress as TF Serving's request and response."""
     from predict.serving_api.apis import classification_pb2, regression_pb2
-    from predict import inference
+    from predict.runtime import inference
     if kind == "classify_log":
         request, response = (classification_pb2.ClassificationRequest(),
                              classification_pb2.ClassificationResponse())

@@ -38,9 +38,9 @@ import yaml
 
 from mljob import storage
 from mljob.errors import ascii_digits
-from predict import request_log
+from predict.models import request_log
 from predict.errors import UsageError
-from predict.versions import ModelConfig, VersionPolicy, parse_version
+from predict.models.versions import ModelConfig, VersionPolicy, parse_version
 
 _FIELDS = {"name", "base_path", "model_platform", "model_version_policy", "version_labels",
            "model_type", "logging_config"}

@@ -20,7 +20,7 @@ every base path each `poll_seconds` and follows these rules:
   then it is reported in the status (state END with the error) and not tried again;
   it never replaces a good version;
 - with warmup on, a loaded version first replays its `assets.extra/
-  tf_serving_warmup_requests` (predict.warmup) and takes traffic only after;
+  tf_serving_warmup_requests` (predict.models.warmup) and takes traffic only after;
 - one log line per version event: loading, available, failed (with its error),
   unloaded;
 - a storage outage while listing is logged and changes nothing.
@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING
 from mljob import model_meta, storage
 from mljob.errors import first_line
 from predict.errors import PredictError, UsageError
-from predict.versions import LoadOptions, ModelConfig, scan_versions
+from predict.models.versions import LoadOptions, ModelConfig, scan_versions
 
 if TYPE_CHECKING:
-    from predict.model import Model
+    from predict.runtime.model import Model
 
 log = logging.getLogger("predict.repository")
 
@@ -78,7 +78,7 @@ class ServedModel:
 
     def __init__(self, config: ModelConfig, loader=None, events=None,
                  load_options: LoadOptions = LoadOptions(), stop=None):
-        from predict import model as models
+        from predict.runtime import model as models
         self.config = config
         self.name = config.name
         self._load = loader or models.load

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 from predict.errors import InputError, InstanceError, UsageError, shown
-from predict.model import Signature
+from predict.runtime.model import Signature
 from mljob import storage
 from mljob.errors import first_line, too_many_digits
 

@@ -8,9 +8,9 @@ are these, so an instance gives the same answer everywhere.
 """
 from __future__ import annotations
 
-from predict import decode
+from predict.runtime import decode
 from predict.errors import InputError, InstanceError
-from predict.model import Model, Signature
+from predict.runtime.model import Model, Signature
 
 
 def decode_labelled(labelled, sig: Signature) -> list:

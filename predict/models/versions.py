@@ -4,7 +4,7 @@ how its versions load, and the published version folders found under a base path
 A version folder (`BASE/<number>/`) counts only once its publish marker is there
 (`saved_model.pb`, or `export.meta` for a TF1 export): the trainer writes that file
 last, so a folder without it is half-published. The policy picks which of the found
-versions to serve, as TF Serving's model_version_policy does; `predict.repository`
+versions to serve, as TF Serving's model_version_policy does; `predict.models.repository`
 loads and unloads them.
 """
 from __future__ import annotations
@@ -84,7 +84,7 @@ class ModelConfig:
     model_dir: str | None = None     # one export served as version 1, not watched
     policy: VersionPolicy = VersionPolicy()
     labels: dict = field(default_factory=dict)   # label -> version
-    logging: object = None  # predict.request_log.LoggingSpec: sampled request logs
+    logging: object = None  # predict.models.request_log.LoggingSpec: sampled request logs
 
     def __post_init__(self):
         # a newline in a name forged a second "ready" line in the server's log

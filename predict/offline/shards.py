@@ -21,7 +21,7 @@ import zlib
 
 from mljob import storage
 from mljob.errors import first_line
-from predict import instances, records
+from predict.runtime import instances, records
 from predict.errors import InstanceError, UsageError
 
 DATA_FORMATS = ("text", "tf-record", "tf-record-gzip")

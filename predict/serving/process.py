@@ -1,4 +1,4 @@
-"""The model server's process: TF Serving's flags (predict.flags) turned into a
+"""The model server's process: TF Serving's flags (predict.serving.flags) turned into a
 repository, a batcher, the REST and gRPC servers, and the config file poller.
 
 `tensorflow_model_server` (the console script) and `python -m predict serve` both end
@@ -17,7 +17,7 @@ from typing import Any
 
 from mljob import procs, startup
 from mljob.errors import boundary, first_line
-from predict import flags as serving_flags
+from predict.serving import flags as serving_flags
 from predict.errors import PredictError, UsageError
 
 log = logging.getLogger("predict.serving")
@@ -117,7 +117,8 @@ def run(options) -> None:
 
 def prepare(options) -> Prepared:
     """The flags' files read and checked, the ports had: no TensorFlow imported."""
-    from predict import protos, rest_http
+    from predict.runtime import protos
+    from predict.api import http as rest_http
     configs = _configs(options)
     metrics_path = None
     if options.monitoring_config_file:
@@ -156,8 +157,11 @@ def _check_grpc_port(host: str, port: int) -> None:
 
 
 def _run(options, prepared: Prepared) -> None:
-    from predict import batching, config as model_config, health as health_mod, metrics
-    from predict import listen, repository, versions, warmup
+    from predict.runtime import batching
+    from predict.models import config as model_config
+    from predict.api import health as health_mod, metrics
+    from predict.serving import listen
+    from predict.models import repository, versions, warmup
     _tensorflow_threads(options)
     configs = prepared.configs
     registry = metrics.Metrics() if prepared.metrics_path else None
@@ -219,18 +223,18 @@ def _load(url: str, *, tags, per_model, tflite: int):
     """A version loaded as the flags say: its MetaGraph by tags, its
     batching_params.pbtxt read and checked first (a bad one fails the load), and with
     --prefer_tflite_model its model.tflite beside the SavedModel."""
-    from predict import model as models
+    from predict.runtime import model as models
     if per_model is not None:
         per_model.prepare(url)
     model = models.load(url, tags=tags)
     if tflite:
-        from predict import tflite as lite
+        from predict.runtime import tflite as lite
         model = lite.prefer(model, url, interpreters=tflite)
     return model
 
 
 def _configs(options) -> list:
-    from predict import config as model_config, versions
+    from predict.models import config as model_config, versions
     if options.model_config_file:
         return model_config.read(options.model_config_file)
     if options.model_base_path:
@@ -317,7 +321,7 @@ class ConfigPoller:
             self._thread.start()
 
     def _watch(self) -> None:
-        from predict import config as model_config
+        from predict.models import config as model_config
         while not self._stop.wait(self.seconds):
             try:
                 configs = model_config.read(self.url)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 
-from predict import loop
+from predict.runtime import loop
 from predict.errors import InputError
-from predict.model import Model
+from predict.runtime.model import Model
 
 MAX_BATCH = 256
 

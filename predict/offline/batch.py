@@ -22,9 +22,10 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 
-from predict import decode, loop, shards
+from predict.runtime import decode, loop
+from predict.offline import shards
 from predict.errors import InstanceError, UsageError
-from predict.model import Model
+from predict.runtime.model import Model
 from mljob import storage
 from mljob.errors import first_line
 

@@ -3,7 +3,7 @@
 - With `--enable_batching` (or, with `--enable_per_model_batching_parameters`, for a
   version whose folder holds `batching_params.pbtxt`) the version's model is wrapped so
   that its `predict` joins the batch queue of its model, version and signature and
-  waits there for its rows of the merged call (predict.batching); otherwise it calls
+  waits there for its rows of the merged call (predict.runtime.batching); otherwise it calls
   the signature itself (`model_for`).
 - A REST request's work (its JSON decoded and checked, the call, the answer encoded)
   runs on the pool, `--rest_api_num_threads` threads, while the event loop goes on

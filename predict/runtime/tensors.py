@@ -25,6 +25,9 @@ import math
 
 import numpy as np
 
+from predict.errors import InputError, InstanceError, shown
+from predict.runtime import decode
+
 # numpy dtype -> (TensorFlow's DataType number, the typed field, packed as
 # tensor_content past one element): TensorFlow's own choices (tensor_util's
 # _TENSOR_CONTENT_TYPES leaves out bool and uint16).
@@ -88,4 +91,57 @@ def fill(target, value: np.ndarray) -> None:
         getattr(target, field).extend(value.ravel().tolist())
 
 
-__all__ = ["to_array", "fill"]
+def _check_elements(key: str, proto, limit: int) -> None:
+    """A TensorProto's tensor_shape bounded before it is decoded: TensorFlow fills the
+    elements that no value gives with the last value, so a shape of millions with one
+    value allocated hundreds of megabytes. A request holds at most `limit` elements
+    (--max-body-bytes: what the REST API's largest body could hold, two bytes a number
+    at the least); a shape that does not fit is refused before anything is allocated."""
+    dims = [d.size for d in proto.tensor_shape.dim]
+    where = f"input {shown(key)}"
+    if any(d < 0 for d in dims):
+        raise InputError(where, f"tensor_shape has a negative dimension ({min(dims)}); "
+                                "give each dimension's size")
+    elements = math.prod(dims)
+    if elements > limit:
+        raise InputError(where, f"tensor_shape {dims[:6]}{'...' if len(dims) > 6 else ''} "
+                                f"promises {_many(elements)} elements; a request holds at most "
+                                f"{limit:,} (--max-body-bytes); send fewer instances a "
+                                "request")
+
+
+def _many(n: int) -> str:
+    return f"{n:,}" if n < 10 ** 15 else f"more than 10^{len(str(n)) - 1}"
+
+
+def predict_response(predict_pb2, model, request, check_count, max_elements: int):
+    """A PredictRequest run on a loaded model -> PredictResponse (its model_spec names
+    only the signature; the caller adds model and version)."""
+    sig = model.signature(request.model_spec.signature_name or None)
+    arrays = {}
+    for key, proto in request.inputs.items():
+        _check_elements(key, proto, max_elements)
+        try:
+            arrays[key] = to_array(proto)
+        except Exception as exc:  # a malformed TensorProto
+            raise InputError(f"input {shown(key)}",
+                             f"not a valid tensor: {exc}") from None
+    try:
+        batch = decode.check_columns(arrays, sig)
+    except InstanceError as exc:
+        raise InputError("inputs", str(exc)) from None
+    check_count(next(iter(batch.values())).shape[0])
+    outputs = model.predict(batch, sig.name)
+    wanted = list(request.output_filter) or decode.shown_outputs(outputs, batch, sig)
+    unknown = [n for n in wanted if n not in outputs]
+    if unknown:
+        raise InputError("output_filter", f"unknown output {shown(unknown[0])}; "
+                         f"{sig.name} gives {', '.join(sorted(outputs))}")
+    response = predict_pb2.PredictResponse()
+    response.model_spec.signature_name = sig.name
+    for name in wanted:
+        fill(response.outputs[name], outputs[name])
+    return response
+
+
+__all__ = ["to_array", "fill", "predict_response"]

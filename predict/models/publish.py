@@ -28,7 +28,7 @@ import uuid
 from mljob import contracts, storage
 from mljob.errors import ascii_digits
 from predict.errors import UsageError
-from predict.versions import MARKERS, MAX_VERSION, scan_versions
+from predict.models.versions import MARKERS, MAX_VERSION, scan_versions
 
 CLAIMS = ".publish-claims"
 MAX_ATTEMPTS = 100  # numbers tried before giving up (each taken by a concurrent publisher)
@@ -50,7 +50,7 @@ def publish(model_dir: str, base_path: str, version: int | None = None, *,
     scratch = None
     warmup_data = None
     if warmup_requests is not None:
-        from predict import warmup
+        from predict.models import warmup
         warmup_data = warmup.check_file(warmup_requests)
     try:
         local = _local_export(model_dir)
@@ -66,7 +66,7 @@ def publish(model_dir: str, base_path: str, version: int | None = None, *,
                              f"{contracts.SAVED_MODEL_MARKER} and "
                              f"{contracts.LEGACY_EXPORT_MARKER}")
         if warmup_data is not None:
-            from predict import warmup
+            from predict.models import warmup
             if scratch is None:  # never write into the user's own export
                 scratch = tempfile.mkdtemp(prefix="mljob-publish-")
                 shutil.copytree(local, os.path.join(scratch, "export"))

@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from predict.errors import InstanceError, shown
-from predict.model import Signature, TensorInfo
+from predict.runtime.model import Signature, TensorInfo
 
 MAX_DEPTH = 8
 INT64_MAX = np.iinfo(np.int64).max

@@ -1,5 +1,5 @@
 """The model server's process: bind the ports, load the models, serve gRPC and the REST
-API (predict.server's routes on uvicorn, predict.rest_http) until SIGTERM or SIGINT,
+API (predict.api.rest's routes on uvicorn, predict.api.http) until SIGTERM or SIGINT,
 then stop both front ends, the batcher and the version watcher, and return (exit 0).
 
 Readers wait for the ready lines: the first is always a model's (`serving model `), and
@@ -12,9 +12,9 @@ import threading
 
 import uvicorn
 
-from predict import rest_http
-from predict.repository import Repository
-from predict.server import PredictionService
+from predict.api import http as rest_http
+from predict.models.repository import Repository
+from predict.api.rest import PredictionService
 
 KEEP_ALIVE = 75  # seconds an idle keep-alive connection stays open
 
@@ -37,7 +37,7 @@ def serve(repository: Repository, *, host: str, rest_socket, grpc_port: int,
         repository.start()
         service = PredictionService(repository, threads=threads, batcher=batcher,
                                     health=health, **service_options)
-        from predict import grpc_api
+        from predict.api import grpc_api
         grpc_server, bound = grpc_api.start(
             service, host, grpc_port, reload=reload,
             health=health.grpc_servicer() if health is not None else None)

@@ -21,7 +21,7 @@ import google_crc32c
 
 from mljob.errors import first_line, too_many_digits
 from predict.errors import InstanceError
-from predict.model import Signature
+from predict.runtime.model import Signature
 
 _MASK_DELTA = 0xA282EAD8
 # One record is one instance (a 28x28 image is 3 KB as floats); a length field beyond

@@ -1,21 +1,21 @@
 """TF Serving's REST API (v1) for the served models: what its routes answer.
 
-The process around it (ports, uvicorn, gRPC, signals) is predict.listen.
+The process around it (ports, uvicorn, gRPC, signals) is predict.serving.listen.
 
 Routes (everything else is 404, a known route with the wrong method 405):
   GET  /v1/models/NAME[/versions/N | /labels/LABEL]            status
   GET  /v1/models/NAME[/versions/N | /labels/LABEL]/metadata   signatures
   POST /v1/models/NAME[/versions/N | /labels/LABEL]:predict    predictions
   POST /v1/models/NAME[...]:classify, :regress                 tf.Example inference
-  GET  /healthz (and AIP_HEALTH_ROUTE)                         health (predict.health)
+  GET  /healthz (and AIP_HEALTH_ROUTE)                         health (predict.api.health)
   POST AIP_PREDICT_ROUTE                                       Vertex AI's predict
   GET  the monitoring config's Prometheus path                 metrics, when enabled
 
-Which versions exist is the repository's business (`predict.repository`): one export
+Which versions exist is the repository's business (`predict.models.repository`): one export
 served as version 1, or numbered versions under a watched base path. A request without
 a version goes to the highest available one.
 Each request's JSON decoding, checking, model call and encoding run on the pool
-(predict.calls, which decides how every call runs, for gRPC too), so the event loop
+(predict.runtime.calls, which decides how every call runs, for gRPC too), so the event loop
 keeps accepting and reading requests while TensorFlow works. The
 version a request started with stays loaded until it has answered. Bodies are counted
 while they are read and refused with 413 past --max-body-bytes: the rest is drained,
@@ -27,14 +27,15 @@ import logging
 import re
 from contextlib import contextmanager
 
-from predict import decode, inference, loop, request_log
-from predict.batching import Unavailable
-from predict.calls import Calls, DeadlineExceeded
+from predict.runtime import decode, inference, loop
+from predict.models import request_log
+from predict.runtime.batching import Unavailable
+from predict.runtime.calls import Calls, DeadlineExceeded
 from predict.errors import InputError, InstanceError, UsageError, clip
-from predict.instances import parse_json_bytes
-from predict.rest_http import ClientDisconnect, Request, dumps
-from predict.repository import NotFoundError, Repository, ServedModel
-from predict.versions import MAX_VERSION
+from predict.runtime.instances import parse_json_bytes
+from predict.api.http import ClientDisconnect, Request, dumps
+from predict.models.repository import NotFoundError, Repository, ServedModel
+from predict.models.versions import MAX_VERSION
 from mljob.errors import ascii_digits
 
 log = logging.getLogger("predict.server")
@@ -168,7 +169,7 @@ class PredictionService:
         return 200, dumps(payload)
 
     async def _in_pool(self, fn, *args):
-        """fn(*args) as predict.calls runs a REST request; past --rest_api_timeout_in_ms
+        """fn(*args) as predict.runtime.calls runs a REST request; past --rest_api_timeout_in_ms
         the client gets 504 (TF Serving's DEADLINE_EXCEEDED)."""
         try:
             return await self.calls.rest(fn, *args)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 
 from mljob import storage
-from predict import inference
+from predict.runtime import inference
 from predict.errors import InputError, UsageError
 
 WARMUP_FILE = "assets.extra/tf_serving_warmup_requests"
@@ -26,7 +26,7 @@ MAX_FILE_BYTES = 256 * 1024 * 1024
 
 def _logs(data: bytes, where: str) -> list:
     from predict.serving_api.apis import prediction_log_pb2
-    from predict.records import read_tfrecords
+    from predict.runtime.records import read_tfrecords
     from predict.errors import InstanceError
     logs = []
     try:
@@ -86,7 +86,7 @@ MAX_ELEMENTS = 64 * 1024 * 1024
 
 def _replay(model, log, max_instances: int) -> None:
     from predict.serving_api.apis import predict_pb2
-    from predict.grpc_api import predict_response
+    from predict.runtime.tensors import predict_response
     kind = log.WhichOneof("log_type")
 
     def check(count: int) -> None:

@@ -3,7 +3,7 @@
 and event loop: httptools and uvloop when installed, h11 and asyncio otherwise).
 
 No web framework sits between uvicorn and the routes (the service routes by itself),
-and JSON goes through orjson when it is installed (predict.instances, `dumps` here)
+and JSON goes through orjson when it is installed (predict.runtime.instances, `dumps` here)
 with the standard library's answers wherever orjson would differ. A request uvicorn
 cannot parse (a malformed request line, bad chunking) is answered by uvicorn itself:
 400, plain text, the connection closed.

@@ -11,20 +11,19 @@ Requests go through the same repository, checks and predict loop as REST, so bot
 APIs give the same answers and the same errors (as gRPC status codes: NOT_FOUND for an
 unknown model, version or label, INVALID_ARGUMENT for a bad request, UNAVAILABLE when
 the batch queue is full). Classify, Regress and MultiInference need signatures that
-declare them (predict.inference).
+declare them (predict.runtime.inference).
 """
 from __future__ import annotations
 
 import logging
-import math
 import time
 
 import grpc
 
-from predict import decode, inference, tensors
-from predict.batching import Unavailable
-from predict.errors import InputError, InstanceError, UsageError, clip, shown
-from predict.repository import NotFoundError
+from predict.runtime import inference, tensors
+from predict.runtime.batching import Unavailable
+from predict.errors import InputError, InstanceError, UsageError, clip
+from predict.models.repository import NotFoundError
 
 log = logging.getLogger("predict.grpc")
 
@@ -52,7 +51,7 @@ def _apis():
 
 def start(service, host: str, port: int, *, reload=None, health=None):
     """Start grpcio's server beside the REST one, its calls on the threads
-    predict.calls gives them; returns (server, bound port). `reload(configs)` answers
+    predict.runtime.calls gives them; returns (server, bound port). `reload(configs)` answers
     HandleReloadConfigRequest; `health` is a grpc_health HealthServicer to register."""
     (_, _, _, model_service_grpc, _, prediction_service_grpc) = _apis()
     server = grpc.server(service.calls.grpc_pool(), options=[
@@ -173,9 +172,9 @@ class GrpcApi:
         served, version, label = self._served(request.model_spec)
         with served.use(version, label) as (number, model):
             model = self.service._batched(model, served, number)
-            response = predict_response(self.predict_pb2, model, request,
-                                        self.service._check_count,
-                                        self.service.max_body_bytes)
+            response = tensors.predict_response(self.predict_pb2, model, request,
+                                                self.service._check_count,
+                                                self.service.max_body_bytes)
             self._spec(response.model_spec, served.name, number,
                        response.model_spec.signature_name)
             return response
@@ -244,59 +243,6 @@ class GrpcApi:
             spec.signature_name = signature_name
 
 
-def _check_elements(key: str, proto, limit: int) -> None:
-    """A TensorProto's tensor_shape bounded before it is decoded: TensorFlow fills the
-    elements that no value gives with the last value, so a shape of millions with one
-    value allocated hundreds of megabytes. A request holds at most `limit` elements
-    (--max-body-bytes: what the REST API's largest body could hold, two bytes a number
-    at the least); a shape that does not fit is refused before anything is allocated."""
-    dims = [d.size for d in proto.tensor_shape.dim]
-    where = f"input {shown(key)}"
-    if any(d < 0 for d in dims):
-        raise InputError(where, f"tensor_shape has a negative dimension ({min(dims)}); "
-                                "give each dimension's size")
-    elements = math.prod(dims)
-    if elements > limit:
-        raise InputError(where, f"tensor_shape {dims[:6]}{'...' if len(dims) > 6 else ''} "
-                                f"promises {_many(elements)} elements; a request holds at most "
-                                f"{limit:,} (--max-body-bytes); send fewer instances a "
-                                "request")
-
-
-def _many(n: int) -> str:
-    return f"{n:,}" if n < 10 ** 15 else f"more than 10^{len(str(n)) - 1}"
-
-
-def predict_response(predict_pb2, model, request, check_count, max_elements: int):
-    """A PredictRequest run on a loaded model -> PredictResponse (its model_spec names
-    only the signature; the caller adds model and version)."""
-    sig = model.signature(request.model_spec.signature_name or None)
-    arrays = {}
-    for key, proto in request.inputs.items():
-        _check_elements(key, proto, max_elements)
-        try:
-            arrays[key] = tensors.to_array(proto)
-        except Exception as exc:  # a malformed TensorProto
-            raise InputError(f"input {shown(key)}",
-                             f"not a valid tensor: {exc}") from None
-    try:
-        batch = decode.check_columns(arrays, sig)
-    except InstanceError as exc:
-        raise InputError("inputs", str(exc)) from None
-    check_count(next(iter(batch.values())).shape[0])
-    outputs = model.predict(batch, sig.name)
-    wanted = list(request.output_filter) or decode.shown_outputs(outputs, batch, sig)
-    unknown = [n for n in wanted if n not in outputs]
-    if unknown:
-        raise InputError("output_filter", f"unknown output {shown(unknown[0])}; "
-                         f"{sig.name} gives {', '.join(sorted(outputs))}")
-    response = predict_pb2.PredictResponse()
-    response.model_spec.signature_name = sig.name
-    for name in wanted:
-        tensors.fill(response.outputs[name], outputs[name])
-    return response
-
-
 def multi_inference(service, inference_pb2, request, served_of, spec_of):
     """TF Serving's MultiInference: classify and regress tasks over one input, on one
     model version (every task must name the same model and version, and signatures
@@ -359,4 +305,4 @@ def signature_def(sig):
     return proto
 
 
-__all__ = ["start", "GrpcApi", "signature_def", "predict_response", "multi_inference"]
+__all__ = ["start", "GrpcApi", "signature_def", "multi_inference"]
