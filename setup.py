@@ -5,10 +5,7 @@ This is the file `python -m submit` builds into the sdist that every job stages.
 """
 from setuptools import find_packages, setup
 
-# predict.rest_http subclasses uvicorn's HTTP protocols (private classes): the range is
-# the one tested; tests/predict/test_uvicorn_private_api.py fails loudly when a release
-# moves what they override
-UVICORN = "uvicorn>=0.54,<0.55"
+UVICORN = "uvicorn>=0.30"  # the console and the model server's REST port, public API only
 # mljob.training reads Keras's private names (mljob/training/keras_private.py, every one
 # in that module): the range is the one tested; tests/mljob/test_keras_private.py fails
 # naming the name a release moves
@@ -56,23 +53,21 @@ setup(
             "click>=8.1",
             "PyYAML>=6",
             UVICORN,
-            "h11>=0.14",             # predict.rest_http writes h11's events itself
-            "google-crc32c>=1.5",    # predict.records: TFRecord checksums
-            # the REST path at one client: httptools' parser and uvloop under uvicorn,
-            # orjson for the bodies (predict.rest_http)
+            "google-crc32c>=1.5",    # TFRecord checksums
+            # uvicorn's own choice of HTTP parser and event loop when installed (its
+            # `standard` extra's two, without the reloader's); orjson for JSON bodies
             "httptools>=0.6",
             "uvloop>=0.19; sys_platform != 'win32'",
             "orjson>=3.8",
             "prometheus-client>=0.17",  # /monitoring/prometheus/metrics
-            "grpcio>=1.75.1",           # the gRPC API (--port); the stubs' own check
-            # the gRPC port's HTTP/2 outside the GIL (--grpc_native_front)
-            "pygrpc-native>=0.5,<0.6",  # predict.grpc_front reads its dispatcher's calls
+            "grpcio>=1.75.1",           # the gRPC API (--port), grpcio's own server
             "grpcio-health-checking>=1.60",  # grpc.health.v1 on the gRPC port
-            # small calls run by TensorFlow Lite's interpreter (--compile_small_calls;
-            # predict.compiled), TensorFlow's own tf.lite.Interpreter being deprecated
-            "ai-edge-litert>=2.3,<3",
             "protobuf>=6.31.1",         # the vendored protos' runtime (protoc 31.1)
         ],
+        # --prefer_tflite_model: a version's model.tflite answered by TensorFlow Lite's
+        # interpreter (Google's LiteRT; TensorFlow's own tf.lite.Interpreter is
+        # deprecated). Never imported by the server without the flag.
+        "serve-tflite": ["ai-edge-litert>=2.3,<3"],
         # TensorFlow is an extra: on this machine `cpu` installs it; on a cluster the
         # image provides it (Kubeflow's TensorFlow base, Vertex's prebuilt executors),
         # and a hard requirement would make pip lay a second TensorFlow over the image's.

@@ -100,7 +100,8 @@ def _env(home: str) -> dict:
 
 def predict_batch_in_process(export_dir: str, inputs: str, out: str) -> float:
     """Seconds `predict batch` takes on the loaded export (its start and load left out)."""
-    from predict import batch, model as models
+    from predict.offline import batch
+    from predict.runtime import model as models
     model = models.load(export_dir)
     batch.run(model, [inputs], "text", out + "-warm", batch_size=64, progress=_Quiet())
     start = time.perf_counter()

@@ -3,9 +3,12 @@
 import time of what that use runs (the best of three fresh interpreters).
 
     python3 -m bench.extras_install [--only core,submit,serve] [--json FILE]
+    python3 -m bench.extras_install --only serve --before COMMIT
 
 Prints a Markdown table (docs/install.md holds the last one). It downloads what pip's
-cache lacks; TensorFlow (`cpu`) is large.
+cache lacks; TensorFlow (`cpu`) is large. `--before COMMIT` measures the same installs
+of that commit's tree too (extracted with `git archive`), each beside this tree's, for
+a change's before and after.
 """
 from __future__ import annotations
 
@@ -23,7 +26,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {
     "core": ("", "import mljob.storage, mljob.procs, mljob.cluster"),
     "submit": ("submit", "import submit.__main__"),
-    "serve": ("serve", "import predict.__main__, predict.serving, predict.rest_http, grpc"),
+    # the server's process before TensorFlow: its command line, flags, HTTP and gRPC
+    "serve": ("serve", "import predict.__main__, predict.serving, grpc, uvicorn"),
+    # --prefer_tflite_model's interpreter, an extra of its own beside the server's
+    "serve-tflite": ("serve,serve-tflite", "import ai_edge_litert.interpreter"),
     "cpu": ("cpu", "import tensorflow"),
     "kubeflow": ("submit,kubeflow", "import submit.runners.kubeflow"),
     "vertex": ("submit,vertex", "import submit.runners.vertex"),
@@ -61,11 +67,11 @@ def import_seconds(python: str, statement: str, cwd: str) -> float:
     return best
 
 
-def measure(name: str, work: str, empty: int) -> dict:
+def measure(name: str, work: str, empty: int, root: str = ROOT, tag: str = "") -> dict:
     extras, statement = VARIANTS[name]
-    folder = os.path.join(work, name)
+    folder = os.path.join(work, name + tag)
     python = venv(folder)
-    target = f"{ROOT}[{extras}]" if extras else ROOT
+    target = f"{root}[{extras}]" if extras else root
     started = time.monotonic()
     subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
                     target], check=True, timeout=3600)
@@ -73,7 +79,7 @@ def measure(name: str, work: str, empty: int) -> dict:
     size = du(folder) - empty
     seconds = import_seconds(python, statement, work)
     shutil.rmtree(folder, ignore_errors=True)
-    return {"install": name, "extras": extras, "size_mb": round(size / 1e6, 1),
+    return {"install": name + tag, "extras": extras, "size_mb": round(size / 1e6, 1),
             "install_s": round(took, 1), "import_s": round(seconds, 3),
             "import": statement}
 
@@ -82,17 +88,28 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(VARIANTS))
     parser.add_argument("--json")
+    parser.add_argument("--before", metavar="COMMIT",
+                        help="measure that commit's tree too, each install beside ours")
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="mljob-extras-") as work:
         empty_python = venv(os.path.join(work, "empty"))
         empty = du(os.path.dirname(os.path.dirname(empty_python)))
+        trees = [(ROOT, "")]
+        if args.before:
+            before = os.path.join(work, "before-tree")
+            os.makedirs(before)
+            archive = subprocess.run(["git", "-C", ROOT, "archive", args.before],
+                                     check=True, capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", before], input=archive, check=True)
+            trees.insert(0, (before, f" (before, {args.before[:10]})"))
         for name in args.only.split(","):
-            try:
-                rows.append(measure(name, work, empty))
-            except (subprocess.SubprocessError, RuntimeError) as exc:
-                rows.append({"install": name, "error": str(exc)[:200]})
-            print(json.dumps(rows[-1]), flush=True)
+            for root, tag in trees:
+                try:
+                    rows.append(measure(name, work, empty, root, tag))
+                except (subprocess.SubprocessError, RuntimeError) as exc:
+                    rows.append({"install": name + tag, "error": str(exc)[:200]})
+                print(json.dumps(rows[-1]), flush=True)
     print("| install | `pip install` | size over an empty venv | import | time |")
     print("|---|---|---|---|---|")
     for r in rows:

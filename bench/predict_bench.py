@@ -7,7 +7,7 @@ SavedModel's signature called directly in a loop.
 
 Rows measured for each batch size:
 - floor:       `tf.saved_model.load(...).signatures["serving_default"](...)` on tensors;
-- interface:   `predict.model.Model.predict` on numpy column arrays (what every mode
+- interface:   `predict.runtime.model.Model.predict` on numpy column arrays (what every mode
                calls; adds the numpy -> tensor conversion and the output fetch);
 - in-process:  the whole local path from parsed JSON instances: decode and check each
                instance, stack, predict, encode rows (what `predict local` does per batch);
@@ -84,7 +84,7 @@ def main(argv=None) -> None:
     import httpx
     import tensorflow as tf
 
-    from predict import decode, model as models
+    from predict.runtime import decode, model as models
     from trainer import model as trainer_models
     from trainer.export import export
 

@@ -1,12 +1,12 @@
 """HTTP front ends for the REST API, without the model: uvicorn with the protocol and
-loop `predict serve` uses (httptools on uvloop, predict.rest_http), granian (a Rust HTTP
+loop `predict serve` uses (httptools on uvloop, predict.api.http), granian (a Rust HTTP
 server) embedded in the process on the same ASGI app, and granian's own RSGI interface.
 
     python -m bench.rest_frontends [--rounds 5] [--requests 3000]
 
 Every server runs the same routes: `GET /healthz` (a short JSON answer: the HTTP round
 trip alone) and `POST /v1/models/default:predict`, which reads the body, parses it
-(predict.instances) and answers a fixed 10-score prediction as JSON: everything a
+(predict.runtime.instances) and answers a fixed 10-score prediction as JSON: everything a
 request costs in front of the model call. The servers run at once, each in its own
 process; one client at a time (bench/latency_client.c, built with gcc: no Python in the
 client) sends sequential requests on one keep-alive connection to one server, the
@@ -34,8 +34,8 @@ ANSWER = {"predictions": [{"scores": [0.1] * 10, "key": 1}]}
 
 
 def _answer(method: str, path: str, body: bytes) -> bytes:
-    from predict.instances import parse_json_bytes
-    from predict.rest_http import dumps
+    from predict.runtime.instances import parse_json_bytes
+    from predict.api.http import dumps
     if method == "POST":
         parse_json_bytes(body)
         return dumps(ANSWER)
@@ -44,7 +44,7 @@ def _answer(method: str, path: str, body: bytes) -> bytes:
 
 def serve(kind: str, port: int) -> None:
     """One server on `port`; prints `ready` once it accepts, serves until killed."""
-    from predict import rest_http
+    from predict.api import http as rest_http
 
     async def handle(request):
         body = b"".join([c async for c in request.stream()])

@@ -34,9 +34,8 @@ floor, REST with httpx, with http.client and with a small C client
 the official stub and with a C++ client (bench/grpc_latency_client.cc), and
 the empty route (GET /healthz: the HTTP round trip alone) with each REST client; the
 goal is REST's p50 within 2x of the floor's. Beside them the server's own call in
-process (`SavedModel.predict` on arrays, compiled with XLA for the shape as the server
-does by default, --compile_small_calls): what REST adds to that is HTTP, JSON and the
-event loop. Then each server step of that request
+process (`SavedModel.predict` on arrays, TensorFlow's executor as the server calls it):
+what REST adds to that is HTTP and JSON. Then each server step of that request
 timed alone in this process (JSON parse, decode, the model call, encode): with the
 empty route they account for the REST request's time.
 
@@ -88,9 +87,10 @@ def start_server(export_dir: str, extra: list,
     raise SystemExit("the prediction server did not start")
 
 
-def mlp_export(prefix: str) -> tuple:
-    """(scratch folder, the MLP's export in it, the image, the REST body, the gRPC
-    PredictRequest) of the one-instance request every serving benchmark sends."""
+def mlp_export(prefix: str, kind: str = "mlp") -> tuple:
+    """(scratch folder, the bundled MLP's export in it (`kind` "cnn": the CNN's), the
+    image, the REST body, the gRPC PredictRequest) of the one-instance request every
+    serving benchmark sends (both models take the same 784-pixel image)."""
     import tensorflow as tf
     from predict.serving_api.apis import predict_pb2
 
@@ -99,7 +99,7 @@ def mlp_export(prefix: str) -> tuple:
 
     scratch = tempfile.mkdtemp(prefix=prefix)
     export_dir = os.path.join(scratch, "model")
-    export("mlp", trainer_models.build("mlp", seed=1).get_weights(), export_dir)
+    export(kind, trainer_models.build(kind, seed=1).get_weights(), export_dir)
     image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)
     body = json.dumps({"instances": [{"image": image[0].tolist(), "key": 1}]}).encode()
     request = predict_pb2.PredictRequest()
@@ -317,9 +317,9 @@ def stages(export_dir: str, n: int = 2000) -> dict:
     trip (the empty route above) does not hold."""
     import tensorflow as tf
 
-    from predict import compiled, decode, instances, model as models, rest_http, serving
+    from predict.runtime import decode, instances, model as models
+    from predict.api import http as rest_http
     model = models.load(export_dir)
-    served = serving._load(export_dir, tags=None, compile_small_calls=True)
     sig = model.signature(None)
     image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)
     body = json.dumps({"instances": [{"image": image[0].tolist(), "key": 1}]}).encode()
@@ -327,9 +327,6 @@ def stages(export_dir: str, n: int = 2000) -> dict:
     decoded = [decode.decode_instance(parsed["instances"][0], sig)]
     batch = decode.stack(decoded, sig)
     outputs = model.predict(batch, sig.name)
-    for _ in range(3):
-        served.predict(batch, sig.name)
-    compiled.drain()
     fn = tf.saved_model.load(export_dir).signatures["serving_default"]
     image_t, key_t = tf.constant(image), tf.constant([1], tf.int64)
     steps = {
@@ -340,8 +337,6 @@ def stages(export_dir: str, n: int = 2000) -> dict:
             [decode.decode_instance(parsed["instances"][0], sig)], sig),
         "model call (arrays in and out, TensorFlow's executor)":
             lambda: model.predict(batch, sig.name),
-        "model call (the server's: compiled for this shape)":
-            lambda: served.predict(batch, sig.name),
         "encode and JSON write": lambda: rest_http.dumps(
             {"predictions": decode.encode_rows(outputs, [False],
                                                decode.passthrough_key(sig))}),

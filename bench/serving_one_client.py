@@ -61,12 +61,9 @@ elif api == "grpc":
     stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(target))
     call = lambda: stub.Predict(request, timeout=60)
 elif api == "server's call in process":  # what the server runs, without HTTP or JSON
-    from predict import compiled, serving
-    model = serving._load(target, tags=None, compile_small_calls=True)
+    from predict import model as models
+    model = models.load(target)
     batch = {"image": image, "key": np.array([1], np.int64)}
-    for _ in range(3):
-        model.predict(batch)
-    compiled.drain()
     call = lambda: model.predict(batch)
 else:  # the floor: the signature in this process, on ready tensors
     import tensorflow as tf
@@ -104,7 +101,7 @@ def build_client(folder: str) -> str:
 def request_files(folder: str) -> tuple[str, str]:
     """(REST body file, serialized PredictRequest file) of the one-image request every
     serving client sends, written into folder."""
-    from predict import tensors
+    from predict.runtime import tensors
     from predict.serving_api.apis import predict_pb2
     image = np.random.default_rng(0).random((1, 784)).round(3).astype(np.float32)
     body_file, request_file = os.path.join(folder, "body.json"), os.path.join(folder,
@@ -208,8 +205,7 @@ def lone_client(url: str, grpc_port: int, export_dir: str, n: int = 400,
         ratios = [c["p50_ms"] / f["p50_ms"] for c, f in zip(per[kind], per["floor"],
                                                              strict=True)]
         out[f"{kind} p50 over the floor's"] = round(float(np.median(ratios)), 2)
-    # the server's own call (compiled for small calls) is faster than the floor's:
-    # what REST adds to it is HTTP, JSON and the event loop
+    # the server's own call (arrays in and out): what REST adds to it is HTTP and JSON
     ratios = [c["p50_ms"] / f["p50_ms"] for c, f in zip(
         per["rest C client"], per["server's call in process"], strict=True)]
     out["rest C client p50 over the server's call's"] = round(float(np.median(ratios)), 2)

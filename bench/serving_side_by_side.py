@@ -2,12 +2,15 @@
 run, on the same export, under the same load.
 
     python -m bench.serving_side_by_side --before COMMIT [--rounds 5]
-    python -m bench.serving_side_by_side --flags-before=--compile_small_calls=false
+    python -m bench.serving_side_by_side --model cnn --labels defaults,tflite \
+        --flags-after=--prefer_tflite_model
 
 `--before` checks that commit out into a temporary worktree and serves from it beside
 this tree; `--flags-before` / `--flags-after` add `predict serve` flags to one side
 (both sides from this tree when no commit is given); `--batching` turns batching on
-for both (bench.serving_bench's settings). Each round visits the servers in turn, and
+for both (bench.serving_bench's settings); `--model` serves the bundled MLP (default) or
+CNN, with the model.tflite `python -m predict tflite` writes beside it when a side
+prefers it (`--prefer_tflite_model`). Each round visits the servers in turn, and
 for each: one C client (bench/latency_client.c) sending `--requests` one-image REST
 predicts, one gRPC client (the official stub, in its own process) as many and one C++
 gRPC client (bench/grpc_latency_client.cc) as many, then 16 REST and 16 gRPC client
@@ -87,11 +90,16 @@ def main(argv=None) -> None:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--name", default="serving_side_by_side")
+    parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
     parser.add_argument("--labels", default="before,after",
                         help="the two sides' names in the results")
     args = parser.parse_args(argv)
     load_before = common.load_average()
-    scratch, export_dir, image, body, request = mlp_export("side-by-side-")
+    scratch, export_dir, image, body, request = mlp_export("side-by-side-", args.model)
+    if "--prefer_tflite_model" in args.flags_before + args.flags_after:
+        subprocess.run([sys.executable, "-m", "predict", "tflite", "--model-dir",
+                        export_dir], check=True, cwd=common.ROOT,
+                       env={**os.environ, "PYTHONPATH": common.ROOT})
     trees = {"before": common.ROOT, "after": common.ROOT}
     worktree = None
     if args.before:
@@ -177,7 +185,7 @@ def main(argv=None) -> None:
             row["throughput_over_the_floor_from_16_threads"] = round(
                 row["throughput_per_s"] / floor16_rate, 2)
     common.write_json(args.name, {
-        "labels": labels,
+        "labels": labels, "model": args.model,
         "before": args.before or "this tree", "flags_before": flags["before"],
         "flags_after": flags["after"], "requests_per_round": args.requests,
         "seconds_per_16_client_cell": args.seconds, "results": results,

@@ -46,7 +46,9 @@ def cli():
 def local(model_dir, json_instances, json_request, text_instances, signature_name, fmt):
     """Predict a few instances, like `gcloud ai-platform local predict`."""
     startup.tensorflow_quietly()  # its start-up notices off stderr: errors are one line
-    from predict import instances, local as local_mode, model as models
+    from predict.runtime import instances
+    from predict.offline import local as local_mode
+    from predict.runtime import model as models
     given = [(flag, value) for flag, value in (("--json-instances", json_instances),
                                                ("--json-request", json_request),
                                                ("--text-instances", text_instances))
@@ -84,7 +86,8 @@ def local(model_dir, json_instances, json_request, text_instances, signature_nam
 def batch(model_dir, input_paths, data_format, output_path, batch_size, signature_name):
     """Predict many files, like Cloud ML batch prediction."""
     startup.tensorflow_quietly()
-    from predict import batch as batch_mode, model as models
+    from predict.offline import batch as batch_mode
+    from predict.runtime import model as models
     files = batch_mode.expand_inputs(input_paths)
     model = models.load(model_dir)
     summary = batch_mode.run(model, files, data_format, output_path,
@@ -101,9 +104,33 @@ def batch(model_dir, input_paths, data_format, output_path, batch_size, signatur
 def serve(args):
     """Serve TF Serving's gRPC (--port, 8500) and REST (--rest_api_port) APIs, with
     `tensorflow_model_server`'s flags; --help lists them."""
-    startup.tensorflow_quietly()
-    from predict import serving
+    from predict.serving import process as serving  # TensorFlow: once the flags are checked
     return serving.main(list(args), prog="python -m predict serve")
+
+
+@cli.command()
+@click.option("--model-dir", required=True, metavar="PATH",
+              help="The SavedModel folder (a local path), e.g. a served version's.")
+@click.option("--output", metavar="URL", default=None,
+              help="Where to write the file; default: model.tflite in --model-dir, "
+                   "where --prefer_tflite_model reads it.")
+def tflite(model_dir, output):
+    """Convert an export to TensorFlow Lite for --prefer_tflite_model, checked first
+    against the SavedModel's own answers."""
+    from mljob import storage
+    if not storage.is_local(model_dir):
+        raise click.UsageError("--model-dir must be a local folder; copy the version "
+                               "here first")
+    startup.tensorflow_quietly()
+    from predict.runtime import model as models, tflite as lite
+    model = models.load(model_dir)
+    if not isinstance(model, models.SavedModel):
+        raise PredictError(f"{model_dir} is a TF1 export; only a SavedModel converts")
+    content, names = lite.convert(model, storage.local_path(model_dir))
+    target = output or storage.join(model_dir, lite.TFLITE_FILE)
+    storage.write_bytes(target, content)
+    click.echo(f"wrote {target} ({len(content)} bytes): signatures {', '.join(names)}, "
+               f"answers within rtol={lite.RTOL:g} atol={lite.ATOL:g} of the SavedModel's")
 
 
 @cli.command()
@@ -118,7 +145,7 @@ def serve(args):
                    "assets.extra/tf_serving_warmup_requests.")
 def publish(model_dir, base_path, version, warmup_requests):
     """Publish an export as the next version under a served base path."""
-    from predict import publish as publishing
+    from predict.models import publish as publishing
     number = publishing.publish(model_dir, base_path, version,
                                 warmup_requests=warmup_requests)
     click.echo(f"published {model_dir} as version {number} at "

@@ -1,7 +1,7 @@
 """A batch prediction job's worker: `python -m predict.batch_worker --job-file F ...`.
 
-It loads the export once, then predicts shards (`predict.shards`) through the same loop
-as `predict batch` (`predict.batch.predict_shard`) and publishes each shard's pair of
+It loads the export once, then predicts shards (`predict.offline.shards`) through the same loop
+as `predict batch` (`predict.offline.batch.predict_shard`) and publishes each shard's pair of
 files, the errors file first and the results file last, each renamed into place (local)
 or uploaded whole (object stores): a reader never sees half a file, and a shard is done
 when its results file is there.
@@ -26,7 +26,7 @@ import time
 
 from mljob import storage
 from mljob.errors import ascii_digits, first_line
-from predict import batch, shards
+from predict.offline import batch, shards
 from predict.errors import PredictError
 
 PROGRESS_EVERY_S = 1.0
@@ -44,7 +44,7 @@ def published(output_path: str, index: int, count: int) -> bool:
 
 class Worker:
     def __init__(self, job: dict, worker: int, out=None):
-        from predict import model as models
+        from predict.runtime import model as models
         self.job = job
         self.shards = [shards.Shard.from_dict(s) for s in job["shards"]]
         self.output = job["output_path"]

@@ -18,7 +18,7 @@ from tests.test_import_circles import ROOT
 
 # extras each package may rely on, beyond install_requires
 USES = {"mljob": ("cpu",), "trainer": ("cpu",),
-        "predict": ("serve", "cpu"),
+        "predict": ("serve", "serve-tflite", "cpu"),
         "submit": ("submit", "serve", "cpu", "kubeflow", "vertex", "ray", "tuning", "test",
                    "notebook")}
 # modules that come with a declared distribution as its documented API: TensorFlow's

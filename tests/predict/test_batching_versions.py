@@ -101,7 +101,7 @@ def test_per_model_batching_parameters_come_from_each_versions_folder(tmp_path):
     and the thread count is the global one."""
     import threading
 
-    from predict import batching, protos
+    from predict.runtime import batching, protos
 
     class Model:
         signatures = {"serving_default": None}
@@ -142,3 +142,46 @@ def test_per_model_batching_parameters_come_from_each_versions_folder(tmp_path):
         t.join(10)
     assert len(answers) == 4 and model.calls == [4]  # four requests, one call
     batchers.stop()
+
+
+def test_a_versions_batching_params_are_read_and_checked_when_it_loads(tmp_path):
+    """--enable_per_model_batching_parameters: a version's batching_params.pbtxt is read
+    when the version loads (as TF Serving does), so a bad one (a named pipe, a device,
+    values out of range) fails that version's load with the reason in its status; the
+    versions with a good file or none load and answer."""
+    import functools
+    import os
+    import shutil
+
+    from predict.runtime import batching, protos
+    from predict.serving import process as serving
+    from predict.models.repository import Repository
+    from predict.models.versions import LoadOptions, ModelConfig, VersionPolicy
+
+    base = tmp_path / "m"
+    saved_model_export(str(base / "1"), seed=2)
+    for version in (2, 3, 4, 5):
+        shutil.copytree(base / "1", base / str(version))
+    (base / "2" / "batching_params.pbtxt").write_text("max_batch_size { value: 4 }\n")
+    os.mkfifo(base / "3" / "batching_params.pbtxt")
+    os.symlink("/dev/zero", base / "4" / "batching_params.pbtxt")
+    (base / "5" / "batching_params.pbtxt").write_text("max_batch_size { value: 0 }\n")
+    batchers = batching.PerModelBatchers(protos.BatchingParameters(num_batch_threads=1))
+    repo = Repository(
+        [ModelConfig(name="m", base_path=str(base), policy=VersionPolicy(kind="all"))],
+        poll_seconds=0, load_options=LoadOptions(max_retries=0),
+        loader=functools.partial(serving._load, tags=None, per_model=batchers, tflite=0))
+    repo.start()
+    try:
+        status = {int(s["version"]): s for s in repo.get("m").status()}
+        assert {v: s["state"] for v, s in status.items()} == {
+            1: "AVAILABLE", 2: "AVAILABLE", 3: "END", 4: "END", 5: "END"}, status
+        reasons = {v: status[v]["status"]["error_message"] for v in (3, 4, 5)}
+        assert "named pipe" in reasons[3] and "batching_params.pbtxt" in reasons[3], reasons
+        assert "device" in reasons[4], reasons
+        assert "max_batch_size must lie in 1..1000000" in reasons[5], reasons
+        assert batchers.batcher_for(str(base / "2")).params.max_batch_size == 4
+        assert batchers.batcher_for(str(base / "1")) is None  # no file: not batched
+    finally:
+        repo.stop()
+        batchers.stop()

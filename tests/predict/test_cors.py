@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from predict import rest_http, server
+from predict.api import http as rest_http, rest as server
 
 
 class NoModels:
     models: dict = {}
 
     def get(self, name):
-        from predict.repository import NotFoundError
+        from predict.models.repository import NotFoundError
         raise NotFoundError(f"model {name!r} not found")
 
 
@@ -30,7 +30,7 @@ def ask(cors: bool, method: str, path: str, origin: str | None = None):
     try:
         return asyncio.run(service.handle(request))
     finally:
-        service.pool.shutdown()
+        service.calls.close()
 
 
 @pytest.mark.parametrize("cors", [True, False])

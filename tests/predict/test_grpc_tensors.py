@@ -1,4 +1,4 @@
-"""The gRPC API's own TensorProto conversions (predict.tensors) give what TensorFlow's
+"""The gRPC API's own TensorProto conversions (predict.runtime.tensors) give what TensorFlow's
 give: the same arrays from a request's tensors (packed bytes, values one by one, values
 TensorFlow fills in, broken ones) and the same answer protos, byte for byte, for every
 dtype a request or an answer carries."""
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from predict import tensors
+from predict.runtime import tensors
 from tensorflow.core.framework import tensor_pb2
 
 DTYPES = [np.float32, np.float64, np.int32, np.uint8, np.int16, np.int8, np.int64,

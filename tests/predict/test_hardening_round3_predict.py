@@ -14,11 +14,10 @@ import time
 import httpx
 import pytest
 
-from predict import config as model_config
-from predict import publish as publishing
+from predict.models import config as model_config, publish as publishing
 from predict.__main__ import main
 from predict.errors import UsageError
-from predict.versions import scan_versions
+from predict.models.versions import scan_versions
 from tests.support.common import Reaper, free_ports
 from tests.support.predict_models import saved_model_export, start_server
 

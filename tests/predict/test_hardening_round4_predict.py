@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from predict import config as model_config
+from predict.models import config as model_config
 from predict.errors import UsageError
 
 BAD = ["{latest: 0}", "{latest: false}", '{latest: ""}', "{all: 0}", "{latest: []}",

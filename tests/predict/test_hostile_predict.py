@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.common import Reaper, pid_alive
-from predict import decode, instances
+from predict.runtime import decode, instances
 from predict.errors import InputError, InstanceError, UsageError
-from predict.model import Signature, TensorInfo
+from predict.runtime.model import Signature, TensorInfo
 from tests.support.predict_models import images, saved_model_export, start_server
 
 IMAGE = TensorInfo(np.float32, (None, 784), "image:0")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from predict import records
+from predict.runtime import records
 from predict.__main__ import main
 from tests.support.predict_models import images, instance_lines, saved_model_export
 

@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from predict import instances, records
+from predict.runtime import instances, records
 from predict.__main__ import main
 from tests.support.predict_models import images, instance_lines, saved_model_export
 

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from predict import decode, instances, records
+from predict.runtime import decode, instances, records
 from predict.errors import InputError, InstanceError, UsageError
-from predict.model import Signature, TensorInfo
+from predict.runtime.model import Signature, TensorInfo
 
 IMAGE = TensorInfo(np.float32, (None, 784), "image:0")
 KEY = TensorInfo(np.int64, (None,), "key:0")

@@ -6,7 +6,8 @@ import sys
 import numpy as np
 import pytest
 
-from predict import local as local_mode, model as models
+from predict.offline import local as local_mode
+from predict.runtime import model as models
 from predict.__main__ import main
 from tests.support.predict_models import (images, instance_lines, legacy_export, legacy_reference,
                              saved_model_export)

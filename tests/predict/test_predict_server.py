@@ -291,5 +291,5 @@ def test_port_in_use_is_a_usage_error(exports):
                                     exports["saved"], f"--port={port}"],
                                    capture_output=True, text=True, timeout=120)
     assert grpc_busy.returncode == 2
-    assert f"error: cannot listen on 127.0.0.1:{port} for gRPC; pick another --port" \
-        in grpc_busy.stderr
+    assert f"error: cannot listen on 127.0.0.1:{port} for gRPC (Address already in use); " \
+        "pick another --port" in grpc_busy.stderr

@@ -1,4 +1,4 @@
-"""predict.shards: byte ranges of text files hold every line exactly once, wherever the
+"""predict.offline.shards: byte ranges of text files hold every line exactly once, wherever the
 boundaries fall; TFRecord files are whole shards; labels name the line or its offset."""
 import gzip
 import json
@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from predict import records, shards
+from predict.runtime import records
+from predict.offline import shards
 from predict.errors import InstanceError, UsageError
 
 

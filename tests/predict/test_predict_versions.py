@@ -15,10 +15,10 @@ import psutil
 import pytest
 import tensorflow as tf
 
-from predict import config as model_config
+from predict.models import config as model_config
 from predict.errors import UsageError
-from predict.repository import Repository
-from predict.versions import ModelConfig, VersionPolicy, scan_versions
+from predict.models.repository import Repository
+from predict.models.versions import ModelConfig, VersionPolicy, scan_versions
 from tests.support.predict_models import (images, metric_samples, publish_version,
                                           saved_model_export, start_server, states,
                                           wait_for_status)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import shutil
 
 from mljob import contracts, model_meta
-from predict import config as model_config
-from predict.repository import Repository
-from predict.versions import ModelConfig, VersionPolicy
+from predict.models import config as model_config
+from predict.models.repository import Repository
+from predict.models.versions import ModelConfig, VersionPolicy
 
 
 class Loaded:

@@ -5,8 +5,9 @@ import os
 
 import pytest
 
-from predict import flags
+from predict.serving import flags
 from predict.errors import UsageError
+from tests.test_import_circles import ROOT
 
 BASE = ["--model_base_path=/models/m"]
 
@@ -70,10 +71,13 @@ def test_booleans_take_tf_servings_forms():
     (["--model_config_file_poll_wait_seconds=5"], "needs --model_config_file"),
     (["--batching_parameters_file=b.txt"], "needs --enable_batching"),
     (["--model_name"], "--model_name needs a value"),
-    (["--compile_small_calls=maybe"], "--compile_small_calls=maybe: a boolean flag takes "
-                                      "true or false"),
-    (["--grpc_native_front=rust"], "--grpc_native_front=rust: a boolean flag takes "
-                                   "true or false"),
+    (["--xla_cpu_compilation_enabled=maybe"], "--xla_cpu_compilation_enabled=maybe: a "
+                                              "boolean flag takes true or false"),
+    (["--prefer_tflite_model=yes"], "--prefer_tflite_model=yes: a boolean flag takes "
+                                    "true or false"),
+    (["--num_tflite_pools=2"], "--num_tflite_pools needs --prefer_tflite_model"),
+    (["--compile_small_calls=false"], "unknown flag --compile_small_calls"),
+    (["--grpc_native_front=false"], "unknown flag --grpc_native_front"),
     (["stray"], "unexpected argument 'stray'"),
 ])
 def test_bad_flags_are_refused_in_one_line(args, words):
@@ -140,7 +144,7 @@ def test_cors_per_model_batching_and_version_are_taken_by_tf_servings_names():
 
 
 def test_version_prints_tf_servings_two_lines_and_exits_0(capsys):
-    from predict import serving
+    from predict.serving import process as serving
     assert serving.main(["--version"], prog="tensorflow_model_server") == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("TensorFlow ModelServer: ") and "+mljob." in out[0]
@@ -158,7 +162,7 @@ def test_with_a_grpcio_older_than_the_stubs_the_server_says_so_before_loading_an
 
     import grpc
 
-    from predict import serving
+    from predict.serving import process as serving
     from predict.serving_api.apis import predict_pb2  # noqa: F401  (TensorFlow's protos: its import)
     monkeypatch.setattr(grpc, "__version__", "1.60.0")
     # imported afresh (an earlier test may have imported it): from sys.modules and from
@@ -175,3 +179,68 @@ def test_with_a_grpcio_older_than_the_stubs_the_server_says_so_before_loading_an
     assert err.count("\n") == 0, err
     assert "grpcio>=1.75.1" in err and "pip install 'mljob[serve]'" in err
     assert "at version 1.60.0" in err  # the stubs' own check said why
+
+
+REFUSE_WITHOUT_TENSORFLOW = """
+import socket, sys
+from predict.serving import process as serving
+busy = socket.socket()
+busy.bind(("127.0.0.1", 0))
+busy.listen()
+port = busy.getsockname()[1]
+argv = [a.replace("BUSY", str(port)) for a in sys.argv[1:]]
+status = serving.main(argv, prog="tensorflow_model_server")
+print("tensorflow" in sys.modules, status)
+"""
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--version"], None),
+    (["--model_dir=EXPORT", "--rest_api_port=BUSY", "--port=0"],
+     "cannot listen on 127.0.0.1:"),
+    (["--model_dir=EXPORT", "--port=BUSY"], "for gRPC (Address already in use)"),
+    (["--model_base_path=EXPORT", "--model_version_policy=newest:2", "--port=0"],
+     "version policy 'newest:2'"),
+    (["--model_config_file=/dev/zero", "--port=0"], "cannot read /dev/zero"),
+    (["--model_dir=EXPORT", "--port=0", "--monitoring_config_file=MISSING"],
+     "--monitoring_config_file"),
+    (["--model_dir=EXPORT", "--port=0", "--enable_batching",
+      "--batching_parameters_file=FIFO"], "--batching_parameters_file"),
+], ids=["version", "REST port in use", "gRPC port in use", "bad version policy",
+        "a device as config file", "a missing monitoring file", "a FIFO as batching file"])
+def test_refusals_come_before_tensorflow_is_imported(args, words, tmp_path):
+    """--version and every refusal of the flags and the files they name answer before
+    TensorFlow is imported (it takes seconds, 12 on a loaded machine): the process
+    that refused has no tensorflow module."""
+    import subprocess
+    import sys
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    argv = [a.replace("EXPORT", str(tmp_path)).replace("MISSING", str(tmp_path / "none"))
+            .replace("FIFO", str(fifo)) for a in args]
+    done = subprocess.run([sys.executable, "-c", REFUSE_WITHOUT_TENSORFLOW, *argv],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.stdout.split()[-2:] == ["False", "0" if words is None else "2"], done
+    if words is not None:
+        assert words in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_log_line_is_written_once_when_a_library_configures_logging_after(capsys):
+    """Converting or exporting a model runs `logging.basicConfig` (Keras, absl): the
+    server's lines must still come once each, not once per handler."""
+    import logging
+
+    from predict.serving import process as serving
+    serving._logging()
+    try:
+        logging.getLogger("predict.serving").info("model m: version 1 available")
+        logging.basicConfig()  # what a library does on its first use
+        logging.getLogger("predict.serving").info("model m: version 2 available")
+        err = capsys.readouterr().err
+        assert err.count("version 1 available") == 1, err
+        assert err.count("version 2 available") == 1, err
+    finally:
+        root = logging.getLogger()
+        for handler in [h for h in root.handlers if getattr(h, "serving_stderr", False)]:
+            root.removeHandler(handler)

@@ -9,10 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from predict import batching, protos, warmup
+from predict.runtime import batching, protos
+from predict.models import warmup
 from predict.errors import UsageError
-from predict.repository import NotFoundError, Repository
-from predict.versions import LoadOptions, ModelConfig
+from predict.models.repository import NotFoundError, Repository
+from predict.models.versions import LoadOptions, ModelConfig
 from tests.support.tf_serving import (LABELS, classifier_export, example, features,
                                       regressor_export, warmup_file)
 
@@ -86,7 +87,7 @@ def test_retries_end_in_a_failed_version_with_its_error(tmp_path, exports, caplo
 
 
 def test_warmup_runs_before_traffic_and_a_bad_file_fails_the_load(tmp_path, exports, caplog):
-    from predict.publish import publish
+    from predict.models.publish import publish
     caplog.set_level(logging.INFO, logger="predict.repository")
     base = str(tmp_path / "base")
     good = warmup_file(str(tmp_path / "good"), ROWS)
@@ -97,7 +98,7 @@ def test_warmup_runs_before_traffic_and_a_bad_file_fails_the_load(tmp_path, expo
     calls = []
 
     def loader(url):
-        from predict import model as models
+        from predict.runtime import model as models
         model = models.load(url)
         real = model.predict
         model.predict = lambda batch, name=None: calls.append(name) or real(batch, name)
@@ -168,7 +169,7 @@ class _Counting:
 def test_batch_queues_are_per_version(exports):
     """Two versions of one model, requests at once: each answer is its own version's
     (with queues keyed by name only, they would share calls and answers)."""
-    from predict import model as models
+    from predict.runtime import model as models
     v1, v2 = _Counting(models.load(exports["c1"])), _Counting(models.load(exports["c2"]))
     want = {n: m.model.predict({"x": ROWS[:1]})["outputs"] for n, m in ((1, v1), (2, v2))}
     assert not np.allclose(want[1], want[2])
@@ -189,7 +190,7 @@ def test_batch_queues_are_per_version(exports):
 
 
 def test_full_queue_is_unavailable_and_batches_pad_to_allowed_sizes(exports):
-    from predict import model as models
+    from predict.runtime import model as models
     model = _Counting(models.load(exports["c1"]))
     params = protos.BatchingParameters(max_batch_size=3, batch_timeout_micros=1_500_000,
                                        max_enqueued_batches=1, allowed_batch_sizes=(2, 3))
@@ -235,7 +236,7 @@ def test_batching_parameters_file_is_tf_servings_text_proto(tmp_path):
 
 
 def test_classify_and_regress_use_the_exports_labels(exports):
-    from predict import inference, model as models
+    from predict.runtime import inference, model as models
     classifier = models.load(exports["c1"])
     name, rows = inference.classify(classifier, "classification",
                                     [example(r) for r in ROWS])
@@ -260,7 +261,7 @@ def test_classify_and_regress_use_the_exports_labels(exports):
      "needs filename_prefix, a local path"),
 ])
 def test_model_config_fields_tf_serving_checks(tmp_path, field, words):
-    from predict import config
+    from predict.models import config
     path = tmp_path / "models.config"
     path.write_text(f'model_config_list {{ config {{ name: "m" base_path: "/b" {field} }} }}')
     with pytest.raises(UsageError) as raised:

@@ -67,7 +67,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def direct(server):
-    from predict import model as models
+    from predict.runtime import model as models
     return {name: models.load(path) for name, path in server["models"].items()}
 
 
@@ -152,11 +152,43 @@ def test_classify_and_regress_over_rest(server, direct):
         assert bad.status_code == 400 and words in bad.json()["error"], bad.text
 
 
+@pytest.mark.parametrize("feature, words", [([1.0, 2.0], "Number of float values"),
+                                            (1.5, "Number of float values"),
+                                            ("abc", "Data types don't match")],
+                         ids=["a feature of the wrong length", "a scalar", "a string"])
+def test_a_malformed_example_is_the_requests_fault_on_both_apis(server, feature, words):
+    """An Example the classification signature cannot parse answers HTTP 400 and gRPC
+    INVALID_ARGUMENT with TensorFlow's reason, as TF Serving does; no traceback."""
+    bad = server["rest"].post("/v1/models/iris:classify", json={
+        "signature_name": "classification", "examples": [{"x": feature}]})
+    assert bad.status_code == 400, bad.text
+    assert "cannot parse them" in bad.json()["error"] and words in bad.json()["error"]
+    import tensorflow as tf
+    proto = tf.train.Example()
+    values = feature if isinstance(feature, list) else [feature]
+    if isinstance(values[0], str):
+        proto.features.feature["x"].bytes_list.value.extend(v.encode() for v in values)
+    else:
+        proto.features.feature["x"].float_list.value.extend(values)
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(server["channel"])
+    for request, call in ((classification_pb2.ClassificationRequest(), stub.Classify),
+                          (regression_pb2.RegressionRequest(), stub.Regress)):
+        request.model_spec.name = "iris" if call is stub.Classify else "reg"
+        request.model_spec.signature_name = "classification" if call is stub.Classify \
+            else "regression"
+        request.input.example_list.examples.add().CopyFrom(proto)
+        with pytest.raises(grpc.RpcError) as raised:
+            call(request, timeout=60)
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raised.value
+        assert words in raised.value.details()
+
+
 def test_sampled_requests_are_logged_as_prediction_logs(server):
     """logging_config: every request of "iris" (rate 1.0) in TF Serving's PredictionLog
     records, REST and gRPC alike; the file is a valid warmup file; "reg" logs none."""
     from predict.serving_api.apis import prediction_log_pb2
-    from predict import records, warmup
+    from predict.runtime import records
+    from predict.models import warmup
     (path,) = (server["root"] / "logs").glob("iris-*.tfrecord")
     with open(path, "rb") as f:
         logs = [prediction_log_pb2.PredictionLog.FromString(r)
@@ -186,7 +218,7 @@ def test_health_vertex_routes_and_metrics(server, direct):
                                direct["iris"].predict({"x": ROWS})["outputs"], rtol=1e-5)
     from predict.serving_api.apis import prediction_log_pb2
     import tensorflow as tf
-    from predict import records
+    from predict.runtime import records
     (path,) = (server["root"] / "logs").glob("iris-*.tfrecord")
     with open(path, "rb") as f:
         last = prediction_log_pb2.PredictionLog.FromString(list(records.read_tfrecords(f))[-1])
@@ -243,8 +275,12 @@ def test_reload_by_grpc_and_by_polling_then_the_log(server):
     for line in (f"model reg2: loading version 3 from {root / 'reg2' / '3'}",
                  "model reg2: version 3 available", "model reg: version 1 unloaded",
                  "model config reloaded (HandleReloadConfigRequest): iris, reg, reg2",
-                 f"model config reloaded from {server['config']}: iris, reg"):
+                 f"model config reloaded from {server['config']}: iris, reg",
+                 "model config reload refused (HandleReloadConfigRequest): model 'reg2': "
+                 "label 'stable' "
+                 "names version 9"):
         assert line in log, log
+        assert log.count(line) == 1, line  # each line once, never twice
     assert "Traceback" not in log
 
 

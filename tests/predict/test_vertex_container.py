@@ -22,7 +22,7 @@ from tests.support.predict_models import images, saved_model_export
 pytestmark = pytest.mark.slow
 
 ENDPOINT = "/v1/endpoints/4242/deployedModels/777"  # the shape of Vertex's own routes
-ENTRYPOINT = "import sys; from predict.serving import main_model_server; " \
+ENTRYPOINT = "import sys; from predict.serving.process import main_model_server; " \
              "sys.exit(main_model_server())"
 
 
@@ -42,7 +42,7 @@ def test_vertex_starts_and_calls_the_container(gcs_emulator, tmp_path, reaper):
     from google.cloud import aiplatform_v1
     from google.protobuf import json_format
 
-    from predict import model as models
+    from predict.runtime import model as models
     # the body Vertex forwards to the route: its PredictRequest's instances and parameters
     imgs = images(3, seed=5)
     request = aiplatform_v1.PredictRequest()._pb

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from predict import publish
+from predict.models import publish
 from predict.errors import UsageError as PredictUsageError
 from tests.support.submit_cli import files_under, one_error_line, run, write_package
 

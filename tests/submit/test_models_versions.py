@@ -92,7 +92,7 @@ def test_models_and_versions_life(capsys, tmp_path, exports):
 def test_a_folder_predict_publish_made_is_version_v_n(capsys, tmp_path, exports):
     base = tmp_path / "base"
     ok(capsys, "models", "create", "m1", "--base-path", str(base))
-    from predict import publish
+    from predict.models import publish
     assert publish.publish(exports[1][0], str(base)) == 1   # not through `versions`
     out = ok(capsys, "versions", "list", "--model", "m1", "--format", "value(name,state)")
     assert out == "v1\tREADY\n"

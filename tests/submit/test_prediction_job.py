@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from mljob import storage
-from predict import records
+from predict.runtime import records
 from submit import jobs
 from tests.support.common import ROOT, pid_alive
 from tests.support.predict_models import images, instance_lines, saved_model_export

@@ -14,7 +14,7 @@ import click
 import pytest
 import yaml
 
-from predict import flags as serving_flags
+from predict.serving import flags as serving_flags
 from submit.cli import cli_base
 from tests.support.submit_cli import run
 

@@ -247,7 +247,7 @@ def test_dockerfile_installs_the_sdist_without_replacing_tensorflow(tmp_path):
                    capture_output=True)
     out = subprocess.run(
         [f"{venv}/bin/python", "-c", "import importlib.metadata as m, trainer.task, "
-         "submit.local.plan, predict.server; print(m.distribution('mljob').locate_file(''))"],
+         "submit.local.plan, predict.api.rest; print(m.distribution('mljob').locate_file(''))"],
         check=True, env=env, cwd=tmp_path, capture_output=True, text=True).stdout
     assert out.strip().startswith(str(venv))  # installed into the image's environment
     site = subprocess.run([f"{venv}/bin/python", "-m", "pip", "list", "--local",

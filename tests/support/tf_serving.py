@@ -59,7 +59,7 @@ def warmup_file(path: str, rows: np.ndarray, *, bad: bool = False) -> str:
     for `rows` (with `bad`, the predict request names an input the model lacks)."""
     import tensorflow as tf
     from predict.serving_api.apis import prediction_log_pb2
-    from predict.records import write_tfrecords
+    from predict.runtime.records import write_tfrecords
     predict_log = prediction_log_pb2.PredictionLog()
     request = predict_log.predict_log.request
     request.model_spec.name = "m"
