@@ -20,7 +20,8 @@ the model alone (`prepare`):
 And around the loop (`fit`, `mljob.fitting.mirrored_callbacks`): `stop_training` agreed
 by every worker, the chief's callbacks writing where the user said and the others' to a
 temporary folder deleted afterwards, `BackupAndRestore` restoring every worker from the
-chief's backup. What would train something else is refused before the first step.
+chief's backup; arrays are shuffled alike on every worker (`mirrored_data`). What
+would train something else is refused before the first step.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from keras.src import tree
 
 from mljob.fitting.errors import FitRefused
 from mljob.fitting.mirrored_callbacks import placed
+from mljob.fitting.mirrored_data import as_dataset
 
 _prepared: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -43,6 +45,7 @@ def fit(model, original, **arguments):
     is a MultiWorkerMirroredStrategy over several tasks; returns Keras's History."""
     strategy = model.distribute_strategy
     check(model, arguments)
+    arguments = as_dataset(arguments, strategy)
     prepare(model)
     chief = is_chief(strategy)
     scratch = None if chief else tempfile.mkdtemp(prefix="mljob-fit-")
@@ -80,7 +83,7 @@ def check(model, arguments: dict) -> None:
                 f"{where}: optimizer {optimizer.name} ({type(optimizer).__name__}) is "
                 "not built, and a replica's step cannot create its variables; build it "
                 "in compile (optimizer.build(the variables it updates))")
-    x, shuffle = arguments.get("x"), arguments.get("shuffle")
+    x = arguments.get("x")
     if isinstance(x, (tf.data.Dataset, tf.distribute.DistributedDataset)):
         return
     if isinstance(x, keras.utils.PyDataset) or _is_iterator(x):
@@ -88,11 +91,7 @@ def check(model, arguments: dict) -> None:
             f"{where}: x is a {type(x).__name__}, which every worker would read whole "
             "and in its own order, so their shares could overlap; pass a "
             "tf.data.Dataset (each worker reads its share of it)")
-    if x is not None and shuffle:
-        raise FitRefused(
-            f"{where}: x as arrays with shuffle={shuffle!r} is shuffled differently on "
-            "each worker, so their shares of the data would overlap; pass a "
-            "tf.data.Dataset (shuffled with a seed), or shuffle=False")
+    # arrays are taken: every worker shuffles them alike (mirrored_data)
 
 
 def _is_iterator(x) -> bool:

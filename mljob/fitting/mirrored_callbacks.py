@@ -75,8 +75,11 @@ class _BackupHere(Callback):
 
     def on_train_begin(self, logs=None):
         b = self.backup
+        model, params = b.model, b.params
         b.__init__(self.folder, save_freq=b.save_freq, double_checkpoint=b.double_checkpoint,
                    delete_checkpoint=True)
+        b.set_model(model)
+        b.set_params(params)
 
 
 class AgreedStop(Callback):

@@ -14,7 +14,7 @@ import pytest
 
 from mljob.procs import pid_alive
 from submit import jobs as records
-from tests.support.fit_packages import write_fit_package
+from tests.support.fit_packages_ps import write_fit_package
 from tests.support.submit_cli import run as submit_in_process
 
 pytestmark = pytest.mark.slow

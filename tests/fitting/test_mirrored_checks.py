@@ -35,10 +35,6 @@ def test_datasets_are_taken():
     mirrored.check(model(), {"x": X, "y": Y, "shuffle": False})
 
 
-def test_arrays_shuffled_on_each_worker_are_refused():
-    assert "shuffle=False" in refusal(model(), x=X, y=Y)
-
-
 def test_generators_and_py_datasets_are_refused():
     assert "tf.data.Dataset" in refusal(model(), x=iter([(X, Y)]))
 

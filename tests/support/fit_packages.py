@@ -1,227 +1,209 @@
-"""Users' `model.fit` scripts under parameter servers, as packages a job runs: the
-`model.fit` part of TensorFlow's tutorial "Parameter server training with
-ParameterServerStrategy", and keras.io's "Timeseries classification from scratch"
-with its callbacks. Each is the page's code, changed only where Keras 3 or the data
-needs it (said at each place); the chief calls `mljob.fitting.ps_fit.fit(model,
-strategy, ...)` where the page calls `model.fit(...)`, with the same keywords. Each
-writes its History as JSON to `<job-dir>/history.json`.
-"""
+"""Users' `model.fit` scripts as packages, unchanged but for where the data comes from:
+TensorFlow's tutorial "Multi-worker training with Keras" (`main.py`, `mnist_setup.py`
+reading Fashion-MNIST as Debian ships it instead of downloading MNIST) and keras.io's
+"Training & evaluation with the built-in methods" with its callbacks."""
 from __future__ import annotations
 
 import os
 
-# TensorFlow's tutorial, its Model.fit part: the cluster from TF_CONFIG, workers and ps
-# in server.join(), the chief's strategy with the tutorial's partitioner, dataset_fn,
-# the model compiled in scope with steps_per_execution, and its three callbacks.
-PS_TUTORIAL = '''\
-import argparse
-import json
-import os
+# Read in place of `tf.keras.datasets.mnist.load_data()` (no network here).
+LOAD_DATA = '''\
+def load_data():
+    """Fashion-MNIST's four IDX files as Debian's dataset-fashion-mnist ships them."""
+    import gzip
+    folder = os.environ.get("FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
 
-import tensorflow as tf
-
-from mljob.fitting import ps_fit
-
-
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--job-dir", required=True)
-    parser.add_argument("--epochs", type=int, default=5)
-    args = parser.parse_args()
-    cluster_resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    if cluster_resolver.task_type in ("worker", "ps"):
-        print(f"{cluster_resolver.task_type} {cluster_resolver.task_id}: server.join()",
-              flush=True)
-        server = tf.distribute.Server(
-            cluster_resolver.cluster_spec(), job_name=cluster_resolver.task_type,
-            task_index=cluster_resolver.task_id,
-            protocol=cluster_resolver.rpc_layer or "grpc", start=True)
-        server.join()
-        return
-    NUM_PS = len(cluster_resolver.cluster_spec().as_dict()["ps"])
-    variable_partitioner = (
-        tf.distribute.experimental.partitioners.MinSizePartitioner(
-            min_shard_bytes=(256 << 10),
-            max_shards=NUM_PS))
-    strategy = tf.distribute.ParameterServerStrategy(
-        cluster_resolver,
-        variable_partitioner=variable_partitioner)
-
-    def dataset_fn(input_context):
-        global_batch_size = 64
-        batch_size = input_context.get_per_replica_batch_size(global_batch_size)
-        x = tf.random.uniform((10, 10))
-        # Keras 3's mse does not broadcast (batch,) labels against the (batch, 10)
-        # outputs as tf.keras 2's did (its own fit fails on them): labels of their shape.
-        y = tf.random.uniform((10, 10))
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(10).repeat()
-        dataset = dataset.shard(
-            input_context.num_input_pipelines,
-            input_context.input_pipeline_id)
-        dataset = dataset.batch(batch_size)
-        dataset = dataset.prefetch(2)
-        return dataset
-
-    # Keras 3 has no tf.keras.utils.experimental.DatasetCreator: the function itself.
-    dc = dataset_fn
-
-    with strategy.scope():
-        model = tf.keras.models.Sequential([tf.keras.layers.Dense(10)])
-        model.compile(tf.keras.optimizers.SGD(), loss="mse", steps_per_execution=10)
-
-    working_dir = args.job_dir
-    log_dir = os.path.join(working_dir, "log")
-    # Keras 3's ModelCheckpoint saves a .keras file; one a epoch here.
-    ckpt_filepath = os.path.join(working_dir, "ckpt", "epoch-{epoch:02d}.keras")
-    backup_dir = os.path.join(working_dir, "backup")
-
-    callbacks = [
-        tf.keras.callbacks.TensorBoard(log_dir=log_dir),
-        tf.keras.callbacks.ModelCheckpoint(filepath=ckpt_filepath),
-        tf.keras.callbacks.BackupAndRestore(backup_dir=backup_dir),
-    ]
-
-    history = ps_fit.fit(model, strategy, x=dc, epochs=args.epochs, steps_per_epoch=20,
-                         callbacks=callbacks)
-    with open(os.path.join(working_dir, "history.json"), "w") as f:
-        json.dump({"epoch": history.epoch, "history": history.history}, f)
-    print(f"chief: trained {len(history.epoch)} epochs", flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    def idx(name, offset):
+        with gzip.open(os.path.join(folder, name + ".gz")) as f:
+            return np.frombuffer(f.read(), np.uint8, offset=offset)
+    return ((idx("train-images-idx3-ubyte", 16).reshape(-1, 28, 28),
+             idx("train-labels-idx1-ubyte", 8)),
+            (idx("t10k-images-idx3-ubyte", 16).reshape(-1, 28, 28),
+             idx("t10k-labels-idx1-ubyte", 8)))
 '''
 
-# keras.io's "Timeseries classification from scratch": its model, compile and
-# callbacks (ModelCheckpoint of the best model, ReduceLROnPlateau, EarlyStopping), with
-# CSVLogger and TensorBoard added. FordA's download is replaced by series of its shape
-# (shorter), validation_split (which a dataset read on the workers cannot take) by
-# validation_data, and the arrays by a repeated dataset; EarlyStopping's patience is
-# 2 with a min_delta no epoch reaches, so it stops the run at its third epoch.
-TIMESERIES = '''\
+# tensorflow.org/tutorials/distribute/multi_worker_with_keras, as written there but for
+# the data: `mnist_setup.load_data()` where the page calls the download.
+MNIST_SETUP = '''\
+import os
+import tensorflow as tf
+import numpy as np
+
+''' + LOAD_DATA + '''
+
+def mnist_dataset(batch_size):
+  (x_train, y_train), _ = load_data()
+  # The `x` arrays are in uint8 and have values in the [0, 255] range.
+  # You need to convert them to float32 with values in the [0, 1] range.
+  x_train = x_train / np.float32(255)
+  y_train = y_train.astype(np.int64)
+  train_dataset = tf.data.Dataset.from_tensor_slices(
+      (x_train, y_train)).shuffle(60000).repeat().batch(batch_size)
+  return train_dataset
+
+def build_and_compile_cnn_model():
+  model = tf.keras.Sequential([
+      tf.keras.layers.InputLayer(input_shape=(28, 28)),
+      tf.keras.layers.Reshape(target_shape=(28, 28, 1)),
+      tf.keras.layers.Conv2D(32, 3, activation='relu'),
+      tf.keras.layers.Flatten(),
+      tf.keras.layers.Dense(128, activation='relu'),
+      tf.keras.layers.Dense(10)
+  ])
+  model.compile(
+      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      optimizer=tf.keras.optimizers.SGD(learning_rate=0.001),
+      metrics=['accuracy'])
+  return model
+'''
+
+TUTORIAL_MAIN = '''\
+import os
+import json
+
+import tensorflow as tf
+import mnist_setup
+
+per_worker_batch_size = 64
+tf_config = json.loads(os.environ['TF_CONFIG'])
+num_workers = len(tf_config['cluster']['worker'])
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+global_batch_size = per_worker_batch_size * num_workers
+multi_worker_dataset = mnist_setup.mnist_dataset(global_batch_size)
+
+with strategy.scope():
+  # Model building/compiling need to be within `strategy.scope()`.
+  multi_worker_model = mnist_setup.build_and_compile_cnn_model()
+
+
+multi_worker_model.fit(multi_worker_dataset, epochs=3, steps_per_epoch=70)
+'''
+
+# keras.io/guides/training_with_built_in_methods: get_compiled_model, fit on arrays with
+# validation and the guide's callbacks, in a task module taking --job-dir; the strategy
+# from TF_CONFIG as TensorFlow's tutorials build it. Two callbacks of the test's own:
+# one prints each epoch's end (which replica, which epoch), one kills the chief once in
+# the middle of an epoch (--die-at-epoch), as a preempted machine would.
+CALLBACKS_TASK = '''\
 import argparse
 import json
 import os
+import signal
 
-import keras
 import numpy as np
 import tensorflow as tf
+import keras
+from keras import layers
 
-from mljob.fitting import ps_fit
+''' + LOAD_DATA + '''
 
-num_classes = 2
+parser = argparse.ArgumentParser()
+parser.add_argument("--job-dir", required=True)
+parser.add_argument("--epochs", type=int, default=4)
+parser.add_argument("--patience", type=int, default=100)
+parser.add_argument("--min-delta", type=float, default=1e-3)
+parser.add_argument("--die-at-epoch", type=int, default=-1)
+args = parser.parse_args()
 
-
-def readucr(n, length, seed):
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, 2, n)
-    t = np.linspace(0, 6.28, length)
-    x = np.sin(t[None, :] * (1 + y[:, None])) + rng.normal(scale=0.5, size=(n, length))
-    return x.astype("float32"), y
-
-
-def make_model(input_shape):
-    input_layer = keras.layers.Input(input_shape)
-
-    conv1 = keras.layers.Conv1D(filters=64, kernel_size=3, padding="same")(input_layer)
-    conv1 = keras.layers.BatchNormalization()(conv1)
-    conv1 = keras.layers.ReLU()(conv1)
-
-    conv2 = keras.layers.Conv1D(filters=64, kernel_size=3, padding="same")(conv1)
-    conv2 = keras.layers.BatchNormalization()(conv2)
-    conv2 = keras.layers.ReLU()(conv2)
-
-    conv3 = keras.layers.Conv1D(filters=64, kernel_size=3, padding="same")(conv2)
-    conv3 = keras.layers.BatchNormalization()(conv3)
-    conv3 = keras.layers.ReLU()(conv3)
-
-    gap = keras.layers.GlobalAveragePooling1D()(conv3)
-
-    output_layer = keras.layers.Dense(num_classes, activation="softmax")(gap)
-
-    return keras.models.Model(inputs=input_layer, outputs=output_layer)
+tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+cluster, task = tf_config.get("cluster", {}), tf_config.get("task", {})
+me = f"{task.get('type', 'chief')}-{task.get('index', 0)}"
+chief = task.get("type", "chief") in ("chief", "master")
+if cluster.get("worker"):
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+else:
+    strategy = tf.distribute.get_strategy()
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--job-dir", required=True)
-    args = parser.parse_args()
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    if resolver.task_type in ("worker", "ps"):
-        tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
-                             task_index=resolver.task_id, protocol="grpc").join()
-        return
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
-    x_train, y_train = readucr(256, 64, 0)
-    x_test, y_test = readucr(64, 64, 1)
-    x_train = x_train.reshape((x_train.shape[0], x_train.shape[1], 1))
-    x_test = x_test.reshape((x_test.shape[0], x_test.shape[1], 1))
+def get_uncompiled_model():
+    inputs = keras.Input(shape=(784,), name="digits")
+    x = layers.Dense(64, activation="relu", name="dense_1")(inputs)
+    x = layers.Dense(64, activation="relu", name="dense_2")(x)
+    outputs = layers.Dense(10, activation="softmax", name="predictions")(x)
+    return keras.Model(inputs=inputs, outputs=outputs)
 
-    with strategy.scope():
-        model = make_model(input_shape=x_train.shape[1:])
-        model.compile(
-            optimizer="adam",
-            loss="sparse_categorical_crossentropy",
-            metrics=["sparse_categorical_accuracy"],
-        )
-    epochs = 20
-    batch_size = 32
-    out = args.job_dir
-    callbacks = [
-        keras.callbacks.ModelCheckpoint(
-            os.path.join(out, "best_model.keras"), save_best_only=True,
-            monitor="val_loss"
-        ),
-        keras.callbacks.ReduceLROnPlateau(
-            monitor="val_loss", factor=0.5, patience=20, min_lr=0.0001
-        ),
-        keras.callbacks.EarlyStopping(monitor="val_loss", patience=2, min_delta=10.0,
-                                      verbose=1),
-        keras.callbacks.CSVLogger(os.path.join(out, "training.csv")),
-        keras.callbacks.TensorBoard(log_dir=os.path.join(out, "logs")),
-    ]
-    train = tf.data.Dataset.from_tensor_slices((x_train, y_train)).shuffle(256) \\
-        .batch(batch_size).repeat()
-    history = ps_fit.fit(
-        model, strategy,
-        x=train,
-        batch_size=batch_size,
-        epochs=epochs,
-        steps_per_epoch=8,
-        callbacks=callbacks,
-        validation_data=(x_test, y_test),
-        verbose=2,
+
+def get_compiled_model():
+    model = get_uncompiled_model()
+    model.compile(
+        optimizer="rmsprop",
+        loss="sparse_categorical_crossentropy",
+        metrics=["sparse_categorical_accuracy"],
     )
-    with open(os.path.join(out, "history.json"), "w") as f:
+    return model
+
+
+class EpochReport(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        print(f"epoch_end replica={me} epoch={epoch} loss={logs['loss']:.6f}", flush=True)
+
+
+class Preempted(keras.callbacks.Callback):
+    """The chief's machine lost in the middle of epoch --die-at-epoch, once."""
+
+    def __init__(self):
+        super().__init__()
+        self.epoch = None
+        self.marker = os.path.join(args.job_dir, "preempted-once")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if chief and self.epoch == args.die_at_epoch and batch == 3 and \\
+                not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            print(f"killed in epoch {self.epoch} at batch {batch}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+(x_train, y_train), _ = load_data()
+x_train = x_train[:4096].reshape(-1, 784).astype("float32") / 255
+y_train = y_train[:4096].astype("float32")
+
+with strategy.scope():
+    model = get_compiled_model()
+
+callbacks = [
+    keras.callbacks.EarlyStopping(monitor="loss", min_delta=args.min_delta,
+                                  patience=args.patience,
+                                  verbose=1),
+    keras.callbacks.ModelCheckpoint(
+        filepath=os.path.join(args.job_dir, "ckpt", "mymodel_{epoch}.keras")),
+    keras.callbacks.CSVLogger(os.path.join(args.job_dir, "log.csv"), append=True),
+    keras.callbacks.TensorBoard(log_dir=os.path.join(args.job_dir, "logs")),
+    keras.callbacks.BackupAndRestore(backup_dir=os.path.join(args.job_dir, "backup")),
+    EpochReport(),
+    Preempted(),
+]
+history = model.fit(x_train, y_train, batch_size=64, epochs=args.epochs,
+                    validation_split=0.2, callbacks=callbacks, verbose=2)
+print(f"fit_ended replica={me} epochs={history.epoch}", flush=True)
+if chief:
+    with open(os.path.join(args.job_dir, "history.json"), "w") as f:
         json.dump({"epoch": history.epoch, "history": history.history}, f)
-    print(f"chief: trained {len(history.epoch)} epochs", flush=True)
-
-
-if __name__ == "__main__":
-    main()
 '''
 
-# The chief and two workers and a parameter server, the chief named chief in TF_CONFIG
-# (ParameterServerStrategy's coordinator must be).
-CONFIG_PS = ("trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"
-             "  workerCount: 2\n  parameterServerCount: 1\n  useChiefInTfConfig: true\n")
 
-
-def write_fit_package(folder: str, name: str) -> str:
-    """`folder/<name>job/` (setup.py, task.py: PS_TUTORIAL or TIMESERIES by `name`) and
-    its config.yaml; returns the folder."""
-    source = {"pstutorial": PS_TUTORIAL, "timeseries": TIMESERIES}[name]
-    package = f"{name}job"
-    os.makedirs(os.path.join(folder, package), exist_ok=True)
-    with open(os.path.join(folder, "setup.py"), "w") as f:
-        f.write(f"from setuptools import setup\nsetup(name={package!r}, version='0.1', "
-                f"packages=[{package!r}])\n")
-    for file, text in (("__init__.py", ""), ("task.py", source)):
-        with open(os.path.join(folder, package, file), "w") as f:
+def write_tutorial(folder: str) -> str:
+    """The tutorial's two files as top-level modules (`--module-name main`)."""
+    os.makedirs(folder, exist_ok=True)
+    for name, text in (("main.py", TUTORIAL_MAIN), ("mnist_setup.py", MNIST_SETUP),
+                       ("setup.py", 'from setuptools import setup\nsetup(name="tutorial", '
+                        'version="0.1", py_modules=["main", "mnist_setup"])\n')):
+        with open(os.path.join(folder, name), "w") as f:
             f.write(text)
-    with open(os.path.join(folder, "config.yaml"), "w") as f:
-        f.write(CONFIG_PS)
     return folder
 
 
-__all__ = ["PS_TUTORIAL", "TIMESERIES", "CONFIG_PS", "write_fit_package"]
+def write_callbacks_package(folder: str) -> str:
+    """keras.io's guide as `fitguide.task`."""
+    os.makedirs(os.path.join(folder, "fitguide"), exist_ok=True)
+    for name, text in (("fitguide/__init__.py", ""), ("fitguide/task.py", CALLBACKS_TASK),
+                       ("setup.py", 'from setuptools import setup\nsetup(name="fitguide", '
+                        'version="0.1", packages=["fitguide"])\n')):
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)
+    return folder
