@@ -1,5 +1,5 @@
 """Users' `model.fit` scripts as packages under chief + 2 workers + 1 ps
-(tests/support/fit_packages.py): TensorFlow's "Parameter server training" tutorial's
+(tests/support/fit_packages_ps.py): TensorFlow's "Parameter server training" tutorial's
 `model.fit` part and keras.io's timeseries classifier with its callbacks. Each job
 SUCCEEDS and leaves on the chief what `fit` leaves: the History, a checkpoint by epoch
 (or the best one), TensorBoard's epoch scalars, the CSV rows; `EarlyStopping` stops
