@@ -23,7 +23,9 @@ SCHEDULES = ("constant", "cosine")  # trainer.task.SCHEDULES (--lr-schedule)
 
 
 def cross_entropy(labels, logits):
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+    # Called as compile calls a loss function: the labels arrive as float32 (Keras casts
+    # them); the class indices, exact in float32, go back to integers.
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(labels, tf.int32), logits)
 
 
 def learning_rate_schedule(kind: str, learning_rate: float, train_steps: int):

@@ -90,7 +90,8 @@ def check(model, program, *, parameter_servers: bool, replicas: int) -> None:
             "evaluated (Keras's evaluate fails on it too): override test_step, or give "
             "no eval_dataset_fn")
     if replicas > 1:
-        unbuilt = [o.name for o in optimizers(model)
+        from mljob.training.model_optimizers import attribute_of
+        unbuilt = [f"{attribute_of(model, o)} ({o.name})" for o in optimizers(model)
                    if not o.built and o is not model.optimizer]
         if unbuilt:
             raise UsageError(

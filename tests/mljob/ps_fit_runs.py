@@ -118,6 +118,16 @@ def resumed(build_model, fit, backup: str) -> dict:
             "iterations": int(np.asarray(model.optimizer.iterations))}
 
 
+def siamese_run(model, fit) -> dict:
+    """keras.io's Siamese network with its contrastive loss ((batch,) labels against
+    (batch, 1) outputs, BatchNormalization, RMSprop): 2 epochs of 4 steps."""
+    from tests.mljob import keras_io_models as zoo
+    history = fit(model, zoo.siamese_dataset(16).repeat(), epochs=2, steps_per_epoch=4,
+                  validation_data=zoo.siamese_dataset(16), verbose=0)
+    return {"weights": [np.asarray(w).tolist() for w in model.get_weights()],
+            "history": {k: [float(v) for v in vs] for k, vs in history.history.items()}}
+
+
 def main(argv: list[str]) -> int:
     out = argv[0]
     optimizers = {"sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.5),
@@ -129,6 +139,9 @@ def main(argv: list[str]) -> int:
         for name, optimizer in optimizers.items():
             results[f"fit_{name}"] = run(build(optimizer), lambda m, x, **kw: m.fit(
                 x, shuffle=False, **kw))
+        from tests.mljob import keras_io_models as zoo
+        results["fit_siamese"] = siamese_run(zoo.siamese(), lambda m, x, **kw: m.fit(
+            x, shuffle=False, **kw))
         results["fit_backup"] = resumed(lambda: build(optimizers["adam"]), lambda m, x, **kw:
                                         m.fit(x, shuffle=False, **kw), f"{out}.fit-backup")
         strategy, _ = _cluster(1, procs)
@@ -137,6 +150,11 @@ def main(argv: list[str]) -> int:
                 model = build(optimizer)
             results[f"ps_{name}"] = run(model, lambda m, x, **kw: ps_fit.fit(
                 m, strategy, x=x, **kw))
+
+        with strategy.scope():
+            siamese = zoo.siamese()
+        results["ps_siamese"] = siamese_run(siamese, lambda m, x, **kw: ps_fit.fit(
+            m, strategy, x=x, **kw))
 
         def in_scope():
             with strategy.scope():

@@ -58,3 +58,14 @@ def test_backup_and_restore_resumes_a_stopped_run_at_its_epoch_as_on_one_node(ru
     assert ours["iterations"] == keras_fit["iterations"] == 24  # the optimizer's state too
     for a, b in zip(ours["weights"], keras_fit["weights"], strict=True):
         assert np.allclose(a, b, atol=1e-5)
+
+
+def test_keras_io_s_siamese_network_trains_under_ps_as_keras_fit_trains_it(runs):
+    # Its contrastive loss takes (batch,) labels against (batch, 1) outputs: called as
+    # compile calls it, not broadcast to (batch, batch); BatchNormalization's statistics
+    # added on the ps.
+    ours, keras_fit = runs["ps_siamese"], runs["fit_siamese"]
+    for a, b in zip(ours["weights"], keras_fit["weights"], strict=True):
+        assert np.allclose(a, b, atol=1e-5)
+    for key, values in keras_fit["history"].items():
+        assert ours["history"][key] == pytest.approx(values, rel=1e-4, abs=1e-6), key

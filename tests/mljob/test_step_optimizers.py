@@ -89,3 +89,12 @@ def test_a_gan_s_lines_show_its_own_logs_and_each_optimizer_it_steps(tmp_path, c
     assert "loss=nan" not in finished and " d_loss=" in finished
     from mljob import contracts
     assert contracts.parse_progress(lines[-1]).step == 4  # the launcher still reads it
+
+
+def test_a_refusal_names_the_optimizer_by_the_attribute_holding_it():
+    from mljob.training import own_steps
+    model = zoo.gan()  # both Adams unbuilt, both named adam
+    program = Program(model_fn=lambda: model, train_dataset_fn=lambda ctx: None)
+    with pytest.raises(training.UsageError, match=r"optimizer d_optimizer \(adam[_0-9]*\) is "
+                                                  r"not built"):
+        own_steps.check(model, program, parameter_servers=False, replicas=2)
