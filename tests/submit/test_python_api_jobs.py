@@ -84,7 +84,17 @@ def test_wait_returns_when_the_supervisor_died_without_ending_the_job(tmp_path):
 def test_an_interrupt_while_following_is_the_callers(tmp_path):
     """Ctrl-C (a notebook's stop) while `Job.follow()` follows: KeyboardInterrupt
     reaches the caller (the rest of the cell does not run on), the job goes on; the
-    command line's `jobs stream-logs` still ends with status 130."""
+    command line's `jobs stream-logs` still ends with status 130. SIGINT is Python's
+    KeyboardInterrupt here and in the command (as in a terminal and in a kernel's cell)
+    even when the test runs where a shell started it with SIGINT ignored."""
+    restore = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _follow_interrupted(tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, restore)
+
+
+def _follow_interrupted(tmp_path) -> None:
     job = api.submit("follow01", package_path=write_package(tmp_path / "pkg", SLEEPER),
                      module_name="fakejob.task", job_dir=str(tmp_path / "follow01"),
                      progress=False)
