@@ -27,7 +27,9 @@ VARIANTS = {
     "core": ("", "import mljob.storage, mljob.procs, mljob.cluster"),
     "submit": ("submit", "import submit.__main__"),
     # the server's process before TensorFlow: its command line, flags, HTTP and gRPC
-    "serve": ("serve", "import predict.__main__, predict.serving, grpc, uvicorn"),
+    # (predict.serving was that module; it is the process's package since)
+    "serve": ("serve", "import predict.__main__, grpc, uvicorn, predict.serving as s; "
+                       "getattr(s, 'run', None) or __import__('predict.serving.process')"),
     # --prefer_tflite_model's interpreter, an extra of its own beside the server's
     "serve-tflite": ("serve,serve-tflite", "import ai_edge_litert.interpreter"),
     "cpu": ("cpu", "import tensorflow"),

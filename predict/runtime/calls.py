@@ -35,6 +35,7 @@ class Calls:
         self.timeout_s = timeout_s
         self.threads = threads
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="predict")
+        self._grpc: ThreadPoolExecutor | None = None
 
     def model_for(self, model, name: str, version: int = 0):
         """The version's model as a request calls it: through its batch queue, or
@@ -53,11 +54,17 @@ class Calls:
                                    "(--rest_api_timeout_in_ms)") from None
 
     def grpc_pool(self) -> ThreadPoolExecutor:
-        """The threads gRPC calls run on."""
-        return ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="grpc")
+        """The threads gRPC calls run on (grpcio's server hands each call to one)."""
+        if self._grpc is None:
+            self._grpc = ThreadPoolExecutor(max_workers=self.threads,
+                                            thread_name_prefix="grpc")
+        return self._grpc
 
     def close(self) -> None:
+        """Both pools, once the servers stopped (their calls ended or were cut)."""
         self.pool.shutdown(wait=True, cancel_futures=True)
+        if self._grpc is not None:
+            self._grpc.shutdown(wait=True, cancel_futures=True)
 
 
 __all__ = ["Calls", "DeadlineExceeded"]

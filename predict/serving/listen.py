@@ -32,7 +32,7 @@ def serve(repository: Repository, *, host: str, rest_socket, grpc_port: int,
     process exits 0). `reload(proto)` answers HandleReloadConfigRequest;
     `after_start()` runs once the models are loaded (the config file poller)."""
     sock = rest_socket
-    grpc_server = None
+    grpc_server = service = None
     try:
         repository.start()
         service = PredictionService(repository, threads=threads, batcher=batcher,
@@ -74,10 +74,11 @@ def serve(repository: Repository, *, host: str, rest_socket, grpc_port: int,
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: None)
         _ReadyServer(config, "\n".join(lines)).run(sockets=[sock])
-        service.calls.close()
     finally:
         if grpc_server is not None:
             grpc_server.stop(grace=5).wait()
+        if service is not None:
+            service.calls.close()
         if batcher is not None:
             batcher.stop()
         repository.stop()
