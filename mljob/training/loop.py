@@ -47,7 +47,7 @@ from mljob.training.losses import compiled_optimizer, merge_rule, one_replica, u
 from mljob.training.shared_state import add_change, atomic_iterations, keeping_state, \
     tf_variable as _tf_variable
 from mljob.training.strategies import weight_parts
-from mljob.training.updates import adam_step, fusable
+from mljob.training.updates import adam_step, fusable, fuse
 
 
 class InputContext(tf.distribute.InputContext):
@@ -119,6 +119,14 @@ class Replica:
                 self.checks = program.objective(self.model)
                 own_steps.compile_for_keras(self.model, program, self.optimizer,
                                             self.checks)
+                # One process, one replica, plain Adam: Keras's step with Adam's
+                # update fused by XLA, exactly Keras's (updates.fuse); synchronous
+                # replicas keep Keras's update, which all-reduces the gradients.
+                parts = [p for w in self.model.trainable_weights for p in weight_parts(w)]
+                if strategy.num_replicas_in_sync == 1 and \
+                        strategy is tf.distribute.get_strategy() and \
+                        fusable(self.optimizer, parts):
+                    fuse(self.optimizer)
             self.own_steps = own or coordinator is None
             _check_synchronous_options(self.optimizer, strategy, coordinator)
             self.parts = [p for w in self.model.trainable_weights for p in weight_parts(w)]

@@ -1,6 +1,6 @@
-"""Adam's update fused by XLA (`mljob.training.updates.adam_step`, what ps local steps
-run): steps with it end with the same weights, moments and step count as Keras's own
-update, and every optimizer setting it does not implement is not `fusable`."""
+"""Adam's update fused by XLA (`mljob.training.updates`): the single node's steps with it
+end with the same weights, moments and step count as Keras's own update, and every
+optimizer setting it does not implement keeps Keras's update."""
 from __future__ import annotations
 
 import keras
@@ -18,24 +18,6 @@ def _model(seed=3):
     return keras.Model(inputs, keras.layers.Dense(3)(hidden))
 
 
-def _fused_adam(optimizer, variables, grads) -> None:
-    """One step of `updates.adam_step` on the variables and the optimizer's moments."""
-    index = [optimizer._get_variable_index(v) for v in variables]
-    moments = [optimizer._momentums[i] for i in index]
-    velocities = [optimizer._velocities[i] for i in index]
-    t = tf.cast(optimizer.iterations + 1, tf.float32)
-    lr = tf.cast(optimizer.learning_rate, tf.float32)
-    b1, b2 = optimizer.beta_1, optimizer.beta_2
-    alpha = lr * tf.sqrt(1 - tf.pow(b2, t)) / (1 - tf.pow(b1, t))
-    read = [[tf.identity(v.value if isinstance(v, keras.Variable) else v) for v in group]
-            for group in (variables, moments, velocities)]
-    new = updates.adam_step(*read, list(grads), alpha, b1, b2, optimizer.epsilon)
-    for group, values in zip((variables, moments, velocities), new, strict=True):
-        for var, value in zip(group, values, strict=True):
-            var.assign(value)
-    optimizer.iterations.assign_add(1)
-
-
 def _train(fused: bool, steps: int = 6, learning_rate=1e-2):
     model = _model()
     opt = keras.optimizers.Adam(learning_rate)
@@ -50,9 +32,7 @@ def _train(fused: bool, steps: int = 6, learning_rate=1e-2):
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
                 yb, model(xb, training=True)))
         grads = tape.gradient(loss, model.trainable_variables)
-        if fused:
-            _fused_adam(opt, model.trainable_variables, grads)
-        else:
+        if not (fused and updates.apply_adam(opt, model.trainable_variables, grads)):
             opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
     for i in range(steps):
