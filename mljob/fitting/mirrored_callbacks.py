@@ -24,7 +24,7 @@ import os
 import keras
 import tensorflow as tf
 
-Callback = keras.callbacks.Callback
+Callback = keras.callbacks.Callback  # the base of those below
 
 
 def placed(callbacks, strategy, scratch: str | None) -> list:
@@ -65,7 +65,7 @@ def _acts_on_batches(callback) -> bool:
                for hook in ("on_train_batch_end", "on_batch_end"))
 
 
-class _BackupHere(Callback):
+class _BackupHere(keras.callbacks.Callback):
     """After a BackupAndRestore restored from the chief's folder, point it at this
     worker's own (its constructor's arguments, kept)."""
 
@@ -82,7 +82,7 @@ class _BackupHere(Callback):
         b.set_params(params)
 
 
-class AgreedStop(Callback):
+class AgreedStop(keras.callbacks.Callback):
     """`model.stop_training` made the same on every worker after each epoch: set when
     any worker's callbacks set it."""
 

@@ -48,7 +48,7 @@ from mljob.training.precision import WIRE_BFLOAT16, wire_dtype
 from mljob.training.shared_state import add_change, atomic_iterations, keeping_state, \
     tf_variable as _tf_variable
 from mljob.training.strategies import weight_parts
-from mljob.training.updates import adam_step, apply_adam, fusable
+from mljob.training.updates import adam_step, fusable, fuse
 
 
 class InputContext(tf.distribute.InputContext):
@@ -89,6 +89,7 @@ class Replica:
     def __init__(self, strategy, coordinator, program: Program, config: RunConfig,
                  num_workers: int = 1, *, agree_on_stop: bool = False):
         self.strategy, self.coordinator, self.config = strategy, coordinator, config
+        self.class_weight = program.class_weight  # Keras's step: mapped into the data
         self.num_workers = num_workers
         # Under multiworker every chunk all-reduces the replicas' stop flags (see above).
         self.agree_on_stop = agree_on_stop
@@ -99,11 +100,11 @@ class Replica:
                                  "model; return a keras.Model with its weights built")
             # A model's own train_step/test_step is run as Keras runs it (own_steps); a
             # GAN's is never called as a whole, but its parts are built.
-            self.own_steps = own_steps.uses_own_steps(self.model)
-            if not self.model.weights or not (self.model.built or self.own_steps):
+            own = own_steps.uses_own_steps(self.model)
+            if not self.model.weights or not (self.model.built or own):
                 raise UsageError("model_fn's model has no weights yet; build it (give "
                                  "its Input shapes, or call model.build) before returning")
-            if self.own_steps:
+            if own:
                 own_steps.check(self.model, program, parameter_servers=coordinator is not None,
                                 replicas=strategy.num_replicas_in_sync)
             # On one node, the optimizers a model's own step builds lazily are built now
@@ -111,10 +112,30 @@ class Replica:
             self.step_optimizers = model_optimizers.build_in_step(
                 self.model, program.train_dataset_fn(InputContext(
                     global_batch_size=config.batch_size, seed=0)).element_spec) \
-                if self.own_steps and coordinator is None and \
+                if own and coordinator is None and \
                 strategy.num_replicas_in_sync == 1 else []
             self.optimizer = make_optimizer(program.optimizer) \
                 if program.optimizer is not None else compiled_optimizer(self.model)
+            # One node and synchronous replicas run Keras's own train_step, the model
+            # compiled with the run's loss, metrics and optimizer (exactly `fit`'s step, by
+            # construction); parameter servers keep the step written here.
+            # `checks`: the run's loss and metrics as this library resolves them, which
+            # names what does not fit the data in one line (start_input) before Keras's
+            # step would fail at tracing.
+            self.checks = None
+            if coordinator is None and not own:
+                self.checks = program.objective(self.model)
+                own_steps.compile_for_keras(self.model, program, self.optimizer,
+                                            self.checks)
+                # One process, one replica, plain Adam: Keras's step with Adam's
+                # update fused by XLA, exactly Keras's (updates.fuse); synchronous
+                # replicas keep Keras's update, which all-reduces the gradients.
+                parts = [p for w in self.model.trainable_weights for p in weight_parts(w)]
+                if strategy.num_replicas_in_sync == 1 and \
+                        strategy is tf.distribute.get_strategy() and \
+                        fusable(self.optimizer, parts):
+                    fuse(self.optimizer)
+            self.own_steps = own or coordinator is None
             model_optimizers.check_synchronous_options(self.optimizer, strategy, coordinator,
                                                        self.model)
             self.parts = [p for w in self.model.trainable_weights for p in weight_parts(w)]
@@ -146,12 +167,6 @@ class Replica:
         self._first = tf.function(self._own_first, autograph=False) if self.own_steps \
             else None
         self._iterator = None
-        # One process, one replica: Adam's update fused by XLA (mljob.training.updates)
-        # where it is exactly Keras's; synchronous replicas keep Keras's update, which
-        # all-reduces the gradients.
-        self.fused_update = coordinator is None and strategy.num_replicas_in_sync == 1 \
-            and strategy is tf.distribute.get_strategy() \
-            and fusable(self.optimizer, self.parts)
         # Under ps, local steps are on unless turned off, where the update they run on
         # the workers is exactly Keras's (plain Adam, the single node's `fusable`); any
         # other optimizer, or Adam with one of its options, steps one at a time through
@@ -227,12 +242,27 @@ class Replica:
             self._iterator = iter(per_worker)
             return
 
+        class_weight = self.class_weight if self.checks is not None else None
+        given = []  # the element spec train_dataset_fn gives, before class weights
+
         def replica_fn(context: tf.distribute.InputContext):
-            return train_dataset_fn(InputContext.from_tf(context, batch, seed))
+            dataset = train_dataset_fn(InputContext.from_tf(context, batch, seed))
+            given.append(dataset.element_spec)
+            weighted = isinstance(dataset.element_spec, tuple) and \
+                len(dataset.element_spec) == 3  # the checks below refuse both
+            return dataset if weighted else own_steps.with_class_weight(dataset,
+                                                                       class_weight)
 
         distributed = self.strategy.distribute_datasets_from_function(replica_fn)
-        if self.objective is not None:
-            self.objective.build(self.model, one_replica(distributed.element_spec))
+        checks = self.objective or self.checks
+        if checks is not None:
+            checks.build(self.model, one_replica(given[0]) if given
+                         else one_replica(distributed.element_spec))
+        if self.checks is not None:
+            # What Keras's fit builds before its first step (the compiled metrics and
+            # loss, the optimizer), from the data's shapes: never inside a step.
+            own_steps.build_for_keras(self.model, self.strategy,
+                                      one_replica(distributed.element_spec))
         self._iterator = iter(distributed)
 
     def _train_step(self, *data, metric_state=None):
@@ -258,8 +288,7 @@ class Replica:
                     tf.add_n([tf.cast(x, tf.float32) for x in extra]))
             scaled_for_grads = self.optimizer.scale_loss(loss)
         grads = tape.gradient(scaled_for_grads, self.parts)
-        if not (self.fused_update and apply_adam(self.optimizer, self.parts, grads)):
-            self.optimizer.apply_gradients(zip(grads, self.parts, strict=True))
+        self.optimizer.apply_gradients(zip(grads, self.parts, strict=True))
         kept.add_changes()
         # The metrics see the losses unscaled, as Keras's loss tracker does.
         state = self.objective.update(self.objective.zero_state() if metric_state is None
@@ -456,9 +485,10 @@ class Replica:
         replica's, every worker's) merged, then Keras's result of the merged state; the
         loss is the mean loss of the same batches."""
         fetched = [h.fetch() if self.coordinator is not None else h for h in handles]
-        if self.objective is None:  # own steps: the trackers' values since the last line
+        if self.own_steps:  # Keras's step: the trackers' values since the last line
             return own_steps.results(self.model, fetched[-1][1])
         states = [[np.asarray(v) for v in state] for _, state, _ in fetched]
+        assert self.objective is not None  # the library's own step (ps)
         return self.objective.results(self.objective.merge(states))
 
     def stopping(self, handle) -> bool:

@@ -1,4 +1,7 @@
-"""A model's own `train_step` / `test_step`, run as Keras's `fit` runs them.
+"""Keras's `train_step` / `test_step` (the model's own, or keras.Model's), run as Keras's
+`fit` runs them: every step of one node and of synchronous replicas (`compile_for_keras`
+compiles a model with the run's loss, metrics and optimizer first); parameter servers
+run the library's own step (`mljob.training.loop`).
 
 keras.io's "Customizing what happens in fit()" overrides `train_step` (GANs, VAEs,
 contrastive and auxiliary-update models), `test_step`, `compute_loss` or
@@ -29,11 +32,10 @@ from __future__ import annotations
 import weakref
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from mljob.training.errors import UsageError
-from mljob.training.losses import as_floats
+from mljob.training.losses import as_floats, compiled_config
 from mljob.training.summaries import NO_LOSS
 
 STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
@@ -100,6 +102,39 @@ def check(model, program, *, parameter_servers: bool, replicas: int) -> None:
                 "it in compile (optimizer.build(the variables it updates))")
 
 
+def compile_for_keras(model, program, optimizer, objective) -> None:
+    """Compile `model` for Keras's own train_step: the run's loss and metrics (what
+    training.fit was given, else what compile was, resolved and checked by
+    `losses.Objective`) and `optimizer`. A compiled model the run changes nothing of is
+    kept as it is. `objective`: program.objective(model)."""
+    given = [a for a in ("loss", "metrics", "loss_weights", "weighted_metrics")
+             if getattr(program, a) is not None]
+    if getattr(model, "compiled", False) and not given and model.optimizer is optimizer:
+        return
+    config = compiled_config(model)
+    model.compile(optimizer=optimizer, loss=objective.user_loss,
+                  metrics=objective.user_metrics, loss_weights=objective.loss_weights,
+                  weighted_metrics=objective.user_weighted,
+                  steps_per_execution=config.get("steps_per_execution", 1))
+
+
+def build_for_keras(model, strategy, element_spec) -> None:
+    """The compiled model's metrics, loss and optimizer built from the data's shapes, as
+    Keras's fit builds them before its first step (`_symbolic_build`)."""
+    with strategy.scope():
+        model._symbolic_build(data_batch=element_spec)
+
+
+def with_class_weight(dataset, class_weight):
+    """The dataset with `fit`'s class_weight as sample weights, mapped as Keras's fit maps
+    a dataset (None: the dataset as it is)."""
+    if not class_weight:
+        return dataset
+    from keras.src.trainers.data_adapters.tf_dataset_adapter import \
+        make_class_weight_map_fn
+    return dataset.map(make_class_weight_map_fn(dict(class_weight)))
+
+
 def reduce_logs(logs, strategy):
     """A step's logs, one value per name, as Keras's fit reduces them over replicas: their
     mean (`reduce_per_replica`'s "auto" off TPUs), element by element."""
@@ -109,8 +144,15 @@ def reduce_logs(logs, strategy):
 
 
 def results(model, logs) -> tuple[float, dict[str, float]]:
-    """(loss, metrics) of fetched logs, as Python floats; the model's trackers reset."""
-    values = as_floats(logs)
+    """(loss, metrics) of fetched logs, as Python floats (nested dicts flattened as
+    Keras's fit flattens them, `pythonify_logs`); the model's trackers reset. As Keras's
+    fit ends an epoch: when the logs are the model's metrics, their values read from
+    the metrics' state over every replica (the logs of a step are one replica's)."""
+    from keras.src.utils.python_utils import pythonify_logs
+    metric_logs = model.get_metrics_result()
+    if isinstance(logs, dict) and set(logs) == set(metric_logs):
+        logs = metric_logs
+    values = as_floats(pythonify_logs(logs))
     reset(model)
     return values.pop("loss", NO_LOSS), values
 
@@ -129,14 +171,17 @@ def evaluate(model, dataset, strategy=None) -> tuple[float, dict[str, float]]:
         def one(data):
             logs = strategy.run(model.test_step, args=(data,))
             # Only this replica evaluates: its own values, never a collective.
-            return {k: strategy.experimental_local_results(v)[0] for k, v in logs.items()}
+            from keras.src import tree
+            return tree.map_structure(
+                lambda v: strategy.experimental_local_results(v)[0], logs)
         step = _eval_steps[model] = tf.function(one, autograph=False)
     reset(model)
     logs: dict = {}
     for data in dataset:
         logs = step(data)
-    return results(model, {k: np.asarray(v) for k, v in logs.items()})
+    return results(model, logs)
 
 
-__all__ = ["STEPS", "overridden", "uses_own_steps", "optimizers", "check", "reduce_logs",
+__all__ = ["STEPS", "overridden", "uses_own_steps", "optimizers", "check",
+           "compile_for_keras", "build_for_keras", "with_class_weight", "reduce_logs",
            "results", "reset", "evaluate"]

@@ -3,8 +3,10 @@
 Keras applies Adam op by op: each weight tensor is read and written about twelve times
 a step (the two moments, their bias corrections, the step). XLA fuses each tensor's
 update into one pass over it. Under ps local steps it cut the CNN worker's step from
-45-58 CPU-ms to 34-37 in mixed bfloat16 (bench/local_update.py); on a single node the
-update is the same share of a step.
+45-58 CPU-ms to 34-37 in mixed bfloat16 (bench/local_update.py). On a single node,
+Keras's own train_step runs with its optimizer's `apply_gradients` replaced by this
+update (`fuse`) where it is exactly Keras's: side by side on the default CNN job,
+Keras's op-by-op Adam took about 10% more CPU per step (bench/README.md, section 14).
 
 `fusable` says when the fused update is exactly Keras's: plain Adam with none of the
 optimizer's extras (weight decay, clipping, EMA, gradient accumulation, loss scaling)
@@ -64,9 +66,24 @@ def apply_adam(optimizer, variables, grads) -> bool:
     return True
 
 
+def fuse(optimizer) -> None:
+    """Keras's train_step on one replica with Adam's update fused: the optimizer's
+    `apply_gradients` runs `apply_adam`, and Keras's own where that declines (a missing
+    or sparse gradient). Only for an optimizer `fusable` says it is exact for."""
+    keras_apply = optimizer.apply_gradients
+
+    def apply_gradients(grads_and_vars):
+        pairs = list(grads_and_vars)
+        if not apply_adam(optimizer, [v for _, v in pairs], [g for g, _ in pairs]):
+            return keras_apply(pairs)
+        return optimizer.iterations
+
+    optimizer.apply_gradients = apply_gradients
+
+
 def _value(var):
     """The tf.Variable behind a Keras variable, read."""
     return tf.identity(var.value if isinstance(var, keras.Variable) else var)
 
 
-__all__ = ["adam_step", "fusable", "apply_adam"]
+__all__ = ["adam_step", "fusable", "apply_adam", "fuse"]

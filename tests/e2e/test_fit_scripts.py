@@ -130,3 +130,22 @@ def test_backup_and_restore_resumes_a_job_killed_mid_epoch_at_its_epoch(capsys, 
     with open(job_dir / "log.csv") as f:
         assert [int(r["epoch"]) for r in csv.DictReader(f)] == [0, 1, 2, 3]
     assert sorted(os.listdir(job_dir / "ckpt")) == [f"mymodel_{e}.keras" for e in (1, 2, 3, 4)]
+
+
+@pytest.mark.parametrize("where", ["basic", "chief_and_worker"])
+def test_keras_io_custom_train_step_with_nested_metric_logs(capsys, tmp_path, where):
+    """keras.io's "Customizing what happens in fit()": its train_step returns the
+    compiled metrics' dict nested in its logs; fit's History holds them flattened."""
+    from tests.support.fit_packages import write_custom_step_package
+    pkg = write_custom_step_package(str(tmp_path / "custom"))
+    extra = ["--config", config(tmp_path)] if where == "chief_and_worker" else []
+    status, out, err = submit(capsys, "cts01", "--package-path", pkg, "--module-name",
+                              "customstep.task", "--job-dir", str(tmp_path / "cts01"),
+                              *extra)
+    assert status == 0, err[-3000:] + out[-3000:]
+    assert records.load("cts01").state == records.SUCCEEDED
+    assert 'master-replica-0\thistory ["loss", "mae"]' in out
+    assert re.search(r"master-replica-0\tEpoch 3/3", out)
+    assert re.search(r"master-replica-0\t32/32 - .* - mae: \S+ - loss: \S+", out), out[-2000:]
+    if extra:
+        assert 'worker-replica-0\thistory ["loss", "mae"]' in out

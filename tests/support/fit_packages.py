@@ -207,3 +207,76 @@ def write_callbacks_package(folder: str) -> str:
         with open(os.path.join(folder, name), "w") as f:
             f.write(text)
     return folder
+
+
+# keras.io/guides/custom_train_step_in_tensorflow, "A first simple example" as the page
+# writes it (its train_step returns {m.name: m.result() for m in self.metrics}, a dict
+# of the compiled metrics nested in it), the strategy from TF_CONFIG around the model.
+CUSTOM_STEP_TASK = '''\
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+import keras
+
+cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+strategy = tf.distribute.MultiWorkerMirroredStrategy() if cluster.get("worker") \\
+    else tf.distribute.get_strategy()
+
+
+class CustomModel(keras.Model):
+    def train_step(self, data):
+        # Unpack the data. Its structure depends on your model and
+        # on what you pass to `fit()`.
+        x, y = data
+
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)  # Forward pass
+            # Compute the loss value
+            # (the loss function is configured in `compile()`)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+
+        # Compute gradients
+        trainable_vars = self.trainable_variables
+        gradients = tape.gradient(loss, trainable_vars)
+
+        # Update weights
+        self.optimizer.apply(gradients, trainable_vars)
+
+        # Update metrics (includes the metric that tracks the loss)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+
+        # Return a dict mapping metric names to current value
+        return {m.name: m.result() for m in self.metrics}
+
+
+with strategy.scope():
+    # Construct and compile an instance of CustomModel
+    inputs = keras.Input(shape=(32,))
+    outputs = keras.layers.Dense(1)(inputs)
+    model = CustomModel(inputs, outputs)
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+
+# Just use `fit` as usual
+x = np.random.random((1000, 32))
+y = np.random.random((1000, 1))
+history = model.fit(x, y, epochs=3, verbose=2)
+print("history " + json.dumps(sorted(history.history)), flush=True)
+'''
+
+
+def write_custom_step_package(folder: str) -> str:
+    """keras.io's custom train_step example as `customstep.task`."""
+    os.makedirs(os.path.join(folder, "customstep"), exist_ok=True)
+    for name, text in (("customstep/__init__.py", ""),
+                       ("customstep/task.py", CUSTOM_STEP_TASK),
+                       ("setup.py", 'from setuptools import setup\nsetup(name="customstep", '
+                        'version="0.1", packages=["customstep"])\n')):
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)
+    return folder
