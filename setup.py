@@ -114,7 +114,7 @@ setup(
         "bench": ["matplotlib>=3.8", "uv>=0.5"],
         # the Python API's progress bar in a notebook (submit/api/progress.py; lines on
         # stderr without them)
-        "notebook": ["tqdm>=4.66", "ipywidgets>=8.1"],
+        "notebook": ["tqdm>=4.66", "ipywidgets>=8.1", "ipython>=8"],
     },
     entry_points={
         "console_scripts": [
