@@ -22,7 +22,6 @@ Nothing here imports TensorFlow or Keras until the script does.
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.abc
 import inspect
 import os
@@ -162,15 +161,7 @@ def _fit(model, original, args: tuple, kwargs: dict):
         from mljob.fitting import mirrored
         return mirrored.fit(model, original, **fit_arguments(original, model, args, kwargs))
     if kind == "ps":
-        try:  # the parameter-server loop, a module of its own
-            ps_fit = importlib.import_module("mljob.fitting.ps_fit")
-        except ModuleNotFoundError as exc:
-            if exc.name != "mljob.fitting.ps_fit":
-                raise
-            raise FitRefused("model.fit under ParameterServerStrategy needs "
-                             "mljob.fitting.ps_fit, which this mljob does not have; "
-                             "upgrade mljob, or train under MultiWorkerMirroredStrategy "
-                             "(chief and workers, no ps)") from None
+        from mljob.fitting import ps_fit
         return ps_fit.fit(model, model.distribute_strategy,
                           **fit_arguments(original, model, args, kwargs))
     return original(model, *args, **kwargs)

@@ -2,9 +2,9 @@
 `model.fit` part of TensorFlow's tutorial "Parameter server training with
 ParameterServerStrategy", and keras.io's "Timeseries classification from scratch"
 with its callbacks. Each is the page's code, changed only where Keras 3 or the data
-needs it (said at each place); the chief calls `mljob.fitting.ps_fit.fit(model,
-strategy, ...)` where the page calls `model.fit(...)`, with the same keywords. Each
-writes its History as JSON to `<job-dir>/history.json`.
+needs it (said at each place). The chief calls `model.fit(...)` as the page does: the
+replica's launcher (`mljob.fitting.launch`) makes it run under ParameterServerStrategy.
+Each writes its History as JSON to `<job-dir>/history.json`.
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import os
 
 import tensorflow as tf
 
-from mljob.fitting import ps_fit
 
 
 def main():
@@ -81,8 +80,7 @@ def main():
         tf.keras.callbacks.BackupAndRestore(backup_dir=backup_dir),
     ]
 
-    history = ps_fit.fit(model, strategy, x=dc, epochs=args.epochs, steps_per_epoch=20,
-                         callbacks=callbacks)
+    history = model.fit(dc, epochs=args.epochs, steps_per_epoch=20, callbacks=callbacks)
     with open(os.path.join(working_dir, "history.json"), "w") as f:
         json.dump({"epoch": history.epoch, "history": history.history}, f)
     print(f"chief: trained {len(history.epoch)} epochs", flush=True)
@@ -107,7 +105,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mljob.fitting import ps_fit
 
 num_classes = 2
 
@@ -182,9 +179,8 @@ def main():
     ]
     train = tf.data.Dataset.from_tensor_slices((x_train, y_train)).shuffle(256) \\
         .batch(batch_size).repeat()
-    history = ps_fit.fit(
-        model, strategy,
-        x=train,
+    history = model.fit(
+        train,
         batch_size=batch_size,
         epochs=epochs,
         steps_per_epoch=8,
