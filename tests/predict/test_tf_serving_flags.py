@@ -158,7 +158,6 @@ def test_with_a_grpcio_older_than_the_stubs_the_server_says_so_before_loading_an
     fails at once, in one line naming what to install, before any model loads (the
     model dir here does not even exist)."""
     import sys
-    import time
 
     import grpc
 
@@ -171,11 +170,12 @@ def test_with_a_grpcio_older_than_the_stubs_the_server_says_so_before_loading_an
     monkeypatch.delitem(sys.modules, "predict.serving_api.apis.prediction_service_pb2_grpc",
                         raising=False)
     monkeypatch.delattr(apis, "prediction_service_pb2_grpc", raising=False)
-    started = time.monotonic()
-    status = serving.main([f"--model_base_path={tmp_path}/none", "--rest_api_port=0"],
-                          prog="tensorflow_model_server")
+    status = serving.main([f"--model_base_path={tmp_path}/none", "--rest_api_port=0",
+                           "--port=0"], prog="tensorflow_model_server")
     err = capsys.readouterr().err.strip()
-    assert status == 1 and time.monotonic() - started < 5, err
+    # status 1 and the stubs' reason, not 2 and the missing base path: refused before
+    # any model was looked for (no timing: a loaded machine takes its time)
+    assert status == 1, err
     assert err.count("\n") == 0, err
     assert "grpcio>=1.75.1" in err and "pip install 'mljob[serve]'" in err
     assert "at version 1.60.0" in err  # the stubs' own check said why
