@@ -158,7 +158,6 @@ def test_with_a_grpcio_older_than_the_stubs_the_server_says_so_before_loading_an
     fails at once, in one line naming what to install, before any model loads (the
     model dir here does not even exist)."""
     import sys
-    import time
 
     import grpc
 
@@ -171,11 +170,12 @@ def test_with_a_grpcio_older_than_the_stubs_the_server_says_so_before_loading_an
     monkeypatch.delitem(sys.modules, "predict.serving_api.apis.prediction_service_pb2_grpc",
                         raising=False)
     monkeypatch.delattr(apis, "prediction_service_pb2_grpc", raising=False)
-    started = time.monotonic()
-    status = serving.main([f"--model_base_path={tmp_path}/none", "--rest_api_port=0"],
-                          prog="tensorflow_model_server")
+    status = serving.main([f"--model_base_path={tmp_path}/none", "--rest_api_port=0",
+                           "--port=0"], prog="tensorflow_model_server")
     err = capsys.readouterr().err.strip()
-    assert status == 1 and time.monotonic() - started < 5, err
+    # status 1 and the stubs' reason, not 2 and the missing base path: refused before
+    # any model was looked for (no timing: a loaded machine takes its time)
+    assert status == 1, err
     assert err.count("\n") == 0, err
     assert "grpcio>=1.75.1" in err and "pip install 'mljob[serve]'" in err
     assert "at version 1.60.0" in err  # the stubs' own check said why
@@ -226,21 +226,24 @@ def test_refusals_come_before_tensorflow_is_imported(args, words, tmp_path):
         assert words in done.stderr and done.stderr.count("\n") == 1, done.stderr
 
 
-def test_a_log_line_is_written_once_when_a_library_configures_logging_after(capsys):
-    """Converting or exporting a model runs `logging.basicConfig` (Keras, absl): the
-    server's lines must still come once each, not once per handler."""
-    import logging
+LOG_TWICE = """
+import logging
+from predict.serving import process
+process._logging()
+logging.getLogger("predict.serving").info("model m: version 1 available")
+logging.basicConfig()  # what a library does on its first use (Keras, absl)
+logging.getLogger("predict.serving").info("model m: version 2 available")
+"""
 
-    from predict.serving import process as serving
-    serving._logging()
-    try:
-        logging.getLogger("predict.serving").info("model m: version 1 available")
-        logging.basicConfig()  # what a library does on its first use
-        logging.getLogger("predict.serving").info("model m: version 2 available")
-        err = capsys.readouterr().err
-        assert err.count("version 1 available") == 1, err
-        assert err.count("version 2 available") == 1, err
-    finally:
-        root = logging.getLogger()
-        for handler in [h for h in root.handlers if getattr(h, "serving_stderr", False)]:
-            root.removeHandler(handler)
+
+def test_a_log_line_is_written_once_when_a_library_configures_logging_after():
+    """Converting or exporting a model runs `logging.basicConfig`: the server's lines
+    must still come once each, not once per handler (in a process of its own, whose
+    root logger starts bare as the server's does)."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", LOG_TWICE], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("version 1 available") == 1, done.stderr
+    assert done.stderr.count("version 2 available") == 1, done.stderr
