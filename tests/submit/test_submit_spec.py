@@ -241,7 +241,7 @@ trainingInput:
     job = evaluator["tf_config"]["job"]
     assert job["workerCount"] == 3 and job["region"] == "us-central1"
     assert job["args"] == ["--train-steps", "7"]  # args after -- replace the file's
-    assert evaluator["command"][3:] == ["--train-steps", "7", "--job-dir",
+    assert evaluator["command"][4:] == ["--train-steps", "7", "--job-dir",
                                         str(tmp_path / "from-config")]
 
 
