@@ -90,7 +90,7 @@ def record(model: str) -> tuple[str, dict[str, Any]]:
 
 def published(base: str) -> dict[int, str]:
     """{number: URL} of the published version folders (an absent base path: none)."""
-    from predict.repository import scan_versions
+    from predict.models.repository import scan_versions
     try:
         return scan_versions(base)
     except FileNotFoundError:
@@ -188,7 +188,7 @@ def delete_model(model: str) -> None:
 def create_version(model: str, name: str, origin: str, description: str | None,
                    labels: dict[str, str],
                    settings: dict[str, Any] | None = None) -> dict[str, Any]:
-    from predict import publish
+    from predict.models import publish
     check_name(name, "version")
     base, data = record(model)
     existing = versions(base, data)
