@@ -96,7 +96,7 @@ def record(model: str) -> tuple[str, dict[str, Any]]:
 
 def published(base: str) -> dict[int, str]:
     """{number: URL} of the published version folders (an absent base path: none)."""
-    from predict.repository import scan_versions
+    from predict.models.repository import scan_versions
     try:
         return scan_versions(base)
     except FileNotFoundError:
@@ -263,10 +263,10 @@ def create_version(model: str, name: str, origin: str, description: str | None,
                    labels: dict[str, str],
                    settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """Publish the export and record it as version `name`: the folder first (its number
-    claimed there, `predict.publish`), then the record re-read, changed and written under
-    the model's lock. A record that could not take it (too large, the name taken
+    claimed there, `predict.models.publish`), then the record re-read, changed and written
+    under the model's lock. A record that could not take it (too large, the name taken
     meanwhile) unpublishes the folder again: nothing half-made."""
-    from predict import publish
+    from predict.models import publish
     check_name(name, "version")
     _check_description(description)
     labels = specs.check_labels(labels, "the version's labels")

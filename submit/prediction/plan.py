@@ -1,5 +1,5 @@
 """A batch prediction job's plan: the job id, model, inputs and output path checked, and
-the input cut into shards (`predict.shards`), before anything is recorded or written.
+the input cut into shards (`predict.offline.shards`), before anything is recorded or written.
 `--resume` keeps the shards of the job's earlier run, so a published shard keeps its
 name."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from submit.prediction.output import check_output, read_marker
 def build_plan(spec: prediction_spec.PredictionSpec, *, resume: bool) -> PredictionPlan:
     """Everything checked (the job id, model, inputs and output) and the shards planned;
     --resume keeps the shards of the job's earlier run."""
-    from predict import batch, shards
+    from predict.offline import batch, shards
     from predict.errors import PredictError
     home = mljob_home()
     for flag, url in [("--input-paths", p) for p in spec.input_paths] + [
