@@ -190,7 +190,7 @@ def test_the_filter_is_read_off_the_event_loop(tmp_path, monkeypatch):
     the event loop free: were it run on the loop, the other page would never come."""
     import asyncio
 
-    from submit.cli import listing
+    from submit.query import listing
     from submit.console.app import Console
     stored_job(tmp_path)
     answered = threading.Event()
