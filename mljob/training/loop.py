@@ -41,12 +41,15 @@ from keras.src.losses.loss import scale_loss_for_distribution, unscale_loss_for_
 
 from mljob.training import export as export_lib
 from mljob.training import own_steps
-from mljob.training.config import STEPS_PER_EXECUTION, Program, RunConfig
+from mljob.training.config import Program, RunConfig
 from mljob.training.errors import UsageError
 from mljob.training.losses import compiled_optimizer, merge_rule, one_replica, unpack
 from mljob.training.shared_state import add_change, atomic_iterations, keeping_state, \
     tf_variable as _tf_variable
 from mljob.training.strategies import weight_parts
+from mljob.training.optimizers import check_synchronous_options as _check_synchronous_options
+from mljob.training.optimizers import make_optimizer, optimizer_text as _optimizer_text, \
+    steps_per_execution
 from mljob.training.updates import adam_step, fusable, fuse
 
 
@@ -66,20 +69,6 @@ class InputContext(tf.distribute.InputContext):
         return cls(context.num_input_pipelines, context.input_pipeline_id,
                    context.num_replicas_in_sync, global_batch_size=global_batch_size,
                    seed=seed)
-
-
-def make_optimizer(spec) -> keras.optimizers.Optimizer:
-    """A new optimizer from a name or a function (inside the strategy's scope: a Keras 3
-    optimizer makes its iteration counter when it is created)."""
-    if isinstance(spec, keras.optimizers.Optimizer):
-        raise UsageError("give the optimizer as a function that returns a new one (e.g. "
-                         "optimizer=lambda: keras.optimizers.Adam(1e-3)), or its name: it "
-                         "must be created inside the strategy's scope")
-    optimizer = keras.optimizers.get(spec) if isinstance(spec, str) else spec()
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise UsageError(f"optimizer gave {type(optimizer).__name__}, not a Keras "
-                         "optimizer; return e.g. keras.optimizers.Adam(1e-3)")
-    return optimizer
 
 
 class Replica:
@@ -471,47 +460,6 @@ class Replica:
             self.coordinator.join()
 
 
-def steps_per_execution(model, config: RunConfig) -> int:
-    """The run's steps per function: the config's, unless it is the default and the
-    model was compiled with steps_per_execution > 1 (as Keras's fit would take it; the
-    started line then says `(compile's)`). Under ps local steps it is also how many
-    steps a worker runs between two merges."""
-    compiled = int(getattr(model, "steps_per_execution", 1) or 1)
-    if config.steps_per_execution == STEPS_PER_EXECUTION and compiled > 1:
-        return compiled
-    return config.steps_per_execution
-
-
-def _check_synchronous_options(optimizer, strategy, coordinator) -> None:
-    """EMA and gradient accumulation update under a tf.cond that calls merge_call, which
-    a step run by a distribution strategy cannot do (Keras's own fit fails on them under
-    a MirroredStrategy, and a ps step fails the same way): refused before the first step,
-    not a traceback at it."""
-    replicas = strategy.num_replicas_in_sync
-    if coordinator is None and replicas < 2:
-        return
-    where = "parameter servers" if coordinator is not None else \
-        f"{replicas} synchronous replicas"
-    for option in ("use_ema", "gradient_accumulation_steps"):
-        if getattr(optimizer, option, None):
-            raise UsageError(
-                f"{_optimizer_text(optimizer)}: {option} cannot run under {where} "
-                "(Keras's fit cannot run it under a distribution strategy either); train "
-                f"on one node, or leave {option} out")
-
-
-def _optimizer_text(optimizer) -> str:
-    """An optimizer as the refusal names it: Adam(clipnorm=1.0), SGD..."""
-    options = [f"{name}={getattr(optimizer, name)}" for name in (
-        "clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "loss_scale_factor",
-        "gradient_accumulation_steps") if getattr(optimizer, name, None) is not None]
-    if getattr(optimizer, "use_ema", False):
-        options.append("use_ema=True")
-    if getattr(optimizer, "amsgrad", False):
-        options.append("amsgrad=True")
-    return f"{type(optimizer).__name__}({', '.join(options)})"
-
-
 def _all_replicas_sum(value):
     # A tensor of this replica's own (identity): the argument itself, the same object on
     # every local replica, has no device for MultiWorkerMirroredStrategy to reduce to.
@@ -519,4 +467,4 @@ def _all_replicas_sum(value):
                                                           tf.identity(value))
 
 
-__all__ = ["InputContext", "Replica", "make_optimizer"]
+__all__ = ["InputContext", "Replica", "make_optimizer", "steps_per_execution"]
