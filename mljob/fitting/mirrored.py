@@ -34,7 +34,7 @@ import tensorflow as tf
 from keras.src import tree
 
 from mljob.fitting.errors import FitRefused
-from mljob.fitting.mirrored_callbacks import placed
+from mljob.fitting.mirrored_callbacks import is_chief, placed
 from mljob.fitting.mirrored_data import as_dataset
 
 _prepared: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -55,16 +55,6 @@ def fit(model, original, **arguments):
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-
-
-def is_chief(strategy) -> bool:
-    """The chief, else worker 0 when the cluster has no chief (TensorFlow's rule)."""
-    resolver = strategy.cluster_resolver
-    spec = resolver.cluster_spec().as_dict()
-    if resolver.task_type == "chief":
-        return True
-    return resolver.task_type == "worker" and int(resolver.task_id or 0) == 0 \
-        and not spec.get("chief")
 
 
 def check(model, arguments: dict) -> None:
@@ -147,4 +137,4 @@ def _symbolic_build(model):
     return build
 
 
-__all__ = ["fit", "check", "prepare", "is_chief"]
+__all__ = ["fit", "check", "prepare"]

@@ -27,6 +27,16 @@ import tensorflow as tf
 Callback = keras.callbacks.Callback  # the base of those below
 
 
+def is_chief(strategy) -> bool:
+    """The chief, else worker 0 when the cluster has no chief (TensorFlow's rule)."""
+    resolver = strategy.cluster_resolver
+    spec = resolver.cluster_spec().as_dict()
+    if resolver.task_type == "chief":
+        return True
+    return resolver.task_type == "worker" and int(resolver.task_id or 0) == 0 \
+        and not spec.get("chief")
+
+
 def placed(callbacks, strategy, scratch: str | None) -> list:
     """The user's callbacks (a list, or a CallbackList's), with their writes sent to
     `scratch` on a worker that is not the chief (scratch None: the chief), and the
@@ -115,4 +125,4 @@ class AgreedStopByBatch(AgreedStop):
         self.agree()
 
 
-__all__ = ["placed", "AgreedStop", "AgreedStopByBatch"]
+__all__ = ["is_chief", "placed", "AgreedStop", "AgreedStopByBatch"]

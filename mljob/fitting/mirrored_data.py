@@ -18,6 +18,8 @@ import keras
 import tensorflow as tf
 from keras.src.trainers.data_adapters.array_slicing import train_validation_split
 
+from mljob.fitting.mirrored_callbacks import is_chief
+
 DEFAULT_BATCH_SIZE = 32  # Keras's, when fit is given arrays and no batch_size
 
 
@@ -57,7 +59,6 @@ def as_dataset(arguments: dict, strategy) -> dict:
 
 def shared_seed(strategy) -> int:
     """One random seed for every worker: the chief's, all-reduced (the others add 0)."""
-    from mljob.fitting.mirrored import is_chief
     mine = random.randrange(1, 2**31 - 1) if is_chief(strategy) else 0
 
     def replica(value):

@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from mljob.training import export as export_lib
 from mljob.training import model_optimizers, own_steps
-from mljob.training.config import STEPS_PER_EXECUTION, Program, RunConfig
+from mljob.training.config import Program, RunConfig
 from mljob.training.errors import UsageError
 from mljob.training.keras_private import adam_slots, learning_rate_setting, \
     regularization_losses, scale_loss_for_distribution, tree, unscale_loss_for_distribution
@@ -48,6 +48,7 @@ from mljob.training.precision import WIRE_BFLOAT16, wire_dtype
 from mljob.training.shared_state import add_change, atomic_iterations, keeping_state, \
     tf_variable as _tf_variable
 from mljob.training.strategies import weight_parts
+from mljob.training.optimizers import make_optimizer, steps_per_execution
 from mljob.training.updates import adam_step, fusable, fuse
 
 
@@ -67,20 +68,6 @@ class InputContext(tf.distribute.InputContext):
         return cls(context.num_input_pipelines, context.input_pipeline_id,
                    context.num_replicas_in_sync, global_batch_size=global_batch_size,
                    seed=seed)
-
-
-def make_optimizer(spec) -> keras.optimizers.Optimizer:
-    """A new optimizer from a name or a function (inside the strategy's scope: a Keras 3
-    optimizer makes its iteration counter when it is created)."""
-    if isinstance(spec, keras.optimizers.Optimizer):
-        raise UsageError("give the optimizer as a function that returns a new one (e.g. "
-                         "optimizer=lambda: keras.optimizers.Adam(1e-3)), or its name: it "
-                         "must be created inside the strategy's scope")
-    optimizer = keras.optimizers.get(spec) if isinstance(spec, str) else spec()
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise UsageError(f"optimizer gave {type(optimizer).__name__}, not a Keras "
-                         "optimizer; return e.g. keras.optimizers.Adam(1e-3)")
-    return optimizer
 
 
 class Replica:
@@ -502,17 +489,6 @@ class Replica:
             self.coordinator.join()
 
 
-def steps_per_execution(model, config: RunConfig) -> int:
-    """The run's steps per function: the config's, unless it is the default and the
-    model was compiled with steps_per_execution > 1 (as Keras's fit would take it; the
-    started line then says `(compile's)`). Under ps local steps it is also how many
-    steps a worker runs between two merges."""
-    compiled = int(getattr(model, "steps_per_execution", 1) or 1)
-    if config.steps_per_execution == STEPS_PER_EXECUTION and compiled > 1:
-        return compiled
-    return config.steps_per_execution
-
-
 def _all_replicas_sum(value):
     # A tensor of this replica's own (identity): the argument itself, the same object on
     # every local replica, has no device for MultiWorkerMirroredStrategy to reduce to.
@@ -520,4 +496,4 @@ def _all_replicas_sum(value):
                                                           tf.identity(value))
 
 
-__all__ = ["InputContext", "Replica", "make_optimizer"]
+__all__ = ["InputContext", "Replica", "make_optimizer", "steps_per_execution"]

@@ -143,15 +143,18 @@ def reduce_logs(logs, strategy):
         lambda v: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None), logs)
 
 
-def results(model, logs) -> tuple[float, dict[str, float]]:
+def results(model, logs, every_replica: bool = True) -> tuple[float, dict[str, float]]:
     """(loss, metrics) of fetched logs, as Python floats (nested dicts flattened as
     Keras's fit flattens them, `pythonify_logs`); the model's trackers reset. As Keras's
     fit ends an epoch: when the logs are the model's metrics, their values read from
-    the metrics' state over every replica (the logs of a step are one replica's)."""
+    the metrics' state over every replica (the logs of a step are one replica's): a
+    collective under MultiWorkerMirrored, which every replica takes part in; the chief's
+    evaluation alone passes every_replica=False and keeps its own logs."""
     from keras.src.utils.python_utils import pythonify_logs
-    metric_logs = model.get_metrics_result()
-    if isinstance(logs, dict) and set(logs) == set(metric_logs):
-        logs = metric_logs
+    if every_replica:
+        metric_logs = model.get_metrics_result()
+        if isinstance(logs, dict) and set(logs) == set(metric_logs):
+            logs = metric_logs
     values = as_floats(pythonify_logs(logs))
     reset(model)
     return values.pop("loss", NO_LOSS), values
@@ -179,7 +182,7 @@ def evaluate(model, dataset, strategy=None) -> tuple[float, dict[str, float]]:
     logs: dict = {}
     for data in dataset:
         logs = step(data)
-    return results(model, logs)
+    return results(model, logs, every_replica=False)
 
 
 __all__ = ["STEPS", "overridden", "uses_own_steps", "optimizers", "check",

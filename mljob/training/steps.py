@@ -237,8 +237,12 @@ class _Loop:
         if not self.chief or self.program.eval_dataset_fn is None:
             return
         self.replica.sync()
+        # The chief evaluates alone: a model compiled by the library is evaluated
+        # statelessly by its loss and metrics (`checks`), never through the strategy's
+        # replicas, whose metric reads would wait for the other workers.
         loss, metrics = evaluate(self.replica.model, self.program.eval_dataset_fn(),
-                                 self.replica.objective, self.replica.strategy)
+                                 self.replica.objective or self.replica.checks,
+                                 self.replica.strategy)
         self.progress.eval(step, loss, metrics)
         self.writers.eval(step, loss=loss, **metrics)
         self.writers.sync()

@@ -109,7 +109,7 @@ def trial_plan(base: JobPlan, trial_id: str, params: Mapping[str, Any], spec: Tu
         replicas.append(dataclasses.replace(
             r, label=f"{trial_id}/{r.label}",
             address=remap.get(r.address) if r.address else None,
-            command=(*_launch(r.command, base.trainer_args), *args),
+            command=(*r.command[:len(r.command) - len(base.trainer_args)], *args),
             env={**r.env, **env, "TF_CONFIG": _json(tf_config)}, tf_config=tf_config,
             log_file=os.path.join(log_dir, os.path.basename(r.log_file))))
     return dataclasses.replace(
@@ -117,13 +117,6 @@ def trial_plan(base: JobPlan, trial_id: str, params: Mapping[str, Any], spec: Tu
         replica_job_dir=replica_job_dir, run_dir=os.path.dirname(metric_file),
         log_dir=log_dir, mirrors=(), trainer_args=tuple(args), cluster=cluster,
         replicas=tuple(replicas))
-
-
-def _launch(command, trainer_args) -> tuple:
-    """A replica's command without its trainer args: `python -m mljob.fitting.launch
-    MODULE`."""
-    return tuple(command[:len(command) - len(trainer_args)]) if trainer_args \
-        else tuple(command)
 
 
 def _json(value) -> str:

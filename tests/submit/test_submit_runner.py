@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -126,7 +127,7 @@ def test_custom_job_runs_each_replica_from_the_staged_package(capsys, tmp_path, 
     # the record is also in the job dir, and logs are per replica, labelled, timestamped
     with open(os.path.join(job_dir, "jobs", "job01.json")) as f:
         assert json.load(f)["state"] == "SUCCEEDED"
-    env_root = os.path.realpath(environment(record.package_sha256))
+    env_root = os.path.realpath(environment(out))
     seen_ports = set()
     for label in labels:
         log_file = os.path.join(job_dir, "logs", f"{label}.log")
@@ -152,10 +153,14 @@ def test_custom_job_runs_each_replica_from_the_staged_package(capsys, tmp_path, 
     assert "master-replica-0\tstep 3/3 loss=0.3" in out
 
 
-def environment(sha: str) -> str:
-    """The environment of the fakejob package of that hash (installed alone)."""
-    key = package.environment_key([package.Package("fakejob-0.1.tar.gz", sha, "")])
-    return os.path.join(package.env_root(), key)
+def environment(out: str) -> str:
+    """The package environment a job's output says its replicas ran in (the package
+    and mljob's core, which every replica's launcher is)."""
+    key = re.search(r"package environment ([0-9a-f]{12}) (created|reused)", out).group(1)
+    found = [d for d in os.listdir(package.env_root())
+             if d.startswith(key) and "." not in d]
+    assert len(found) == 1, found
+    return os.path.join(package.env_root(), found[0])
 
 
 def test_second_submit_reuses_the_package_environment(capsys, tmp_path, pkg, monkeypatch):
@@ -164,14 +169,14 @@ def test_second_submit_reuses_the_package_environment(capsys, tmp_path, pkg, mon
     status, out, err = submit_in_process(capsys, "first", "--job-dir",
                                          str(tmp_path / "a"), *args)
     assert status == 0, err
-    env = environment(records.load("first").package_sha256)
+    env = environment(out)
     key = os.path.basename(env)
     assert f"package environment {key[:12]} created" in out
     before = os.stat(env).st_mtime_ns
     status, out, err = submit_in_process(capsys, "second", "--job-dir",
                                          str(tmp_path / "b"), *args)
     assert status == 0, err
-    assert environment(records.load("second").package_sha256) == env
+    assert environment(out) == env
     assert f"package environment {key[:12]} reused" in out
     assert os.stat(env).st_mtime_ns == before
     # the link and the folder it names: no half-built leftovers
