@@ -31,9 +31,10 @@ import weakref
 
 import keras
 import tensorflow as tf
-from keras.src import tree
 
 from mljob.fitting.errors import FitRefused
+from mljob.training.keras_private import make_function, model_strategy, \
+    replace_symbolic_build, symbolic_build, tree
 from mljob.fitting.mirrored_callbacks import is_chief, placed
 from mljob.fitting.mirrored_data import as_dataset
 
@@ -108,9 +109,9 @@ def prepare(model) -> None:
         return
     # Keras's own step functions (its multi-step loop, its Optional handling at the end
     # of the data), around the model's steps with their logs given a replica axis.
-    model.train_function = model._make_function(_replica_axis(model.train_step))
-    model.test_function = model._make_function(_replica_axis(model.test_step))
-    model._maybe_symbolic_build = _symbolic_build(model)
+    model.train_function = make_function(model, _replica_axis(model.train_step))
+    model.test_function = make_function(model, _replica_axis(model.test_step))
+    replace_symbolic_build(model, _symbolic_build(model))
     _prepared[model] = (model.train_function, model.test_function)
 
 
@@ -123,7 +124,7 @@ def _replica_axis(step):
 def _symbolic_build(model):
     """Keras's `_maybe_symbolic_build`, from this worker's first replica's batch."""
     def build(iterator=None, data_batch=None):
-        strategy = model._distribute_strategy
+        strategy = model_strategy(model)
         if strategy is None:  # as Keras: built when the step is traced
             return
         if iterator is not None:
@@ -133,7 +134,7 @@ def _symbolic_build(model):
                     lambda v: strategy.experimental_local_results(v)[0], batch)
                 break
         with strategy.scope():
-            model._symbolic_build(data_batch=data_batch)
+            symbolic_build(model, data_batch)
     return build
 
 

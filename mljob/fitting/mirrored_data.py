@@ -16,9 +16,9 @@ import random
 
 import keras
 import tensorflow as tf
-from keras.src.trainers.data_adapters.array_slicing import train_validation_split
 
 from mljob.fitting.mirrored_callbacks import is_chief
+from mljob.training.keras_private import train_validation_split
 
 DEFAULT_BATCH_SIZE = 32  # Keras's, when fit is given arrays and no batch_size
 

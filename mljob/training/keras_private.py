@@ -22,7 +22,17 @@ fails naming the one a release moved. Whoever raises the pin runs that test firs
   Adam's slots and its schedule (ps local steps, the fused update);
 - `AUC._from_logits`; `Trainer._initial_epoch` (the epoch `BackupAndRestore` restored,
   read as Keras's fit reads it); `TensorBoard._start_batch`, `._stop_batch`;
-- TensorFlow's `ParameterServerStrategy.extended._num_workers`.
+- TensorFlow's `ParameterServerStrategy.extended._num_workers`;
+- for Keras's fit under MultiWorkerMirroredStrategy (`mljob.fitting.mirrored`):
+  `Trainer._make_function` (Keras's multi-step loop around a step),
+  `._maybe_symbolic_build` / `._symbolic_build` (the model built before its first step),
+  `._distribute_strategy`; `keras.src.trainers.data_adapters.array_slicing
+  .train_validation_split` (`validation_split` as fit splits arrays);
+  `keras.src.trainers.data_adapters.tf_dataset_adapter.make_class_weight_map_fn`
+  (`class_weight` mapped onto a dataset as fit maps it); `keras.src.utils.python_utils
+  .pythonify_logs` (nested logs flattened as fit flattens them);
+- the module Keras defines `keras.Model` in (`MODEL_MODULE`), which the launcher waits
+  for (`mljob.fitting` keeps the name as a string: it imports no Keras).
 """
 from __future__ import annotations
 
@@ -34,6 +44,9 @@ from keras.src.backend.common import global_state
 from keras.src.losses.loss import scale_loss_for_distribution, unscale_loss_for_distribution
 from keras.src.losses.losses import LossFunctionWrapper
 from keras.src.trainers import compile_utils
+from keras.src.trainers.data_adapters.array_slicing import train_validation_split
+from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
+from keras.src.utils.python_utils import pythonify_logs
 from keras.src.utils.naming import get_object_name
 
 
@@ -103,8 +116,35 @@ def ps_workers(strategy) -> int:
     return int(strategy.extended._num_workers)
 
 
+def make_function(model, step):
+    """Keras's own train/test function (its multi-step loop, its Optional handling at
+    the end of the data) around `step`."""
+    return model._make_function(step)
+
+
+def model_strategy(model):
+    """The distribution strategy the model was made under (None: Keras's default)."""
+    return model._distribute_strategy
+
+
+def symbolic_build(model, data_batch) -> None:
+    """Keras's build of a model and its compiled parts from one batch, as fit does
+    before its first step."""
+    model._symbolic_build(data_batch=data_batch)
+
+
+def replace_symbolic_build(model, build) -> None:
+    """What fit calls to build the model before its first step (`_maybe_symbolic_build`)."""
+    model._maybe_symbolic_build = build
+
+
+MODEL_MODULE = "keras.src.models.model"
+
+
 __all__ = ["tree", "scale_loss_for_distribution", "unscale_loss_for_distribution",
            "LossFunctionWrapper", "compile_utils", "get_object_name", "fresh_object_names",
            "flat_losses", "flat_metrics", "auc_from_logits", "all_layers",
            "regularization_losses", "adam_slots", "learning_rate_setting",
-           "initial_epoch", "tensorboard_profiles", "ps_workers"]
+           "initial_epoch", "tensorboard_profiles", "ps_workers", "make_function",
+           "model_strategy", "symbolic_build", "replace_symbolic_build", "MODEL_MODULE",
+           "train_validation_split", "make_class_weight_map_fn", "pythonify_logs"]

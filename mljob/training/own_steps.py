@@ -35,6 +35,7 @@ import keras
 import tensorflow as tf
 
 from mljob.training.errors import UsageError
+from mljob.training.keras_private import pythonify_logs, symbolic_build, tree
 from mljob.training.losses import as_floats, compiled_config
 from mljob.training.summaries import NO_LOSS
 
@@ -122,7 +123,7 @@ def build_for_keras(model, strategy, element_spec) -> None:
     """The compiled model's metrics, loss and optimizer built from the data's shapes, as
     Keras's fit builds them before its first step (`_symbolic_build`)."""
     with strategy.scope():
-        model._symbolic_build(data_batch=element_spec)
+        symbolic_build(model, element_spec)
 
 
 def with_class_weight(dataset, class_weight):
@@ -130,8 +131,7 @@ def with_class_weight(dataset, class_weight):
     a dataset (None: the dataset as it is)."""
     if not class_weight:
         return dataset
-    from keras.src.trainers.data_adapters.tf_dataset_adapter import \
-        make_class_weight_map_fn
+    from mljob.training.keras_private import make_class_weight_map_fn
     return dataset.map(make_class_weight_map_fn(dict(class_weight)))
 
 
@@ -150,7 +150,6 @@ def results(model, logs, every_replica: bool = True) -> tuple[float, dict[str, f
     the metrics' state over every replica (the logs of a step are one replica's): a
     collective under MultiWorkerMirrored, which every replica takes part in; the chief's
     evaluation alone passes every_replica=False and keeps its own logs."""
-    from keras.src.utils.python_utils import pythonify_logs
     if every_replica:
         metric_logs = model.get_metrics_result()
         if isinstance(logs, dict) and set(logs) == set(metric_logs):
@@ -174,7 +173,6 @@ def evaluate(model, dataset, strategy=None) -> tuple[float, dict[str, float]]:
         def one(data):
             logs = strategy.run(model.test_step, args=(data,))
             # Only this replica evaluates: its own values, never a collective.
-            from keras.src import tree
             return tree.map_structure(
                 lambda v: strategy.experimental_local_results(v)[0], logs)
         step = _eval_steps[model] = tf.function(one, autograph=False)
