@@ -205,8 +205,10 @@ def test_a_cache_that_cannot_be_written_never_fails_the_build(tmp_path, builds,
 
 
 def test_a_dry_run_keeps_no_sdist(tmp_path, capsys, builds):
+    """The package and mljob's core (every replica's launcher) are built to be shown,
+    and neither is kept."""
     from tests.support.submit_cli import dry_run, write_package
     pkg = write_package(tmp_path / "pkg")
     dry_run(capsys, "job1", "--job-dir", str(tmp_path / "j"), "--package-path", pkg,
             "--module-name", "fakejob.task")
-    assert len(builds) == 1 and not os.path.exists(sdist_cache.root())
+    assert builds == [pkg, "mljob's core"] and not os.path.exists(sdist_cache.root())
