@@ -27,7 +27,7 @@ from mljob import contracts, model_meta, storage
 from mljob.model_meta import MAX_VERSION
 from submit.jobdef import spec as specs
 from submit.errors import SubmitError, UsageError
-from submit.home import mljob_home
+from submit.home import exclusive, mljob_home
 from submit.jobdef.spellings import JOB_ID, suggest_job_id
 
 _NUMBERED = re.compile(r"[vV]?([1-9][0-9]{0,17})")
@@ -169,15 +169,8 @@ MAX_DESCRIPTION = 4096  # characters; Cloud ML documents no bound, its record ne
 
 @contextlib.contextmanager
 def _lock(model: str) -> Iterator[None]:
-    import fcntl
-    path = index_path(model)[:-len(".json")] + ".lock"
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with exclusive(index_path(model)[:-len(".json")] + ".lock"):
         yield
-    finally:
-        os.close(fd)
 
 
 def _check_description(text: str | None) -> None:

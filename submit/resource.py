@@ -24,7 +24,7 @@ from typing import Any
 
 from mljob import storage
 from submit import jobs as records
-from submit.home import mljob_home
+from submit.home import exclusive, mljob_home
 from submit.jobdef.spellings import INT64_KEYS
 
 OWN_KEY = "mljob"
@@ -159,15 +159,8 @@ def labels_lock(job_id: str) -> Iterator[None]:
     """Held while `jobs update` reads the job, compares its etag and writes its labels:
     two updates of one job take turns, so an etag is a compare-and-set and no update's
     labels are lost to another's read-change-write."""
-    import fcntl
-    path = labels_path(job_id)[:-len(".json")] + ".lock"
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with exclusive(labels_path(job_id)[:-len(".json")] + ".lock"):
         yield
-    finally:
-        os.close(fd)  # and the lock with it
 
 
 def save_labels(record: records.JobRecord, labels: dict[str, str]) -> None:

@@ -33,6 +33,7 @@ import keras
 import tensorflow as tf
 
 from mljob.fitting.errors import FitRefused
+from mljob.training import own_steps
 from mljob.training.keras_private import make_function, model_strategy, \
     replace_symbolic_build, symbolic_build, tree
 from mljob.fitting.mirrored_callbacks import is_chief, placed
@@ -61,7 +62,7 @@ def fit(model, original, **arguments):
 def check(model, arguments: dict) -> None:
     """FitRefused, before training, for what cannot run here as Keras runs it."""
     where = "model.fit under MultiWorkerMirroredStrategy"
-    for optimizer in _optimizers(model):
+    for optimizer in own_steps.optimizers(model):
         for option in ("use_ema", "gradient_accumulation_steps"):
             if getattr(optimizer, option, None):
                 raise FitRefused(
@@ -87,17 +88,6 @@ def check(model, arguments: dict) -> None:
 
 def _is_iterator(x) -> bool:
     return hasattr(x, "__next__")
-
-
-def _optimizers(model) -> list:
-    """The compiled optimizer and any other the model holds (a GAN's two)."""
-    found = [model.optimizer] if isinstance(getattr(model, "optimizer", None),
-                                            keras.optimizers.Optimizer) else []
-    for value in list(vars(model).values()):
-        if isinstance(value, keras.optimizers.Optimizer) and all(
-                value is not o for o in found):
-            found.append(value)
-    return found
 
 
 def prepare(model) -> None:
