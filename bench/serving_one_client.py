@@ -61,7 +61,7 @@ elif api == "grpc":
     stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(target))
     call = lambda: stub.Predict(request, timeout=60)
 elif api == "server's call in process":  # what the server runs, without HTTP or JSON
-    from predict import model as models
+    from predict.runtime import model as models
     model = models.load(target)
     batch = {"image": image, "key": np.array([1], np.int64)}
     call = lambda: model.predict(batch)

@@ -353,8 +353,8 @@ def test_rest_is_off_by_default_timeouts_and_tags(server, reaper):
 def test_tensorflow_thread_pools_follow_the_flags():
     import subprocess
     import sys
-    code = ("from predict import flags, serving; import tensorflow as tf; "
-            "serving._tensorflow_threads(flags.parse(['--model_dir=x', "
+    code = ("from predict.serving import flags, process; import tensorflow as tf; "
+            "process._tensorflow_threads(flags.parse(['--model_dir=x', "
             "'--tensorflow_intra_op_parallelism=3', '--tensorflow_session_parallelism=2'], "
             "environ={})); t = tf.config.threading; "
             "print(t.get_intra_op_parallelism_threads(), t.get_inter_op_parallelism_threads())")
