@@ -40,6 +40,23 @@ def _shared_package_environments(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def _project_loggers_as_a_fresh_process_has_them():
+    """Each test starts with this project's loggers as a new process has them: a library
+    an earlier test used in the same worker process may have disabled the loggers it
+    found (`logging.config`'s `disable_existing_loggers`), raised the global
+    `logging.disable` level or cut propagation, and a test that reads the warnings a
+    command logs would then see none."""
+    import logging
+    logging.disable(logging.NOTSET)
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and name.split(".")[0] in (
+                "submit", "mljob", "predict", "trainer"):
+            logger.disabled = False
+            logger.propagate = True
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("MLJOB_HOME", str(tmp_path_factory.mktemp("mljob-home")))
 
