@@ -280,6 +280,22 @@ def _tensorflow_threads(options) -> None:
             tf.config.threading.set_inter_op_parallelism_threads(inter)
 
 
+class _StderrNow(logging.StreamHandler):
+    """A handler writing to whatever `sys.stderr` is when a line is logged, never to a
+    stream an earlier caller set and has since closed (an in-process run's capture)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def _logging() -> None:
     """Version events and reloads, one line each on stderr, as TF Serving logs them.
 
@@ -292,7 +308,7 @@ def _logging() -> None:
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "serving_stderr", False)]:
         root.removeHandler(old)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrNow()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s] "
                                            "%(message)s"))
     handler.serving_stderr = True  # type: ignore[attr-defined]
