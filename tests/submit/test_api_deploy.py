@@ -6,6 +6,7 @@ interpreter exits without either."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -77,4 +78,8 @@ def test_a_server_left_deployed_stops_when_the_interpreter_exits(tmp_path):
                           text=True, timeout=300, env=dict(os.environ))
     assert done.returncode == 0, done.stderr
     pid = int(done.stdout.split()[-1])
-    assert _gone(pid, timeout=5)
+    try:
+        assert _gone(pid, timeout=5)
+    finally:  # a server the interpreter's exit failed to stop is stopped here, by its PID
+        if not _gone(pid, timeout=0):
+            os.kill(pid, signal.SIGKILL)
