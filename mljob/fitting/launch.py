@@ -3,7 +3,9 @@ the user's module, exactly as `python -m MODULE ARGS...` would (`sys.argv`, `__m
 the exit status, a traceback for the script's own errors), with Keras's `fit` made
 distributed first when the replica is part of a cluster (`mljob.fitting`; off with
 MLJOB_KERAS_FIT=0). An mljob error the script lets escape (a refusal of `fit`, a
-`mljob.training` error) ends it with its one line and exit status.
+`mljob.training` error) ends it with its one line and exit status. A script that ends
+normally under MultiWorkerMirroredStrategy waits for the cluster's other tasks to end
+theirs (`mljob.coordination`), so that none is taken for crashed.
 
 Imports no TensorFlow and no Keras: a script that uses neither pays nothing.
 """
@@ -15,6 +17,7 @@ import runpy
 import sys
 
 from mljob import fitting
+from mljob.coordination import leave_together
 from mljob.errors import EXIT_USAGE, MljobError, say
 
 USAGE = "usage: python -m mljob.fitting.launch MODULE [ARGS...]"
@@ -43,6 +46,11 @@ def main(argv: list[str] | None = None) -> None:
     except MljobError as exc:
         say(str(exc))
         raise SystemExit(exc.exit_status) from None
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            leave_together("mljob-launch-end")
+        raise
+    leave_together("mljob-launch-end")
 
 
 if __name__ == "__main__":
