@@ -155,26 +155,43 @@ class Progress:
 
 class Terminal:
     """Thread-safe writer of log lines; on a TTY it keeps a progress line redrawn with
-    `\\r` under the log (never on pipes or files, where it would be noise)."""
+    `\\r` under the log (never on pipes or files, where it would be noise).
 
-    def __init__(self, out: TextIO | None = None, stream: bool = True):
+    A refusal every replica makes alike (the same `error: ...` line, as a cluster's
+    replicas running the same code make it before training) is shown once, from the
+    first replica that says it; each replica's own log keeps its line."""
+
+    def __init__(self, out: TextIO | None = None, stream: bool = True,
+                 clock: Callable[[], float] = time.monotonic):
         self.out = out or sys.stdout
         self.stream = stream
         self.tty = bool(getattr(self.out, "isatty", lambda: False)())
         self.progress = Progress()
+        self.clock = clock
         self._lock = threading.Lock()
         self._shown = False
+        self._errors: dict[str, tuple[str, float]] = {}  # text -> (first label, when)
 
     def line(self, label: str, text: str, formatted: str) -> None:
         with self._lock:
             self.progress.observe(label, text)
-            if not self.stream:
+            if not self.stream or self._said_by_another(label, text):
                 return
             self._clear()
             self.out.write(formatted + "\n")
             if self.tty:
                 self._draw()
             self.out.flush()
+
+    def _said_by_another(self, label: str, text: str) -> bool:
+        if not text.startswith("error: "):
+            return False
+        now = self.clock()
+        first = self._errors.get(text)
+        if first is not None and first[0] != label and now - first[1] <= REPEAT_WINDOW_S:
+            return True
+        self._errors[text] = (label, now)
+        return False
 
     def state(self, state: str) -> None:
         with self._lock:

@@ -139,3 +139,21 @@ def test_a_replicas_log_is_quiet_unless_the_user_set_the_level(capsys, tmp_path,
     with open(os.path.join(log_dir, logs.SERVICE_LOG)) as f:
         service = f.read()
     assert "\tservice\tmaster-replica-0 exited with status 0\n" in service
+
+
+def test_a_refusal_every_replica_makes_alike_is_shown_once():
+    import io
+    clock = [0.0]
+    out = io.StringIO()
+    terminal = logs.Terminal(out, clock=lambda: clock[0])
+    refusal = "error: model.fit under MultiWorkerMirroredStrategy: optimizer adam (Adam) ..."
+    for label, text in (("master-replica-0", refusal), ("worker-replica-0", refusal),
+                        ("worker-replica-1", "error: another refusal"),
+                        ("worker-replica-0", "step 1/2 loss=1")):
+        terminal.line(label, text, f"{label}\t{text}")
+    clock[0] = 61.0  # long after: a new failure of the same words is news again
+    terminal.line("worker-replica-1", refusal, f"worker-replica-1\t{refusal}")
+    terminal.line("master-replica-0", refusal, f"master-replica-0\t{refusal}")  # once again
+    assert out.getvalue().splitlines() == [
+        f"master-replica-0\t{refusal}", "worker-replica-1\terror: another refusal",
+        "worker-replica-0\tstep 1/2 loss=1", f"worker-replica-1\t{refusal}"]
