@@ -177,6 +177,16 @@ def finalize(optimizer, model) -> None:
     optimizer.finalize_variable_values(model.trainable_weights)
 
 
+def seed_states(model) -> dict:
+    """The state of each of the model's random seed generators (Dropout's, a GAN's
+    noise), by position and path: a resumed run draws what the uninterrupted one would
+    have drawn next, not the first steps' masks again. Keras's `variables` are its
+    `weights` and these (a path can repeat: each Dropout's is `seed_generator/...`)."""
+    weights = {id(w) for w in model.weights}
+    return {f"{i}:{v.path}": v.value for i, v in enumerate(
+        v for v in model.variables if id(v) not in weights)}
+
+
 def _state_text(steps_newest_first: list[int]) -> str:
     """TensorFlow's CheckpointState text format, relative paths, oldest listed first."""
     lines = [f'model_checkpoint_path: "{PREFIX}-{steps_newest_first[0]}"']
@@ -186,4 +196,4 @@ def _state_text(steps_newest_first: list[int]) -> str:
 
 
 
-__all__ = ["CheckpointStore", "PREFIX", "STATE_FILE", "finalize"]
+__all__ = ["CheckpointStore", "PREFIX", "STATE_FILE", "finalize", "seed_states"]

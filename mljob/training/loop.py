@@ -39,8 +39,10 @@ import tensorflow as tf
 
 from mljob.training import export as export_lib
 from mljob.training import model_optimizers, own_steps
+from mljob.training.checkpoints import seed_states
 from mljob.training.config import Program, RunConfig
 from mljob.training.errors import UsageError
+from mljob.training.input_context import InputContext
 from mljob.training.keras_private import adam_slots, learning_rate_setting, \
     regularization_losses, scale_loss_for_distribution, tree, unscale_loss_for_distribution
 from mljob.training.losses import compiled_optimizer, merge_rule, one_replica, unpack
@@ -50,24 +52,6 @@ from mljob.training.shared_state import add_change, atomic_iterations, keeping_s
 from mljob.training.strategies import weight_parts
 from mljob.training.optimizers import make_optimizer, steps_per_execution
 from mljob.training.updates import adam_step, fusable, fuse
-
-
-class InputContext(tf.distribute.InputContext):
-    """What `train_dataset_fn` is given: TensorFlow's input context (which pipeline this
-    is, of how many), plus the per-replica `batch_size` and the shuffle `seed`."""
-
-    def __init__(self, num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1,
-                 *, global_batch_size: int, seed: int):
-        super().__init__(num_input_pipelines, input_pipeline_id, num_replicas_in_sync)
-        self.batch_size = self.get_per_replica_batch_size(global_batch_size)
-        self.seed = seed
-
-    @classmethod
-    def from_tf(cls, context: tf.distribute.InputContext, global_batch_size: int,
-                seed: int) -> "InputContext":
-        return cls(context.num_input_pipelines, context.input_pipeline_id,
-                   context.num_replicas_in_sync, global_batch_size=global_batch_size,
-                   seed=seed)
 
 
 class Replica:
@@ -143,7 +127,7 @@ class Replica:
                                for v in o.variables]
         self.checkpoint = tf.train.Checkpoint(
             model={w.path: w.value for w in self.model.weights},
-            optimizer=optimizer_variables, step=self.step)
+            optimizer=optimizer_variables, step=self.step, seeds=seed_states(self.model))
         # autograph=False, as Keras's fit traces its steps: the loops are TensorFlow's
         # own (tf.while_loop), and converting this code and everything it calls took
         # two thirds of the first chunk's tracing (seconds before the first step).
@@ -497,3 +481,4 @@ def _all_replicas_sum(value):
 
 
 __all__ = ["InputContext", "Replica", "make_optimizer", "steps_per_execution"]
+

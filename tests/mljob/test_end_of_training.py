@@ -64,3 +64,49 @@ class _KeepRaw(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         type(self).weights = [np.array(w) for w in self.model.get_weights()]
+
+
+def _dropout_model():
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((784,))
+    x = keras.layers.Dense(32, activation="relu")(inputs)
+    x = keras.layers.Dropout(0.5)(x)
+    x = keras.layers.Dense(32, activation="relu")(x)
+    x = keras.layers.Dropout(0.3)(x)
+    model = keras.Model(inputs, keras.layers.Dense(10)(x))
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.CategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _flat(batch: int):
+    x, y = zoo.mnist_data(STEPS * batch)
+    return tf.data.Dataset.from_tensor_slices((x.reshape(-1, 784), y)).batch(batch)
+
+
+def test_a_resumed_run_draws_the_dropout_masks_the_uninterrupted_one_would(tmp_path, capsys):
+    """STEPS steps, stopped, resumed for STEPS more, is Keras's `fit` for 2 * STEPS steps:
+    the dropout seeds come back from the checkpoint (the data repeats every STEPS
+    batches, so the resumed run's data is the same either way)."""
+    reference = _dropout_model()
+    reference.fit(_flat(BATCH).repeat(), steps_per_epoch=2 * STEPS, epochs=1, verbose=0,
+                  shuffle=False)
+    job = tmp_path / "job"
+    for steps in (STEPS, 2 * STEPS):
+        assert training.fit(
+            _dropout_model, lambda ctx: _flat(ctx.batch_size).repeat(),
+            info=cluster.from_environment({}),
+            config=training.RunConfig(job_dir=str(job), train_steps=steps,
+                                      batch_size=BATCH, steps_per_execution=1,
+                                      log_every=STEPS, eval_every=0,
+                                      checkpoint_every=0)) == 0
+    capsys.readouterr()
+    restored = export_lib.built(_dropout_model)
+    store = CheckpointStore(str(job / "checkpoints"), keep=5, writer=False)
+    try:
+        assert store.restore(tf.train.Checkpoint(
+            model={w.path: w.value for w in restored.weights}), partial=True) == 2 * STEPS
+    finally:
+        store.close()
+    for ours, theirs in zip(restored.weights, reference.weights, strict=True):
+        assert np.allclose(np.asarray(ours), np.asarray(theirs), atol=1e-5), ours.path
