@@ -148,6 +148,7 @@ class _Loop:
                  chief: bool):
         self.replica, self.program, self.config, self.store = replica, program, config, store
         self.writers, self.progress, self.chief = writers, progress, chief
+        self._lone = None  # the chief's copy for evaluating a model's own steps alone
 
     def run(self, start: int, stop: StopSignal) -> int:
         cfg = self.config
@@ -243,13 +244,28 @@ class _Loop:
         # The chief evaluates alone: a model compiled by the library is evaluated
         # statelessly by its loss and metrics (`checks`), never through the strategy's
         # replicas, whose metric reads would wait for the other workers.
-        loss, metrics = evaluate(self.replica.model, self.program.eval_dataset_fn(),
-                                 self.replica.objective or self.replica.checks,
-                                 self.replica.strategy)
+        model, strategy = self.replica.model, self.replica.strategy
+        objective = self.replica.objective or self.replica.checks
+        if objective is None and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            # A model's own test_step updates and resets its trackers, whose variables
+            # are the strategy's: their reset is a collective the other workers, in
+            # their next chunk, never join. So the chief evaluates a copy of its own.
+            model, strategy = self._lone_copy(), None
+        loss, metrics = evaluate(model, self.program.eval_dataset_fn(), objective, strategy)
         self.progress.eval(step, loss, metrics)
         self.writers.eval(step, loss=loss, **metrics)
         self.writers.sync()
         hypertune.report_evaluation(step, loss=loss, metrics=metrics)  # tuning trials
+
+    def _lone_copy(self):
+        """model_fn()'s model outside the strategy, holding the trained weights now."""
+        from mljob.training import export as export_lib
+        if self._lone is None:
+            self._lone = export_lib.built(self.program.model_fn)
+        for mine, trained in zip(self._lone.weights, weights_numpy(self.replica.model),
+                                 strict=True):
+            mine.assign(trained)
+        return self._lone
 
 
 __all__ = ["run", "replica_export"]
