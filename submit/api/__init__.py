@@ -188,6 +188,16 @@ class Job:
         return self
 
 
+def _noted(job_id: str, progress: bool | None):
+    """A submission's echo: each note kept for the Job and shown as progress."""
+    notes: list[str] = []
+    shown = api_progress.Progress(job_id, on=api_progress.enabled(progress))
+
+    def echo(text: str, err: bool = False) -> None:
+        notes.append(text)
+        shown.note(text)
+    return notes, shown, echo
+
 def submit(job_id: str, *, package_path: str | None = None,
            module_name: str | None = None, job_dir: str | None = None,
            args: Sequence[str] | None = None, scale_tier: str | None = None,
@@ -203,12 +213,7 @@ def submit(job_id: str, *, package_path: str | None = None,
     (`worker_count=2`, `region="us-central1"`, `image=...` for kubeflow, `project=...`
     for vertex, `ray_address=...`). `progress`: each step of the submission (packaging,
     an image built, the job started) shown as it happens."""
-    notes: list[str] = []
-    shown = api_progress.Progress(job_id, on=api_progress.enabled(progress))
-
-    def echo(text: str, err: bool = False) -> None:
-        notes.append(text)
-        shown.note(text)
+    notes, shown, echo = _noted(job_id, progress)
     try:
         run_submission(job_id, package_path=package_path, module_name=module_name,
                        job_dir=job_dir, args=args, scale_tier=scale_tier, config=config,
@@ -330,12 +335,7 @@ def submit_prediction(job_id: str, *, model_dir: str | None = None,
         max_worker_count=max_worker_count, batch_size=batch_size,
         signature_name=signature_name, resume=resume,
         labels=(",".join(f"{k}={v}" for k, v in labels.items()),) if labels else ())
-    notes: list[str] = []
-    shown = api_progress.Progress(job_id, on=api_progress.enabled(progress))
-
-    def echo(text: str, err: bool = False) -> None:
-        notes.append(text)
-        shown.note(text)
+    notes, shown, echo = _noted(job_id, progress)
     try:
         submission.submit_prediction(spec, runner, EngineOptions(**options), echo,
                                      stream=False)
