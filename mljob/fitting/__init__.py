@@ -50,14 +50,15 @@ def enabled(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def in_cluster(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether the environment's cluster has other tasks to train with. A malformed
+    """Whether the environment's cluster has other tasks to train with, or the job has
+    an evaluator (which follows the chief's epochs, even a chief alone's). A malformed
     cluster is left to the script (its strategy says what is wrong)."""
     from mljob import cluster
     try:
         info = cluster.from_environment(environ)
     except cluster.ClusterConfigError:
         return False
-    return not info.is_single_node
+    return not info.is_single_node or info.has_evaluator
 
 
 def install(environ: Mapping[str, str] = os.environ, args: Sequence[str] = ()) -> None:
@@ -228,11 +229,14 @@ def _fit(model, original, args: tuple, kwargs: dict):
         arguments = fit_arguments(original, model, args, kwargs)
         raise SystemExit(sidecar.follow(model, _epochs_url(), arguments))
     kind = strategy_kind(model.distribute_strategy)
-    if kind == "keras":
+    publish = info is not None and info.has_evaluator and (kind != "keras" or info.is_chief)
+    if kind == "keras" and not publish:
         return original(model, *args, **kwargs)
     arguments = fit_arguments(original, model, args, kwargs)
-    if info is not None and info.has_evaluator:
+    if publish:
         arguments["callbacks"] = _with_publisher(model, arguments.get("callbacks"))
+    if kind == "keras":  # a chief alone with its evaluator: Keras's fit, and the epochs
+        return original(model, **arguments)
     if kind == "multiworker":
         from mljob.fitting import mirrored
         return mirrored.fit(model, original, **arguments)

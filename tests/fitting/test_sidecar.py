@@ -228,3 +228,24 @@ def test_on_the_evaluator_the_strategies_are_local_and_fit_evaluates_then_ends(t
     assert "evaluator: epoch 1/1 (step 1): val_loss=" in ran.stdout
     assert "evaluator finished: the chief's last epoch (1) evaluated" in ran.stdout
     assert "AFTER FIT" not in ran.stdout
+
+
+def test_a_chief_alone_with_an_evaluator_runs_keras_s_fit_and_publishes(tmp_path):
+    """No workers, an evaluator (CUSTOM: a master and evaluatorCount): the launcher's
+    patch is on, the chief's fit is Keras's own with the publisher after its callbacks."""
+    from mljob import fitting
+    environ = {"TF_CONFIG": json.dumps({
+        "cluster": {"master": ["127.0.0.1:1"]}, "task": {"type": "master", "index": 0},
+        "job": {"evaluatorCount": 1}}), "CLOUD_ML_JOB_ID": "j3"}
+    assert fitting.in_cluster(environ)
+    assert not fitting.in_cluster({"TF_CONFIG": json.dumps({
+        "cluster": {"master": ["127.0.0.1:1"]}, "task": {"type": "master", "index": 0}})})
+    fitting.install(environ, ["--job-dir", str(tmp_path)])
+    try:
+        x, y = _data(0)
+        history = _model().fit(x, y, batch_size=16, epochs=2, verbose=0)
+    finally:
+        fitting.uninstall()
+    assert history.epoch == [0, 1]  # Keras's History, as its fit returns it
+    entry = sidecar.read_index(str(tmp_path / sidecar.FOLDER), "j3")
+    assert entry["epoch"] == 2 and entry["final"] is True
