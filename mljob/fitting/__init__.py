@@ -227,7 +227,9 @@ def _fit(model, original, args: tuple, kwargs: dict):
     if info is not None and info.is_evaluator:
         from mljob.fitting import sidecar
         arguments = fit_arguments(original, model, args, kwargs)
-        raise SystemExit(sidecar.follow(model, _epochs_url(), arguments))
+        raise SystemExit(sidecar.follow(
+            model, _epochs_url(), arguments, summaries=sidecar.summaries_url(
+                _CONTEXT.get("environ", {}), _CONTEXT.get("args", ()))))
     kind = strategy_kind(model.distribute_strategy)
     publish = info is not None and info.has_evaluator and (kind != "keras" or info.is_chief)
     if kind == "keras" and not publish:

@@ -24,7 +24,9 @@ AIP_CHECKPOINT_DIR when the engine sets it, else the script's `--job-dir`, and i
   evaluation prints one line and, when the script has a `TensorBoard` callback, is
   written in the run `evaluator` beside its `train` and `validation` runs (`_EvalWriter`:
   the tags Keras's TensorBoard writes; the chief's own validation stays in
-  `validation`). Once the
+  `validation`), and in the job's summaries as mljob's trainer writes them and the
+  console draws them (`<job-dir>/summaries/eval/`, `metrics/<metric>` by the chief's
+  step). Once the
   final epoch is evaluated the replica ends with status 0: `fit` does not return there,
   so what the script does after `fit` (saving, exporting, writing its History) stays
   the chief's alone. SIGTERM, SIGINT or the launcher's death end it early, also with
@@ -59,6 +61,17 @@ def epochs_url(environ: Mapping[str, str], args: Sequence[str]) -> str | None:
     `--job-dir` (or `--job_dir`), then `fit-epochs/`; None when there is neither."""
     base = environ.get(contracts.AIP_CHECKPOINT_DIR) or _job_dir(args)
     return storage.join(base, FOLDER) if base else None
+
+
+def summaries_url(environ: Mapping[str, str], args: Sequence[str]) -> str | None:
+    """The job's summaries, as mljob's trainer writes them and the console reads them
+    (`<job-dir>/summaries`, or AIP_TENSORBOARD_LOG_DIR); None without a job dir."""
+    from mljob.training.outputs import resolve_outputs
+    job_dir = _job_dir(args)
+    if job_dir is None and not any(environ.get(name) for name in (
+            contracts.AIP_MODEL_DIR, contracts.AIP_TENSORBOARD_LOG_DIR)):
+        return None
+    return resolve_outputs(job_dir, environ).summary_url
 
 
 def _job_dir(args: Sequence[str]) -> str | None:
@@ -143,9 +156,9 @@ def read_index(url: str, job: str) -> dict | None:
     return entry
 
 
-def follow(model, url: str | None, arguments: dict, *, say=None,
-           environ: Mapping[str, str] = os.environ, poll_seconds: float = POLL_SECONDS,
-           stop: StopSignal | None = None) -> int:
+def follow(model, url: str | None, arguments: dict, *, summaries: str | None = None,
+           say=None, environ: Mapping[str, str] = os.environ,
+           poll_seconds: float = POLL_SECONDS, stop: StopSignal | None = None) -> int:
     """The evaluator's `fit` (module doc); returns the exit status the replica ends
     with (the caller raises SystemExit with it)."""
     say = say or _say
@@ -166,6 +179,9 @@ def follow(model, url: str | None, arguments: dict, *, say=None,
     writers = [_EvalWriter(os.path.join(str(cb.log_dir), RUN))
                for cb in _flat(arguments.get("callbacks"))
                if isinstance(cb, keras.callbacks.TensorBoard)]
+    from mljob.training.summaries import SummaryWriters
+    job_summaries = SummaryWriters(summaries, enabled=True, jobs=("eval",)) \
+        if summaries else None
     stop = stop or StopSignal(environ).install()
     job = _job_id(environ)
     say(f"evaluator: following the chief's epochs in {url}")
@@ -185,8 +201,12 @@ def follow(model, url: str | None, arguments: dict, *, say=None,
         _set(model, arrays, int(entry.get("iterations") or 0))
         logs = model.evaluate(data, verbose=0, return_dict=True)
         logs = {k: float(v) for k, v in logs.items() if np.ndim(v) == 0}
+        step = int(entry.get("iterations") or 0)
         for writer in writers:
-            writer.write(epoch, int(entry.get("iterations") or 0), logs)
+            writer.write(epoch, step, logs)
+        if job_summaries is not None:  # the console's curves: run `eval`, by step
+            job_summaries.eval(step, **logs)
+            job_summaries.sync()
         total = entry.get("epochs")
         values = " ".join(f"val_{k}={v:.6g}" for k, v in logs.items())
         say(f"evaluator: epoch {epoch}{'' if total is None else f'/{total}'} (step "
@@ -194,21 +214,30 @@ def follow(model, url: str | None, arguments: dict, *, say=None,
         last = epoch
         return True
 
+    try:
+        return _follow_loop(url, job, look, stop, poll_seconds, say, lambda: last)
+    finally:
+        if job_summaries is not None:
+            job_summaries.close()
+
+
+def _follow_loop(url, job, look, stop, poll_seconds, say, last) -> int:
+    """Look at the index until the chief's last epoch is evaluated, or a stop."""
     while True:
         entry = read_index(url, job)
         if entry is not None:
             look(entry)
             if entry.get("final") and (entry.get("epoch") is None or
-                                       entry.get("epoch") == last):
+                                       entry.get("epoch") == last()):
                 say(f"evaluator finished: the chief's last epoch "
-                    f"({'none' if last is None else last}) evaluated")
+                    f"({'none' if last() is None else last()}) evaluated")
                 return EXIT_OK
         if stop.wait(poll_seconds):
             entry = read_index(url, job)  # one last look, as mljob's evaluator takes
             if entry is not None:
                 look(entry)
             say(f"evaluator stopping: {stop.reason()}; last evaluated epoch "
-                f"{'none' if last is None else last}")
+                f"{'none' if last() is None else last()}")
             return EXIT_OK
 
 
@@ -278,5 +307,5 @@ def validation_data(arguments: dict):
     return ps_inputs.validation(data, arguments.get("validation_steps"), batch)
 
 
-__all__ = ["FOLDER", "INDEX", "epochs_url", "Publisher", "read_index", "follow",
+__all__ = ["FOLDER", "INDEX", "epochs_url", "summaries_url", "Publisher", "read_index", "follow",
            "validation_data"]

@@ -6,8 +6,9 @@ evaluator is the default one (TensorFlow's would join the training cluster: the 
 failed with "Could not start gRPC server" under ps, with KeyError 'evaluator' under
 MultiWorkerMirrored); the evaluator's `fit` evaluates the chief's published epochs, each
 equal to what Keras's `model.evaluate` gives on that epoch's weights (the chief's own
-validation of them), writes them in the TensorBoard run `evaluator`, ends by itself
-after the chief's last epoch, and is gone by its PID at the end."""
+validation of them), writes them in the TensorBoard run `evaluator` and in the job's
+summaries the console draws, ends by itself after the chief's last epoch, and is gone
+by its PID at the end."""
 from __future__ import annotations
 
 import json
@@ -75,6 +76,10 @@ def _check_evaluations(out: str, job_dir, log_dir, steps_per_epoch: int | None):
     written = _scalars(log_dir / "evaluator", "epoch_loss")
     assert written == pytest.approx({e - 1: v for e, (_, v) in lines.items()}, rel=1e-5)
     assert sorted(_scalars(log_dir / "validation", "epoch_loss")) == list(range(last))
+    # and the job's summaries, as the console draws a job's curves: run `eval` by step
+    from submit.query.curves import JobCurves
+    curves = JobCurves(str(job_dir)).read()["metrics/loss"]["eval"]
+    assert curves == pytest.approx({s: v for s, v in lines.values()}, rel=1e-5)
     # the evaluator never ran what the script does after fit: History is the chief's
     assert history["epoch"] == list(range(last))
     assert "evaluator: the script's " in out

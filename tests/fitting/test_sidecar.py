@@ -136,15 +136,19 @@ def test_the_evaluator_evaluates_the_newest_epoch_as_keras_does_and_ends(trained
 
 
 def test_the_evaluator_writes_a_tensorboard_run_beside_the_script_s(trained, tmp_path):
+    """And the job's summaries, where the console reads a job's curves."""
+    from submit.query.curves import JobCurves
     url, _ = trained
     xv, yv = _data(1)
     logs = tmp_path / "logs"
-    sidecar.follow(_model(), url,
-                   {"x": np.concatenate([_data(2)[0], xv]), "y": np.concatenate(
-                       [_data(2)[1], yv]), "validation_split": 0.5, "batch_size": 16,
-                    "callbacks": [keras.callbacks.TensorBoard(log_dir=str(logs))]},
-                   say=lambda s: None, environ={"CLOUD_ML_JOB_ID": "j1"},
-                   poll_seconds=0, stop=_Stop())
+    job_dir = tmp_path / "job"
+    summaries = sidecar.summaries_url({}, ["--job-dir", str(job_dir)])
+    arguments = {"x": np.concatenate([_data(2)[0], xv]),
+                 "y": np.concatenate([_data(2)[1], yv]), "validation_split": 0.5,
+                 "batch_size": 16,
+                 "callbacks": [keras.callbacks.TensorBoard(log_dir=str(logs))]}
+    sidecar.follow(_model(), url, arguments, summaries=summaries, say=lambda s: None,
+                   environ={"CLOUD_ML_JOB_ID": "j1"}, poll_seconds=0, stop=_Stop())
     tags = {}
     folder = logs / sidecar.RUN
     for name in os.listdir(folder):
@@ -152,6 +156,18 @@ def test_the_evaluator_writes_a_tensorboard_run_beside_the_script_s(trained, tmp
             for value in event.summary.value:
                 tags[value.tag] = event.step
     assert tags["epoch_loss"] == 3 and tags["evaluation_loss_vs_iterations"] == 16
+    curves = JobCurves(str(job_dir)).read()
+    assert list(curves["metrics/loss"]["eval"]) == [16]
+    assert list(curves["metrics/sparse_categorical_accuracy"]["eval"]) == [16]
+
+
+@pytest.mark.parametrize("environ, args, expected", [
+    ({}, ["--job-dir", "/j"], "/j/summaries"),
+    ({"AIP_TENSORBOARD_LOG_DIR": "gs://b/tb/"}, [], "gs://b/tb"),
+    ({}, [], None),
+])
+def test_the_job_s_summaries_are_where_the_trainer_writes_them(environ, args, expected):
+    assert sidecar.summaries_url(environ, args) == expected
 
 
 def test_a_stopped_evaluator_takes_one_last_look_and_ends_with_status_0(tmp_path):
