@@ -32,6 +32,11 @@ AIP_CHECKPOINT_DIR when the engine sets it, else the script's `--job-dir`, and i
   the chief's alone. SIGTERM, SIGINT or the launcher's death end it early, also with
   status 0, after one last look at the newest epoch (as mljob's evaluator does).
   No validation data: one line saying so, status 0.
+
+The chief's own validation is unchanged: tf.keras 2's `fit` (tf_keras/engine/training.py)
+validates `validation_data` whether or not a SidecarEvaluator runs beside it, and the
+callbacks watching `val_` logs (EarlyStopping, ReduceLROnPlateau, a best-only
+ModelCheckpoint) need them on the chief.
 """
 from __future__ import annotations
 
