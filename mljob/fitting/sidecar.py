@@ -241,8 +241,11 @@ def _follow_loop(url, job, look, stop, poll_seconds, say, last) -> int:
             entry = read_index(url, job)  # one last look, as mljob's evaluator takes
             if entry is not None:
                 look(entry)
-            say(f"evaluator stopping: {stop.reason()}; last evaluated epoch "
-                f"{'none' if last() is None else last()}")
+            if last() is None:
+                say(f"evaluator stopping: {stop.reason()}; nothing evaluated: the chief "
+                    f"published no epoch in {url}")
+            else:
+                say(f"evaluator stopping: {stop.reason()}; last evaluated epoch {last()}")
             return EXIT_OK
 
 

@@ -184,6 +184,15 @@ def test_a_stopped_evaluator_takes_one_last_look_and_ends_with_status_0(tmp_path
     assert said[-1] == "evaluator stopping: got SIGTERM; last evaluated epoch 1"
 
 
+def test_an_evaluator_stopped_before_any_epoch_says_it_evaluated_nothing(tmp_path):
+    said = []
+    url = str(tmp_path / "fit-epochs")
+    assert sidecar.follow(_model(), url, {"validation_data": _data(1)}, say=said.append,
+                          environ={}, poll_seconds=0, stop=_Stop(stopped=True)) == 0
+    assert said[-1] == (f"evaluator stopping: got SIGTERM; nothing evaluated: the chief "
+                        f"published no epoch in {url}")
+
+
 def test_without_validation_data_the_evaluator_says_so_and_ends(tmp_path):
     said = []
     assert sidecar.follow(_model(), None, {"x": _data(0)[0]}, say=said.append,
