@@ -60,6 +60,7 @@ class ClusterInfo:
     environment: str | None = None
     trial: str | None = None
     source: str = ""
+    has_evaluator: bool = False  # the job has an evaluator replica (outside `cluster`)
 
     @property
     def is_chief(self) -> bool:
@@ -157,8 +158,19 @@ def parse_tf_config(text: str | None) -> ClusterInfo:
                           '{"cluster": {"chief": ["host:2222"]}, '
                           '"task": {"type": "chief", "index": 0}}')
     cluster, task = _cluster_and_task(config, "TF_CONFIG", "chief, worker, ps")
-    return _build(cluster, task, source="TF_CONFIG",
+    info = _build(cluster, task, source="TF_CONFIG",
                   **_labels(config, task.get("trial", config.get("trial"))))
+    job = config.get("job")
+    if isinstance(job, str):  # Cloud ML's trainingInput, as an object or its JSON text
+        try:
+            job = json.loads(job)
+        except (ValueError, RecursionError):
+            job = None
+    count = job.get("evaluatorCount") if isinstance(job, dict) else None
+    listed = bool(cluster.get(EVALUATOR)) or info.is_evaluator
+    counted = isinstance(count, int) and not isinstance(count, bool) and count > 0 or \
+        isinstance(count, str) and _is_index(count) and int(count) > 0
+    return dataclasses.replace(info, has_evaluator=listed or counted)
 
 
 def parse_cluster_spec(text: str | None) -> ClusterInfo:
@@ -190,7 +202,9 @@ def parse_cluster_spec(text: str | None) -> ClusterInfo:
     if task:
         assert isinstance(pool, str)  # checked above: a task's type is one of VERTEX_POOLS
         task = dict(task, type=VERTEX_POOLS[pool])
-    return _build(roles, task, source="CLUSTER_SPEC", **_labels(config, task.get("trial")))
+    info = _build(roles, task, source="CLUSTER_SPEC", **_labels(config, task.get("trial")))
+    return dataclasses.replace(info, has_evaluator=bool(roles.get(EVALUATOR))
+                               or info.is_evaluator)
 
 
 def parse_flags(ps_hosts: str | None, worker_hosts: str | None, job_name: str | None,

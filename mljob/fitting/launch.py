@@ -2,10 +2,12 @@
 the user's module, exactly as `python -m MODULE ARGS...` would (`sys.argv`, `__main__`,
 the exit status, a traceback for the script's own errors), with Keras's `fit` made
 distributed first when the replica is part of a cluster (`mljob.fitting`; off with
-MLJOB_KERAS_FIT=0). An mljob error the script lets escape (a refusal of `fit`, a
-`mljob.training` error) ends it with its one line and exit status. A script that ends
-normally under MultiWorkerMirroredStrategy waits for the cluster's other tasks to end
-theirs (`mljob.coordination`), so that none is taken for crashed.
+MLJOB_KERAS_FIT=0), and on the evaluator replica made the sidecar evaluation of the
+chief's epochs (`mljob.fitting.sidecar`, which finds the job dir in ARGS). An mljob
+error the script lets escape (a refusal of `fit`, a `mljob.training` error) ends it with
+its one line and exit status. A script that ends normally under
+MultiWorkerMirroredStrategy waits for the cluster's other tasks to end theirs
+(`mljob.coordination`), so that none is taken for crashed.
 
 Imports no TensorFlow and no Keras: a script that uses neither pays nothing.
 """
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{sys.executable}: No module named {module}", file=sys.stderr)
         raise SystemExit(1)
     if fitting.enabled(os.environ) and fitting.in_cluster(os.environ):
-        fitting.install()
+        fitting.install(os.environ, args)
     sys.argv = [module, *args]  # run_module puts the module's file first, as -m does
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
