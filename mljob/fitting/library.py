@@ -89,6 +89,7 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
                                 EpochCheckpoints(store, epochs.steps_per_epoch or 0),
                                 stopper],
                      initial_epoch=epochs.initial_epoch, verbose=0,
+                     shuffle=False,  # a dataset's own order (Keras ignores it, warning)
                      class_weight=None if kind == "multiworker" else program.class_weight)
     if kind == "ps":
         arguments["batch_size"] = config.batch_size  # each worker's pipeline's batch
