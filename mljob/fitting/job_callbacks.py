@@ -66,17 +66,20 @@ class JobReport(keras.callbacks.Callback):
         self.last: dict[str, float] = {}
         self.validated = False
         self.epochs_done = 0
-        self._begun = self._epoch_begun = time.monotonic()
+        self._epoch_begun = time.monotonic()
+        self._rate: float | dict[str, float] = float("nan")
 
     def on_train_begin(self, logs=None):
         start = initial_epoch(self.model) or self.params.get("initial_epoch", 0) or 0
         self.epochs_done = start
         self.progress.line(self.started.format(epoch=start,
                                                step=start * self.steps_per_epoch))
-        self._begun = time.monotonic()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_begun = time.monotonic()
+        # the rate the epoch trains at: the user's callbacks (a scheduler) set it before
+        # this one, a plateau's halving at the epoch's end is the next epoch's
+        self._rate = self.learning_rate()
 
     def on_epoch_end(self, epoch, logs=None):
         step = (epoch + 1) * self.steps_per_epoch
@@ -87,7 +90,7 @@ class JobReport(keras.callbacks.Callback):
         steps_per_sec = self.steps_per_epoch / seconds
         examples = steps_per_sec * self.batch_size
         loss = train.pop("loss", NO_LOSS)
-        rate = self.learning_rate()
+        rate = self._rate
         self.progress.step(step, loss, train, examples, rate)
         rates = rate if isinstance(rate, dict) else {"learning_rate": rate}
         self.writers.train(step, loss=loss, **train, **rates, steps_per_sec=steps_per_sec,

@@ -148,6 +148,9 @@ def test_epoch_mode_is_keras_fit_with_the_jobs_outputs_added(tmp_path, capsys):
                                "steps_per_epoch=6 step=0 train_steps=18 ")
     steps = [line for line in lines if line.startswith("step ")]
     assert [re.match(r"step (\d+)/18 loss=", s).group(1) for s in steps] == ["6", "12", "18"]
+    # each epoch's line: its loss and metrics as History has them, the rate it trained at
+    assert [s.rsplit(" ", 1)[1] for s in steps] == ["lr=0.45", "lr=0.405", "lr=0.18225"]
+    assert f"accuracy={history.history['accuracy'][1]:.4f}" in steps[1]
     evals = [line for line in lines if line.startswith("eval step=")]
     assert [line.split()[1] for line in evals] == ["step=6", "step=12", "step=18"]
     assert f"loss={history.history['val_loss'][-1]:.4f}" in evals[-1]
