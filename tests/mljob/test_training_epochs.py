@@ -6,6 +6,7 @@ checkpoints, the export, the resume of a stopped job at its epoch), and the refu
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 
@@ -170,6 +171,16 @@ def test_epoch_mode_is_keras_fit_with_the_jobs_outputs_added(tmp_path, capsys):
     assert os.path.isdir(job / "checkpoints" / "backup")
     assert os.path.exists(job / "model" / "saved_model.pb")
 
+    # an evaluator replica follows those checkpoints to the last epoch's, and returns 0
+    from mljob import cluster
+    evaluator = cluster.from_environment({"TF_CONFIG": json.dumps({
+        "cluster": {"chief": ["127.0.0.1:1"]}, "task": {"type": "evaluator", "index": 0}})})
+    capsys.readouterr()
+    assert _library(tmp_path, job, [], info=evaluator) == 0
+    out = capsys.readouterr().out
+    assert f"eval step=18 loss={history.history['val_loss'][-1]:.4f}" in out
+    assert "evaluator finished: step=18" in out
+
 
 def _stop_after_epoch(stop, epoch: int):
     """A callback that delivers SIGTERM to the run's stop flag at `epoch`'s end, as the
@@ -232,3 +243,56 @@ def test_epoch_mode_refusals_name_the_fix(tmp_path, overrides, fragment):
     with pytest.raises(training.UsageError, match=re.escape(fragment)):
         _library(tmp_path, tmp_path / "job", overrides.pop("callbacks", []), **overrides)
     assert not os.path.exists(tmp_path / "job")
+
+
+MAIN_SCRIPT = '''\
+import os, sys, time
+import keras
+from mljob import training
+from tests.mljob.test_training_epochs import model_fn, optimizer, train_dataset_fn
+
+
+class Slow(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        time.sleep(float(os.environ.get("EPOCH_SECONDS", "0")))
+
+
+training.main(model_fn, train_dataset_fn, loss="binary_crossentropy", optimizer=optimizer,
+              config=training.RunConfig(job_dir=sys.argv[1], batch_size=32), epochs=30,
+              steps_per_epoch=2, callbacks=[Slow()])
+'''
+
+
+@pytest.mark.slow  # two TensorFlow processes
+def test_main_sigterm_exits_143_after_the_epoch_and_the_job_resumes_there(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from mljob.procs import stop_process
+    from tests.support.common import ROOT
+    script, job = tmp_path / "task.py", tmp_path / "job"
+    script.write_text(MAIN_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CONFIG": ""}
+    proc = subprocess.Popen([sys.executable, str(script), str(job)], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**env, "EPOCH_SECONDS": "0.5"})
+    try:
+        for line in proc.stdout:
+            if line.startswith("step "):
+                proc.send_signal(signal.SIGTERM)
+                break
+        _, err = proc.communicate(timeout=300)
+    finally:
+        stop_process(proc)
+    assert proc.returncode == 143, err[-3000:]
+    stopped = re.search(r"^error: stopped after epoch (\d+) \(got SIGTERM\); backup saved, "
+                        r"run again to resume$", err, re.M)
+    assert stopped, err[-3000:]
+    done = subprocess.run([sys.executable, str(script), str(job)], cwd=ROOT, text=True,
+                          capture_output=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]  # main: a History is exit status 0
+    epoch = int(stopped.group(1))
+    assert f"training started: strategy=single epoch={epoch} epochs=30 steps_per_epoch=2 " \
+        f"step={2 * epoch} " in done.stdout
+    assert "training finished: step=60 epochs=30" in done.stdout
