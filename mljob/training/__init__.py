@@ -25,6 +25,26 @@ progress lines the launcher reads, and the single-node SavedModel export (publis
 whole, the instance key passed through). SIGTERM, SIGINT and the launcher's death stop
 every replica after a checkpoint (`signals`).
 
+By epochs, the same call is Keras's `fit` on every role and returns Keras's History:
+
+    history = training.fit(model_fn, train_dataset_fn, loss=..., optimizer=..., metrics=...,
+                           epochs=10, steps_per_epoch=200, validation_data=val_fn,
+                           callbacks=[keras.callbacks.ReduceLROnPlateau(), ...],
+                           config=training.RunConfig(job_dir=args.job_dir))
+
+The model from model_fn in the strategy's scope, compiled with the arguments, the data
+from train_dataset_fn as the strategy needs it, then the dispatch of a `model.fit`
+script (`mljob.fitting`: Keras's own fit on one node, `mirrored.fit` under
+MultiWorkerMirrored, `ps_fit.fit` under ps), the user's callbacks first, then the job's:
+a line per epoch (`step N/M`, M = epochs * steps_per_epoch) and per validation, the
+summaries' tags, the hypertune report, a checkpoint per epoch (the evaluator follows
+them), a BackupAndRestore under the checkpoints (a stopped job resumes at its epoch),
+SIGTERM stopping at the epoch's end (exit 143), the export on the chief. The ps and the
+workers under ps serve and return 0, the evaluator returns 0. That run lives in
+`mljob.fitting.library`: `mljob.fitting` stands on this package's loop modules, so
+`run` below imports it (inside the function) from above both; no module of
+`mljob.fitting` imports this one, and the module graph stays without a circle.
+
 This module and `config`, `outputs`, `signals`, `errors`, `precision` and `kernels`
 import no TensorFlow; the loop, the strategies, the evaluator and the export do, when a
 run starts. Importing it chooses TensorFlow's CPU kernels (`kernels`).
