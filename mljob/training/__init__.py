@@ -126,6 +126,10 @@ def fit(model_fn: Callable[[], Any], train_dataset_fn: Callable[[Any], Any], *,
         raise UsageError("validation_data and eval_dataset_fn are the same thing: give "
                          "one of them")
     if validation_data is not None:
+        if not callable(validation_data) and not _is_dataset(validation_data):
+            raise UsageError(f"validation_data is a {type(validation_data).__name__}: give "
+                             "a finite tf.data.Dataset of (features, labels) batches, or a "
+                             "function returning one")
         eval_dataset_fn = validation_data if callable(validation_data) \
             else (lambda: validation_data)
     program = Program(model_fn=model_fn, train_dataset_fn=train_dataset_fn, loss=loss,
@@ -211,6 +215,13 @@ def main(model_fn: Callable[[], Any], train_dataset_fn: Callable[[Any], Any], **
     last."""
     exit_now(boundary(lambda: _status(fit(model_fn, train_dataset_fn, **kwargs)),
                       program="training"))
+
+
+def _is_dataset(value: Any) -> bool:
+    """A tf.data.Dataset (TensorFlow is loaded when one exists)."""
+    import sys
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(value, tf.data.Dataset)
 
 
 def _status(result: Any) -> int:

@@ -233,8 +233,13 @@ def test_a_stopped_job_exits_143_after_its_backup_and_resumes_at_its_epoch(tmp_p
     ({"callbacks": [print]}, "callbacks holds a builtin_function_or_method, not a"),
     ({"epochs": None}, "steps_per_epoch belongs to the epoch mode: give epochs=N"),
     ({"config": "train_steps"}, "RunConfig.train_steps is the step mode's"),
+    ({"validation_data": (np.zeros((4, 8)), np.zeros(4))},
+     "validation_data is a tuple: give a finite tf.data.Dataset"),
+    ({"epochs": None, "steps_per_epoch": None, "validation_data": [1, 2]},
+     "validation_data is a list: give a finite tf.data.Dataset"),
 ], ids=["no steps_per_epoch", "epochs 0", "validation_steps alone", "both validations",
-        "initial_epoch", "not a callback", "no epochs", "train_steps"])
+        "initial_epoch", "not a callback", "no epochs", "train_steps", "arrays",
+        "step mode"])
 def test_epoch_mode_refusals_name_the_fix(tmp_path, overrides, fragment):
     from mljob import training
     if overrides.get("config") == "train_steps":
