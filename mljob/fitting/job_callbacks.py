@@ -67,6 +67,7 @@ class JobReport(keras.callbacks.Callback):
         self.validated = False
         self.epochs_done = 0
         self._epoch_begun = time.monotonic()
+        self._trained: float | None = None  # when the epoch's training steps ended
         self._rate: float | dict[str, float] = float("nan")
 
     def on_train_begin(self, logs=None):
@@ -76,17 +77,22 @@ class JobReport(keras.callbacks.Callback):
                                                step=start * self.steps_per_epoch))
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_begun = time.monotonic()
+        self._epoch_begun, self._trained = time.monotonic(), None
         # the rate the epoch trains at: the user's callbacks (a scheduler) set it before
         # this one, a plateau's halving at the epoch's end is the next epoch's
         self._rate = self.learning_rate()
+
+    def on_test_begin(self, logs=None):
+        if self._trained is None:  # the epoch's validation: its steps are done
+            self._trained = time.monotonic()
 
     def on_epoch_end(self, epoch, logs=None):
         step = (epoch + 1) * self.steps_per_epoch
         self.epochs_done = epoch + 1
         train, val = split(scalars(logs))
         self.last = dict(train)
-        seconds = max(time.monotonic() - self._epoch_begun, 1e-9)
+        trained, self._trained = self._trained or time.monotonic(), None
+        seconds = max(trained - self._epoch_begun, 1e-9)
         steps_per_sec = self.steps_per_epoch / seconds
         examples = steps_per_sec * self.batch_size
         loss = train.pop("loss", NO_LOSS)

@@ -110,12 +110,20 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
     if stopper.stopped_after is not None and done < epochs.epochs:
         raise Preempted(f"stopped after epoch {done} ({stop.reason()}); backup saved, run "
                         "again to resume")
-    train = dict(report.last)
-    loss = train.pop("loss", None)
-    progress.line(f"training finished: step={done * (epochs.steps_per_epoch or 0)} "
-                  f"epochs={done}" + ("" if loss is None else f" loss={loss:.4f}")
-                  + "".join(f" {k}={v:.4f}" for k, v in train.items())
-                  + f" seconds={time.monotonic() - began:.1f}")
+    step = done * (epochs.steps_per_epoch or 0)
+    if not history.epoch and done >= epochs.epochs:  # its backup says every epoch ran
+        progress.line(f"training finished: step={step} already_done=true")
+        if chief and program.serving is not None and storage.exists(
+                storage.join(config.export_url, "saved_model.pb")):
+            progress.line(f"model already exported at {config.export_url}")
+            return history
+    else:
+        train = dict(report.last)
+        loss = train.pop("loss", None)
+        progress.line(f"training finished: step={step} epochs={done}"
+                      + ("" if loss is None else f" loss={loss:.4f}")
+                      + "".join(f" {k}={v:.4f}" for k, v in train.items())
+                      + f" seconds={time.monotonic() - began:.1f}")
     if chief and program.serving is not None:
         progress.line(f"exported model to {export_model(model, program, config)}")
     return history

@@ -171,6 +171,13 @@ def test_epoch_mode_is_keras_fit_with_the_jobs_outputs_added(tmp_path, capsys):
     assert os.path.isdir(job / "checkpoints" / "backup")
     assert os.path.exists(job / "model" / "saved_model.pb")
 
+    # run again, the finished job trains no more
+    again = _library(tmp_path, job, [], serving=training.Serving())
+    assert again.epoch == []
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        "training finished: step=18 already_done=true",
+        f"model already exported at {job / 'model'}"]
+
     # an evaluator replica follows those checkpoints to the last epoch's, and returns 0
     from mljob import cluster
     evaluator = cluster.from_environment({"TF_CONFIG": json.dumps({
