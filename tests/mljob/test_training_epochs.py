@@ -189,6 +189,44 @@ def test_epoch_mode_is_keras_fit_with_the_jobs_outputs_added(tmp_path, capsys):
     assert "evaluator finished: step=18" in out
 
 
+def test_a_tuning_trial_gets_each_validation_else_the_last_epochs_logs(tmp_path,
+                                                                       monkeypatch):
+    from mljob import hypertune
+    metrics = tmp_path / "hypertune" / "output.metrics"
+    for name, value in (("CLOUD_ML_TRIAL_ID", "3"), ("CLOUD_ML_HP_METRIC_FILE", str(metrics)),
+                        ("CLOUD_ML_HP_METRIC_TAG", "val_accuracy")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(hypertune, "_trial_writer", None)
+    history = _library(tmp_path, tmp_path / "job", [], epochs=2)
+    reports = hypertune.read_reports(str(metrics), "val_accuracy")
+    assert [r.step for r in reports] == [6, 12]
+    assert [r.value for r in reports] == pytest.approx(history.history["val_accuracy"])
+
+    monkeypatch.setenv("CLOUD_ML_HP_METRIC_TAG", "accuracy")
+    monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(metrics) + "-2")
+    monkeypatch.setattr(hypertune, "_trial_writer", None)
+    history = _library(tmp_path, tmp_path / "job2", [], epochs=2, validation_data=None)
+    reports = hypertune.read_reports(str(metrics) + "-2", "accuracy")
+    assert [(r.step, r.value) for r in reports] == [
+        (12, pytest.approx(history.history["accuracy"][-1]))]
+
+
+def test_class_weight_weighs_the_epochs_as_in_keras_fit(tmp_path):
+    from mljob.training.loop import InputContext
+    weights = {0: 1.0, 1: 4.0}
+    reference = model_fn()
+    reference.compile(optimizer=optimizer(), loss="binary_crossentropy")
+    reference.fit(train_dataset_fn(InputContext(global_batch_size=BATCH, seed=0)), epochs=2,
+                  steps_per_epoch=STEPS, class_weight=weights, verbose=0)
+    history = _library(tmp_path, tmp_path / "job", [], epochs=2, metrics=None,
+                       validation_data=None, class_weight=weights)
+    for a, b in zip(history.model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    unweighted = _library(tmp_path, tmp_path / "job2", [], epochs=2, metrics=None,
+                          validation_data=None)
+    assert not np.allclose(unweighted.model.get_weights()[-1], reference.get_weights()[-1])
+
+
 def _stop_after_epoch(stop, epoch: int):
     """A callback that delivers SIGTERM to the run's stop flag at `epoch`'s end, as the
     signal handler would."""
