@@ -12,6 +12,8 @@ servers run callbacks once an epoch; none of these has a batch-level method):
 - `EpochCheckpoints`: the model's weights and step in mljob's checkpoints (atomic,
   `<job-dir>/checkpoints/ckpt-N`) at each epoch's end, which an evaluator replica
   follows; every synchronous worker takes part, the chief writes;
+- `BackupUpload`: a remote job dir's backup (`gs://...`): Keras's `BackupAndRestore`
+  writes a local folder, uploaded after each epoch and fetched before training;
 - `StopOnSignal`: SIGTERM (SIGINT, the launcher's death) stops training at the end of
   the epoch in progress, once that epoch's backup is saved (`BackupAndRestore`,
   before it in the list); the run then ends with exit status 143.
@@ -24,7 +26,7 @@ import time
 import keras
 import tensorflow as tf
 
-from mljob import hypertune
+from mljob import hypertune, storage
 from mljob.training import model_optimizers
 from mljob.training.checkpoints import CheckpointStore
 from mljob.training.keras_private import initial_epoch
@@ -32,6 +34,7 @@ from mljob.training.signals import StopSignal
 from mljob.training.summaries import NO_LOSS, Progress, SummaryWriters
 
 VALIDATION = "val_"
+BACKUP_EPOCH_FILE = "training_metadata.json"  # BackupAndRestore's epoch (Keras 3)
 
 
 def scalars(logs) -> dict[str, float]:
@@ -147,6 +150,26 @@ class EpochCheckpoints(keras.callbacks.Callback):
         self.store.save(self._checkpoint, step)
 
 
+class BackupUpload(keras.callbacks.Callback):
+    """After BackupAndRestore saved an epoch into a local folder, upload that folder to
+    the job's remote backup (Keras writes its backups to local paths only here);
+    `download` fetches it before training. The chief uploads, the others do nothing."""
+
+    def __init__(self, local: str, url: str, *, enabled: bool):
+        super().__init__()
+        self.local, self.url, self.enabled = local, url, enabled
+
+    def download(self) -> None:
+        try:
+            storage.download_tree(self.url, self.local)
+        except FileNotFoundError:
+            pass  # no backup yet: the job starts at its first epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.enabled:  # the epoch's number last: a reader sees the weights first
+            storage.upload_tree(self.local, self.url, last=[BACKUP_EPOCH_FILE])
+
+
 class StopOnSignal(keras.callbacks.Callback):
     """stop_training at an epoch's end once a stop was requested (module doc)."""
 
@@ -161,4 +184,5 @@ class StopOnSignal(keras.callbacks.Callback):
             self.stopped_after = epoch
 
 
-__all__ = ["JobReport", "EpochCheckpoints", "StopOnSignal", "scalars", "split"]
+__all__ = ["JobReport", "EpochCheckpoints", "BackupUpload", "StopOnSignal", "scalars",
+           "split"]

@@ -13,9 +13,10 @@ there), then runs `model.fit` through the same dispatch as the patched `fit`
 MultiWorkerMirrored, `ps_fit.fit` under ps) with the user's callbacks and, after
 them, the job's (`job_callbacks`, and a `BackupAndRestore` into
 `<checkpoints>/backup` unless the user gave one: a stopped job run again resumes at
-its epoch). It returns Keras's `History`; the chief then exports (`serving=`).
-Parameter servers and the workers under them serve and return 0, the evaluator
-follows the per-epoch checkpoints and returns 0 (`mljob.training.run`).
+its epoch; a remote one is written locally and uploaded each epoch). It returns
+Keras's `History`; the chief then exports (`serving=`). Parameter servers and the
+workers under them serve and return 0, the evaluator follows the per-epoch
+checkpoints and returns 0 (`mljob.training.run`).
 
 The front door (`mljob.training.fit`) hands the run over here: this package stands
 above `mljob.training`'s loop modules (it imports them, and never `mljob.training`
@@ -23,6 +24,8 @@ itself), so the arrow from the front door down to this module closes no circle.
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 
 import keras
@@ -30,7 +33,8 @@ import tensorflow as tf
 
 from mljob import fitting, storage
 from mljob.cluster import ClusterInfo
-from mljob.fitting.job_callbacks import EpochCheckpoints, JobReport, StopOnSignal
+from mljob.fitting.job_callbacks import BackupUpload, EpochCheckpoints, JobReport, \
+    StopOnSignal
 from mljob.training import export as export_lib
 from mljob.training import own_steps
 from mljob.training.checkpoints import CheckpointStore
@@ -78,9 +82,9 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
                        batch_size=config.batch_size,
                        own_steps=own_steps.uses_own_steps(model))
     user = list(epochs.callbacks)
+    scratch = tempfile.mkdtemp(prefix="mljob-backup-")
     backup = [] if any(isinstance(c, keras.callbacks.BackupAndRestore) for c in user) \
-        else [keras.callbacks.BackupAndRestore(storage.join(config.checkpoint_url, BACKUP),
-                                               delete_checkpoint=False)]
+        else backups(storage.join(config.checkpoint_url, BACKUP), scratch, chief)
     stopper = StopOnSignal(stop)
     arguments = dict(x=x, epochs=epochs.epochs, steps_per_epoch=epochs.steps_per_epoch,
                      validation_data=validation, validation_steps=epochs.validation_steps,
@@ -106,6 +110,7 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
     finally:
         writers.close()
         store.close()
+        shutil.rmtree(scratch, ignore_errors=True)
     done = report.epochs_done
     if stopper.stopped_after is not None and done < epochs.epochs:
         raise Preempted(f"stopped after epoch {done} ({stop.reason()}); backup saved, run "
@@ -127,6 +132,17 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
     if chief and program.serving is not None:
         progress.line(f"exported model to {export_model(model, program, config)}")
     return history
+
+
+def backups(url: str, scratch: str, chief: bool) -> list:
+    """The job's BackupAndRestore into `url`, kept when training ends (a finished job
+    run again trains no more); for a remote URL through a local folder (BackupUpload)."""
+    if storage.is_local(url):
+        return [keras.callbacks.BackupAndRestore(storage.local_path(url),
+                                                 delete_checkpoint=False)]
+    upload = BackupUpload(scratch, url, enabled=chief)
+    upload.download()
+    return [keras.callbacks.BackupAndRestore(scratch, delete_checkpoint=False), upload]
 
 
 def build(program: Program, strategy, kind: str) -> keras.Model:
@@ -171,4 +187,4 @@ def data(program: Program, config: RunConfig, strategy, kind: str, seed: int):
     return x, given[0]
 
 
-__all__ = ["run", "build", "data", "BACKUP"]
+__all__ = ["run", "build", "data", "backups", "BACKUP"]

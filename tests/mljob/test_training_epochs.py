@@ -241,7 +241,12 @@ def _stop_after_epoch(stop, epoch: int):
     return Terminate()
 
 
-def test_a_stopped_job_exits_143_after_its_backup_and_resumes_at_its_epoch(tmp_path, capsys):
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_stopped_job_exits_143_after_its_backup_and_resumes_at_its_epoch(tmp_path, capsys,
+                                                                          where):
+    import uuid
+
+    from mljob import storage
     from mljob.training import Preempted, StopSignal
 
     # An epoch of 12 steps is one pass over the 384 examples: a resumed fit reads its
@@ -250,12 +255,15 @@ def test_a_stopped_job_exits_143_after_its_backup_and_resumes_at_its_epoch(tmp_p
     whole = _library(tmp_path, tmp_path / "whole", [], **passes)
     # no watchdog exit in this process: the run answers the stop itself
     stop = StopSignal({"MLJOB_STOP_DEADLINE": "1e9"})
-    job = tmp_path / "job"
+    # remote: an fsspec URL TensorFlow cannot write (the backup goes through a local
+    # folder, uploaded each epoch)
+    job = tmp_path / "job" if where == "local" else f"memory://job-{uuid.uuid4().hex}"
     with pytest.raises(Preempted, match=r"stopped after epoch 1 \(got SIGTERM\); backup "
                                         r"saved, run again to resume") as stopped:
         _library(tmp_path, job, [_stop_after_epoch(stop, 0)], stop=stop, **passes)
     assert stopped.value.exit_status == 143
     capsys.readouterr()
+    assert storage.exists(f"{job}/checkpoints/backup/training_metadata.json")
     resumed = _library(tmp_path, job, [], **passes)
     out = capsys.readouterr().out
     assert resumed.epoch == [1, 2]
