@@ -16,7 +16,8 @@ servers run callbacks once an epoch; none of these has a batch-level method):
   writes a local folder, uploaded after each epoch and fetched before training;
 - `StopOnSignal`: SIGTERM (SIGINT, the launcher's death) stops training at the end of
   the epoch in progress, once that epoch's backup is saved (`BackupAndRestore`,
-  before it in the list); the run then ends with exit status 143.
+  before it in the list), agreed by every synchronous worker; the run then ends with
+  exit status 143.
 """
 from __future__ import annotations
 
@@ -171,15 +172,20 @@ class BackupUpload(keras.callbacks.Callback):
 
 
 class StopOnSignal(keras.callbacks.Callback):
-    """stop_training at an epoch's end once a stop was requested (module doc)."""
+    """stop_training at an epoch's end once a stop was requested (module doc); with
+    `agree` (synchronous workers: `mirrored_callbacks.AnyWorker`) once any worker's
+    was, so that every worker stops, and ends 143, after the same epoch."""
 
-    def __init__(self, stop: StopSignal):
+    def __init__(self, stop: StopSignal, agree=None):
         super().__init__()
-        self.stop = stop
+        self.stop, self.agree = stop, agree
         self.stopped_after: int | None = None
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.stop.requested():
+        requested = self.stop.requested()
+        if self.agree is not None:
+            requested = self.agree(requested)
+        if requested:
             self.model.stop_training = True
             self.stopped_after = epoch
 

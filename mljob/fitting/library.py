@@ -35,6 +35,7 @@ from mljob import fitting, storage
 from mljob.cluster import ClusterInfo
 from mljob.fitting.job_callbacks import BackupUpload, EpochCheckpoints, JobReport, \
     StopOnSignal
+from mljob.fitting.mirrored_callbacks import AnyWorker
 from mljob.training import export as export_lib
 from mljob.training import own_steps
 from mljob.training.checkpoints import CheckpointStore
@@ -85,7 +86,7 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
     scratch = tempfile.mkdtemp(prefix="mljob-backup-")
     backup = [] if any(isinstance(c, keras.callbacks.BackupAndRestore) for c in user) \
         else backups(storage.join(config.checkpoint_url, BACKUP), scratch, chief)
-    stopper = StopOnSignal(stop)
+    stopper = StopOnSignal(stop, AnyWorker(strategy) if kind == "multiworker" else None)
     arguments = dict(x=x, epochs=epochs.epochs, steps_per_epoch=epochs.steps_per_epoch,
                      validation_data=validation, validation_steps=epochs.validation_steps,
                      validation_freq=epochs.validation_freq,
@@ -113,8 +114,9 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
         shutil.rmtree(scratch, ignore_errors=True)
     done = report.epochs_done
     if stopper.stopped_after is not None and done < epochs.epochs:
-        raise Preempted(f"stopped after epoch {done} ({stop.reason()}); backup saved, run "
-                        "again to resume")
+        why = stop.reason() if stop.requested() else "another replica was stopped"
+        raise Preempted(f"stopped after epoch {done} ({why}); backup saved, run again to "
+                        "resume")
     step = done * (epochs.steps_per_epoch or 0)
     if not history.epoch and done >= epochs.epochs:  # its backup says every epoch ran
         progress.line(f"training finished: step={step} already_done=true")

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -53,7 +56,7 @@ with open(out + ".json", "w") as f:
 
 
 LIBRARY_SCRIPT = '''\
-import json, sys
+import json, os, sys, time
 import numpy as np
 import tensorflow as tf
 import keras
@@ -86,6 +89,7 @@ def model_fn():
 class Rates(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         rates.append(float(self.model.optimizer.learning_rate.numpy()))
+        time.sleep(float(os.environ.get("EPOCH_SECONDS") or 0))  # a job to stop
 
 
 rates = []
@@ -103,9 +107,10 @@ with open(out + ".json", "w") as f:
 '''
 
 
-def _two_workers(tmp_path, env, *args) -> None:
+def _two_workers(tmp_path, env, *args, status: int = 0, signal_after: str = "") -> None:
     """The script as chief and worker of a MultiWorkerMirrored cluster, each through
-    mljob's launcher; `{task}` in args is the task's name."""
+    mljob's launcher; `{task}` in args is the task's name. signal_after: SIGTERM both
+    once the chief's log has a line starting so."""
     ports = free_ports(2)
     cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}
     procs, logs = [], []
@@ -119,8 +124,17 @@ def _two_workers(tmp_path, env, *args) -> None:
                 stderr=subprocess.STDOUT,
                 env={**env, "TF_CONFIG": json.dumps(
                     {"cluster": cluster, "task": {"type": task, "index": 0}})}))
+        deadline = time.monotonic() + 600
+        while signal_after and procs[0].poll() is None and time.monotonic() < deadline:
+            if any(line.startswith(signal_after) for line in
+                   (tmp_path / "chief.log").read_text().splitlines()):
+                for proc in procs:
+                    proc.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.2)
         for proc, task in zip(procs, ("chief", "worker"), strict=True):
-            assert proc.wait(timeout=900) == 0, (tmp_path / f"{task}.log").read_text()[-3000:]
+            assert proc.wait(timeout=900) == status, \
+                (tmp_path / f"{task}.log").read_text()[-3000:]
     finally:
         for proc in procs:
             stop_process(proc)
@@ -182,3 +196,30 @@ def test_the_library_call_by_epochs_under_two_workers_is_keras_fit_on_one_node(t
     assert "step 72/72 loss=" in log and "training finished: step=72 epochs=6" in log
     worker = (tmp_path / "worker.log").read_text().splitlines()
     assert not [line for line in worker if line.startswith("step ")]  # the chief reports
+
+
+@pytest.mark.slow  # five TensorFlow processes
+def test_the_library_call_stopped_under_two_workers_resumes_at_the_agreed_epoch(tmp_path):
+    """SIGTERM during training: both workers stop after the same epoch (its backup
+    saved) and exit 143; run again, they resume there and end with one node's weights
+    (an epoch is one pass over the data, so restarting the dataset changes nothing)."""
+    env = _env(tmp_path)
+    _single(tmp_path, env)
+    (tmp_path / "fitscript.py").write_text(LIBRARY_SCRIPT)
+    args = (str(tmp_path / "{task}.npz"), str(tmp_path / "job"))
+    _two_workers(tmp_path, {**env, "EPOCH_SECONDS": "2"}, *args, status=143,
+                 signal_after="step 12/72")
+    stopped = []
+    for task in ("chief", "worker"):
+        found = re.findall(r"^error: stopped after epoch (\d) \(", (tmp_path / f"{task}.log")
+                           .read_text(), re.M)
+        assert len(found) == 1, (tmp_path / f"{task}.log").read_text()[-3000:]
+        stopped += found
+    assert stopped[0] == stopped[1] != "6"
+    _two_workers(tmp_path, env, *args)
+    log = (tmp_path / "chief.log").read_text()
+    assert f"training started: strategy=multiworker epoch={stopped[0]} epochs=6" in log
+    assert "training finished: step=72 epochs=6" in log
+    one, two = np.load(tmp_path / "single.npz"), np.load(tmp_path / "chief.npz")
+    for name in one.files:
+        np.testing.assert_allclose(two[name], one[name], rtol=1e-4, atol=1e-5)
