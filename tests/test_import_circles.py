@@ -146,3 +146,14 @@ def test_the_wings_never_reach_up_into_the_commands_or_the_job_life():
     planted = dict(g, **{"submit.prediction.render": g["submit.prediction.render"]
                          | {"submit.runners.vertex"}})
     assert reaching_up(planted) == {"submit.prediction.render": ["submit.runners.vertex"]}
+
+
+def test_the_fitting_wing_stands_on_the_loop_modules_below_the_front_door():
+    """mljob.fitting imports mljob.training's loop modules, never the package itself;
+    the front door (`mljob.training`, its `run`) hands the epoch mode down to
+    mljob.fitting.library: an arrow that closes no circle."""
+    g = graph()
+    assert [m for m in sorted(g) if m.startswith("mljob.fitting")
+            and "mljob.training" in g[m]] == []
+    assert "mljob.fitting.library" in g["mljob.training"]
+    assert "mljob.training.steps" in g["mljob.fitting.library"]

@@ -272,6 +272,14 @@ def _with_publisher(model, callbacks):
     return [*given, sidecar.Publisher(url, _CONTEXT.get("environ", os.environ))]
 
 
+def dispatch_fit(model, **kwargs):
+    """`model.fit(**kwargs)` as the patched `fit` runs it, whether the patch is
+    installed or not (`mljob.training`'s epoch mode calls this)."""
+    import keras
+    original = getattr(keras.Model.fit, _PATCHED, keras.Model.fit)
+    return _fit(model, original, (), kwargs)
+
+
 def _evaluate(model, original, args: tuple, kwargs: dict):
     if strategy_kind(model.distribute_strategy) == "multiworker":
         from mljob.fitting import mirrored
@@ -280,4 +288,4 @@ def _evaluate(model, original, args: tuple, kwargs: dict):
 
 
 __all__ = ["LAUNCHER", "SWITCH", "FitRefused", "enabled", "in_cluster", "install",
-           "uninstall", "patch", "strategy_kind", "fit_arguments"]
+           "uninstall", "patch", "strategy_kind", "fit_arguments", "dispatch_fit"]

@@ -92,23 +92,18 @@ class _BackupHere(keras.callbacks.Callback):
         b.set_params(params)
 
 
-class AgreedStop(keras.callbacks.Callback):
-    """`model.stop_training` made the same on every worker after each epoch: set when
-    any worker's callbacks set it."""
+class AnyWorker:
+    """flag -> whether any worker's flag is set: an all-reduce every worker joins, so
+    every worker calls it at the same point."""
 
     def __init__(self, strategy):
-        super().__init__()
         self.strategy = strategy
         self._sum = None
 
-    def on_epoch_end(self, epoch, logs=None):
-        self.agree()
-
-    def agree(self) -> None:
+    def __call__(self, flag: bool) -> bool:
         if self._sum is None:
             self._sum = tf.function(self._all_workers_sum, autograph=False)
-        flag = tf.constant(1.0 if self.model.stop_training else 0.0)
-        self.model.stop_training = float(self._sum(flag)) > 0
+        return float(self._sum(tf.constant(1.0 if flag else 0.0))) > 0
 
     def _all_workers_sum(self, flag):
         def replica(value):
@@ -118,6 +113,22 @@ class AgreedStop(keras.callbacks.Callback):
         return self.strategy.experimental_local_results(total)[0]
 
 
+class AgreedStop(keras.callbacks.Callback):
+    """`model.stop_training` made the same on every worker after each epoch: set when
+    any worker's callbacks set it."""
+
+    def __init__(self, strategy):
+        super().__init__()
+        self.strategy = strategy
+        self._any = AnyWorker(strategy)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.agree()
+
+    def agree(self) -> None:
+        self.model.stop_training = self._any(bool(self.model.stop_training))
+
+
 class AgreedStopByBatch(AgreedStop):
     """AgreedStop after every batch too (a callback acting on batches may stop there)."""
 
@@ -125,4 +136,4 @@ class AgreedStopByBatch(AgreedStop):
         self.agree()
 
 
-__all__ = ["is_chief", "placed", "AgreedStop", "AgreedStopByBatch"]
+__all__ = ["is_chief", "placed", "AnyWorker", "AgreedStop", "AgreedStopByBatch"]

@@ -25,12 +25,33 @@ progress lines the launcher reads, and the single-node SavedModel export (publis
 whole, the instance key passed through). SIGTERM, SIGINT and the launcher's death stop
 every replica after a checkpoint (`signals`).
 
+By epochs, the same call is Keras's `fit` on every role and returns Keras's History:
+
+    history = training.fit(model_fn, train_dataset_fn, loss=..., optimizer=..., metrics=...,
+                           epochs=10, steps_per_epoch=200, validation_data=val_fn,
+                           callbacks=[keras.callbacks.ReduceLROnPlateau(), ...],
+                           config=training.RunConfig(job_dir=args.job_dir))
+
+The model from model_fn in the strategy's scope, compiled with the arguments, the data
+from train_dataset_fn as the strategy needs it, then the dispatch of a `model.fit`
+script (`mljob.fitting`: Keras's own fit on one node, `mirrored.fit` under
+MultiWorkerMirrored, `ps_fit.fit` under ps), the user's callbacks first, then the job's:
+a line per epoch (`step N/M`, M = epochs * steps_per_epoch) and per validation, the
+summaries' tags, the hypertune report, a checkpoint per epoch (the evaluator follows
+them), a BackupAndRestore under the checkpoints (a stopped job resumes at its epoch),
+SIGTERM stopping at the epoch's end (exit 143), the export on the chief. The ps and the
+workers under ps serve and return 0, the evaluator returns 0. That run lives in
+`mljob.fitting.library`: `mljob.fitting` stands on this package's loop modules, so
+`run` below imports it (inside the function) from above both; no module of
+`mljob.fitting` imports this one, and the module graph stays without a circle.
+
 This module and `config`, `outputs`, `signals`, `errors`, `precision` and `kernels`
 import no TensorFlow; the loop, the strategies, the evaluator and the export do, when a
 run starts. Importing it chooses TensorFlow's CPU kernels (`kernels`).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -39,7 +60,8 @@ from mljob import cluster as cluster_lib
 from mljob import startup
 from mljob.errors import boundary
 from mljob.training import kernels
-from mljob.training.config import STEPS_PER_EXECUTION, Program, RunConfig, Serving
+from mljob.training.config import EPOCH_ARGUMENTS, STEPS_PER_EXECUTION, Epochs, Program, \
+    RunConfig, Serving
 from mljob.training.errors import PeerUnavailableError, Preempted, TrainingError, UsageError
 from mljob.training.signals import StopSignal, exit_now
 
@@ -61,8 +83,20 @@ def fit(model_fn: Callable[[], Any], train_dataset_fn: Callable[[Any], Any], *,
         class_weight: Mapping[int, float] | None = None,
         eval_dataset_fn: Callable[[], Any] | None = None, serving: Serving | None = None,
         describe: str | Callable[[], str] = "",
-        info: cluster_lib.ClusterInfo | None = None, stop: StopSignal | None = None) -> int:
-    """Play this replica's role in the run; returns 0, raises TrainingError subclasses.
+        info: cluster_lib.ClusterInfo | None = None, stop: StopSignal | None = None,
+        epochs: int | None = None, steps_per_epoch: int | None = None,
+        validation_data: Any = None, validation_steps: int | None = None,
+        validation_freq: int = 1, callbacks: Sequence[Any] | None = None,
+        initial_epoch: int = 0) -> Any:
+    """Play this replica's role in the run; returns 0 (the step mode, and every replica
+    that does not train) or Keras's History (the epoch mode's training replicas),
+    raises TrainingError subclasses.
+
+    epochs given: the epoch mode (`mljob.fitting.library`): Keras's `fit` with
+    `epochs`, `steps_per_epoch` (required), `validation_data`, `validation_steps`,
+    `validation_freq`, `callbacks` and `initial_epoch` as `model.fit` takes them.
+    validation_data: a finite dataset or a function returning one; the same as
+    eval_dataset_fn (give one of them), in both modes.
 
     model_fn() -> a Keras 3 model (called inside the strategy's scope, again for the
     evaluator and the export), compiled or not. train_dataset_fn(context) -> an endless
@@ -88,18 +122,41 @@ def fit(model_fn: Callable[[], Any], train_dataset_fn: Callable[[Any], Any], *,
     `job_dir=`). info and stop default to the environment's cluster and a new
     StopSignal.
     """
+    if validation_data is not None and eval_dataset_fn is not None:
+        raise UsageError("validation_data and eval_dataset_fn are the same thing: give "
+                         "one of them")
+    if validation_data is not None:
+        if not callable(validation_data) and not _is_dataset(validation_data):
+            raise UsageError(f"validation_data is a {type(validation_data).__name__}: give "
+                             "a finite tf.data.Dataset of (features, labels) batches, or a "
+                             "function returning one")
+        eval_dataset_fn = validation_data if callable(validation_data) \
+            else (lambda: validation_data)
     program = Program(model_fn=model_fn, train_dataset_fn=train_dataset_fn, loss=loss,
                       optimizer=optimizer, metrics=metrics, eval_dataset_fn=eval_dataset_fn,
                       serving=serving, describe=describe, loss_weights=loss_weights,
                       weighted_metrics=weighted_metrics, class_weight=class_weight)
-    return run(program, config, info=info, stop=stop)
+    given = {"steps_per_epoch": steps_per_epoch, "validation_steps": validation_steps,
+             "validation_freq": validation_freq, "callbacks": callbacks or None,
+             "initial_epoch": initial_epoch}
+    if epochs is None:
+        named = [k for k, v in given.items() if v != EPOCH_ARGUMENTS[k]]
+        if named:
+            raise UsageError(f"{named[0]} belongs to the epoch mode: give epochs=N too "
+                             "(or train by steps with RunConfig.train_steps alone)")
+        return run(program, config, info=info, stop=stop)
+    return run(program, config, info=info, stop=stop, epochs=Epochs(
+        epochs, steps_per_epoch, validation_steps, validation_freq,
+        tuple(callbacks or ()), initial_epoch))
 
 
 def run(program: Program, config: RunConfig, *, info: cluster_lib.ClusterInfo | None = None,
-        stop: StopSignal | None = None) -> int:
-    """`fit` with the user's side as one `Program`."""
+        stop: StopSignal | None = None, epochs: Epochs | None = None) -> Any:
+    """`fit` with the user's side as one `Program` (and the epoch mode's `Epochs`)."""
     if info is None:
         info = cluster_lib.from_environment(os.environ)
+    if epochs is not None:
+        epochs.check(config, validation=program.eval_dataset_fn is not None)
     config = config.resolved(os.environ)
     # Known before TensorFlow loads, but for a single node (mirrored needs the GPU count).
     kind = None if info.is_single_node else info.strategy_kind(config.strategy, num_gpus=0)
@@ -109,6 +166,8 @@ def run(program: Program, config: RunConfig, *, info: cluster_lib.ClusterInfo | 
     if info.is_evaluator:
         stop.install()
         from mljob.training import evaluator
+        if epochs is not None:  # the epoch mode checkpoints every epoch's end
+            config = dataclasses.replace(config, train_steps=epochs.train_steps)
         return evaluator.run(program, config, stop)
     if kind == "ps" and info.task_type in (cluster_lib.PS, cluster_lib.WORKER):
         from mljob.training import servers
@@ -119,6 +178,11 @@ def run(program: Program, config: RunConfig, *, info: cluster_lib.ClusterInfo | 
                                   num_gpus=len(tf.config.list_physical_devices("GPU")))
     # Until the strategy starts (the loop takes the signals over then), SIGTERM ends a
     # replica at once: there is nothing to save yet.
+    if epochs is not None:
+        # Keras's fit and the fitting wing's dispatch, above this package's loop modules
+        # (mljob.fitting imports them, never this one): see the module doc.
+        from mljob.fitting import library
+        return library.run(info, program, config, kind, stop, epochs)
     from mljob.training import steps
     return steps.run(info, program, config, kind, stop)
 
@@ -149,7 +213,20 @@ def main(model_fn: Callable[[], Any], train_dataset_fn: Callable[[Any], Any], **
     typed errors (status 2 for usage, 143 stopped after saving, 200 a peer is gone), a
     traceback only for a bug (`mljob.errors.boundary`). What a user's `task.py` calls
     last."""
-    exit_now(boundary(lambda: fit(model_fn, train_dataset_fn, **kwargs), program="training"))
+    exit_now(boundary(lambda: _status(fit(model_fn, train_dataset_fn, **kwargs)),
+                      program="training"))
+
+
+def _is_dataset(value: Any) -> bool:
+    """A tf.data.Dataset (TensorFlow is loaded when one exists)."""
+    import sys
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(value, tf.data.Dataset)
+
+
+def _status(result: Any) -> int:
+    """An exit status, or 0 for the epoch mode's History."""
+    return result if isinstance(result, int) else 0
 
 
 def require_tensorflow() -> None:
@@ -160,6 +237,7 @@ def require_tensorflow() -> None:
                             "in an image that has TensorFlow")
 
 
-__all__ = ["fit", "run", "main", "serve_if_server", "RunConfig", "Serving", "Program", "StopSignal",
+__all__ = ["fit", "run", "main", "serve_if_server", "RunConfig", "Serving", "Program",
+           "Epochs", "StopSignal",
            "STEPS_PER_EXECUTION", "require_tensorflow", "TrainingError", "UsageError",
            "PeerUnavailableError", "Preempted"]

@@ -6,7 +6,8 @@
   instance key passed through);
 - `Program`: the user's model, data, loss, optimizer and metrics, as functions the
   library calls in the right place (inside the strategy's scope, on the worker that
-  reads the data).
+  reads the data);
+- `Epochs`: Keras's `fit` arguments of the epoch mode (`training.fit(..., epochs=N)`).
 """
 from __future__ import annotations
 
@@ -163,4 +164,61 @@ class Program:
                             class_weight=self.class_weight)
 
 
-__all__ = ["RunConfig", "Serving", "Program", "STEPS_PER_EXECUTION", "WIRE_DTYPES"]
+@dataclasses.dataclass(frozen=True)
+class Epochs:
+    """`training.fit`'s epoch mode: Keras's `fit` arguments of the same names (see
+    `mljob.fitting.library`). `steps_per_epoch` is required: `train_dataset_fn` gives an
+    endless dataset, and the progress lines count `epochs * steps_per_epoch` steps."""
+
+    epochs: int
+    steps_per_epoch: int | None = None
+    validation_steps: int | None = None
+    validation_freq: int = 1
+    callbacks: tuple = ()
+    initial_epoch: int = 0
+
+    @property
+    def train_steps(self) -> int:
+        return self.epochs * (self.steps_per_epoch or 0)
+
+    def check(self, config: RunConfig, validation: bool) -> None:
+        """UsageError, before TensorFlow loads, for a bad value or combination."""
+        _at_least("epochs", self.epochs, 1)
+        if self.steps_per_epoch is None:
+            raise UsageError("epochs needs steps_per_epoch: train_dataset_fn gives an "
+                             "endless dataset, so say how many of its batches make an "
+                             "epoch (steps_per_epoch=N)")
+        _at_least("steps_per_epoch", self.steps_per_epoch, 1)
+        _at_least("validation_freq", self.validation_freq, 1)
+        _at_least("initial_epoch", self.initial_epoch, 0)
+        if self.initial_epoch >= self.epochs:
+            raise UsageError(f"initial_epoch {self.initial_epoch} leaves no epoch to run "
+                             f"of epochs={self.epochs}; give initial_epoch < epochs")
+        if self.validation_steps is not None:
+            _at_least("validation_steps", self.validation_steps, 1)
+            if not validation:
+                raise UsageError("validation_steps without validation_data: give "
+                                 "validation_data (a dataset or a function returning "
+                                 "one), or leave validation_steps out")
+        for name in STEP_MODE:  # the step mode's settings, which epochs replace
+            if getattr(config, name) != getattr(RunConfig, name):
+                raise UsageError(
+                    f"RunConfig.{name} is the step mode's, and epochs=... was given: "
+                    "train by epochs (epochs, steps_per_epoch, validation_freq) or by "
+                    "steps (RunConfig.train_steps, eval_every, ...), not both")
+        for callback in self.callbacks:
+            if not hasattr(callback, "set_model") or not hasattr(callback, "on_epoch_end"):
+                raise UsageError(f"callbacks holds a {type(callback).__name__}, not a "
+                                 "keras.callbacks.Callback")
+
+
+# RunConfig's settings of the step mode, refused with epochs when changed from their
+# defaults (in epoch mode a line, an evaluation and a checkpoint come each epoch).
+STEP_MODE = ("train_steps", "eval_every", "checkpoint_every", "log_every")
+# training.fit's arguments that belong to the epoch mode, with their defaults.
+EPOCH_ARGUMENTS = {"steps_per_epoch": None, "validation_steps": None,
+                   "validation_freq": 1, "callbacks": None, "initial_epoch": 0}
+
+
+__all__ = ["RunConfig", "Serving", "Program", "Epochs", "STEPS_PER_EXECUTION",
+           "WIRE_DTYPES", "EPOCH_ARGUMENTS"]

@@ -34,25 +34,8 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
     Returns the exit status; raises TrainingError subclasses for the rest."""
     chief = info.is_chief
     progress = Progress(config.train_steps, enabled=chief)
-    if kind == "ps" and not wait_for_peers(info, stop):
-        raise Preempted(f"stopped while waiting for the cluster ({stop.reason()})")
-    if kind == "multiworker":
-        check_collectives_can_start()
-        stop.install()  # seen while waiting; TensorFlow's handler takes over below
-        if not wait_for_leader(info, stop):
-            raise Preempted(f"stopped while waiting for the chief ({stop.reason()})")
-    startup.mark("peers")
-    strategy, coordinator = make_strategy(kind, info, config.ps_shards)
-    startup.mark("strategy")
-    # TensorFlow's coordination service (multiworker) sets its own SIGTERM handler in
-    # C++ when the strategy starts, which swallows the signal: take it back. Every
-    # replica that trains takes part in the save (multiworker peers through the
-    # all-reduced stop flag); the watchdog ends one whose peers never answer.
-    stop.install()
-    replicas = info.num_workers if kind == "ps" else strategy.num_replicas_in_sync
-    if kind in ("multiworker", "mirrored") and config.batch_size % replicas:
-        raise UsageError(f"--batch-size {config.batch_size} cannot be split evenly over "
-                         f"{replicas} replicas; use a multiple of {replicas}")
+    strategy, coordinator = start_strategy(info, config, kind, stop)
+    replicas = replicas_of(info, kind, strategy, config)
     described = program.description()
     replica = Replica(strategy, coordinator, program, config, num_workers=info.num_workers,
                       agree_on_stop=kind == "multiworker")
@@ -114,12 +97,48 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
         store.close()
 
 
+def start_strategy(info: ClusterInfo, config: RunConfig, kind: str, stop: StopSignal):
+    """Wait for the cluster, then (strategy, coordinator or None), with the stop signal
+    installed; Preempted when stopped while waiting."""
+    if kind == "ps" and not wait_for_peers(info, stop):
+        raise Preempted(f"stopped while waiting for the cluster ({stop.reason()})")
+    if kind == "multiworker":
+        check_collectives_can_start()
+        stop.install()  # seen while waiting; TensorFlow's handler takes over below
+        if not wait_for_leader(info, stop):
+            raise Preempted(f"stopped while waiting for the chief ({stop.reason()})")
+    startup.mark("peers")
+    strategy, coordinator = make_strategy(kind, info, config.ps_shards)
+    startup.mark("strategy")
+    # TensorFlow's coordination service (multiworker) sets its own SIGTERM handler in
+    # C++ when the strategy starts, which swallows the signal: take it back. Every
+    # replica that trains takes part in the save (multiworker peers through the
+    # all-reduced stop flag); the watchdog ends one whose peers never answer.
+    stop.install()
+    return strategy, coordinator
+
+
+def replicas_of(info: ClusterInfo, kind: str, strategy, config: RunConfig) -> int:
+    """The workers under ps, the replicas in sync otherwise; UsageError when a
+    synchronous batch cannot be split evenly over them."""
+    replicas = info.num_workers if kind == "ps" else strategy.num_replicas_in_sync
+    if kind in ("multiworker", "mirrored") and config.batch_size % replicas:
+        raise UsageError(f"--batch-size {config.batch_size} cannot be split evenly over "
+                         f"{replicas} replicas; use a multiple of {replicas}")
+    return replicas
+
+
 def replica_export(replica: Replica, program: Program, config: RunConfig) -> str:
+    return export_model(replica.model, program, config)
+
+
+def export_model(model, program: Program, config: RunConfig) -> str:
+    """The trained `model`'s weights exported with the program's Serving; the URL."""
     from mljob.training import export as export_lib
     serving = program.serving
     assert serving is not None  # the callers export only a program with a Serving
-    paths = [w.path for w in replica.model.weights]
-    values = weights_numpy(replica.model)
+    paths = [w.path for w in model.weights]
+    values = weights_numpy(model)
     # By path (export.assign_by_path); by position where the model repeats a path.
     weights = dict(zip(paths, values, strict=True)) if len(set(paths)) == len(paths) \
         else values
@@ -268,4 +287,4 @@ class _Loop:
         return self._lone
 
 
-__all__ = ["run", "replica_export"]
+__all__ = ["run", "replica_export", "export_model", "start_strategy", "replicas_of"]

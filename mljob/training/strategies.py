@@ -39,9 +39,10 @@ def check_collectives_can_start() -> None:
     if context.context()._initialized:
         raise UsageError(
             "TensorFlow already ran in this process before MultiWorkerMirroredStrategy "
-            "could configure its collectives (a Keras metric or variable made before "
-            "training.main does that); pass metrics as names, or return a model compiled "
-            "with its metric objects from model_fn")
+            "could configure its collectives (a Keras metric, a variable or a tf.data "
+            "dataset made before training.main does that); pass metrics as names and "
+            "validation_data as a function, or return a model compiled with its metric "
+            "objects from model_fn")
 
 
 def make_strategy(kind: str, info: ClusterInfo, ps_shards: int = 0):

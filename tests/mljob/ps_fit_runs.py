@@ -10,6 +10,10 @@ SGD (the ps step one step at a time) and Adam (local steps). Written as JSON: th
 weights, the History, the learning rate each epoch ended with. And `BackupAndRestore`:
 a run stopped after its second epoch, fit again, resumes at the third, on one node and
 under ps alike.
+
+`python -m tests.mljob.ps_fit_runs OUT.json --library`: the SGD run as the library
+call's epoch mode (`training.fit(..., epochs=...)`) on a cluster of its own, every role
+running that call (this process the chief, a ps and a worker that serve).
 """
 from __future__ import annotations
 
@@ -128,8 +132,69 @@ def siamese_run(model, fit) -> dict:
             "history": {k: [float(v) for v in vs] for k, vs in history.history.items()}}
 
 
+def library(job: str):
+    """`training.fit(..., epochs=...)`, the library call's epoch mode, with `run`'s
+    model, data and callbacks; every role of the cluster TF_CONFIG names runs it (the
+    ps and the worker serve and return 0)."""
+    from mljob import training
+    rates, cbs = callbacks()
+    result = training.fit(
+        lambda: build(lambda: keras.optimizers.SGD(0.1, momentum=0.5)),
+        lambda context: train_dataset(), config=training.RunConfig(job_dir=job,
+                                                                    batch_size=BATCH),
+        epochs=EPOCHS, steps_per_epoch=STEPS, validation_data=validation_dataset,
+        callbacks=cbs)
+    return result, rates
+
+
+def library_main(out: str) -> int:
+    """The library call under ps: a ps and a worker (this module again, with their
+    TF_CONFIG) and this process the chief; SGD, as `run`'s `sgd`."""
+    from mljob.procs import free_ports
+    ports = free_ports(3)
+    spec = {"chief": [f"127.0.0.1:{ports[0]}"], "ps": [f"127.0.0.1:{ports[1]}"],
+            "worker": [f"127.0.0.1:{ports[2]}"]}
+    procs, results, status = [], {}, 0
+    try:
+        for job in ("ps", "worker"):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tests.mljob.ps_fit_runs", out, "--serve"],
+                env=dict(os.environ, TF_CONFIG=json.dumps(
+                    {"cluster": spec, "task": {"type": job, "index": 0}})),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": spec,
+                                              "task": {"type": "chief", "index": 0}})
+        history, rates = library(f"{out}.job")
+        model = history.model
+        results["library_sgd"] = {
+            "weights": [np.asarray(w).tolist() for w in model.get_weights()],
+            "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+            "epochs": list(history.epoch), "rates": rates.rates,
+            "iterations": int(np.asarray(model.optimizer.iterations))}
+    except Exception:
+        traceback.print_exc()
+        status = 1
+    finally:
+        for proc in procs:  # every replica this run started, by its PID
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    with open(out, "w") as f:
+        json.dump(results, f)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # the coordinator's threads would keep the interpreter waiting
+
+
 def main(argv: list[str]) -> int:
     out = argv[0]
+    if argv[1:] == ["--serve"]:  # a ps or worker of library_main's cluster
+        return library(f"{out}.job")[0]
+    if argv[1:] == ["--library"]:
+        return library_main(out)
     optimizers = {"sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.5),
                   "adam": lambda: keras.optimizers.Adam(0.02)}
     results: dict = {}

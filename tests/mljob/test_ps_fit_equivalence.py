@@ -32,6 +32,29 @@ def runs(tmp_path_factory) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.fixture(scope="module")
+def library_runs(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("ps_library") / "runs.json"
+    done = subprocess.run([sys.executable, "-m", "tests.mljob.ps_fit_runs", str(out),
+                           "--library"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {**json.loads(out.read_text()), "stdout": done.stdout}
+
+
+def test_the_library_call_by_epochs_under_ps_is_keras_fit_on_one_node(runs, library_runs):
+    ours, keras_fit = library_runs["library_sgd"], runs["fit_sgd"]
+    for a, b in zip(ours["weights"], keras_fit["weights"], strict=True):
+        assert np.allclose(a, b, atol=1e-5)
+    assert ours["epochs"] == keras_fit["epochs"] == [0, 1, 2, 3]
+    for key, values in keras_fit["history"].items():
+        assert ours["history"][key] == pytest.approx(values, rel=1e-4, abs=1e-6), key
+    assert ours["rates"] == pytest.approx(keras_fit["rates"], rel=1e-6)
+    assert "training started: strategy=ps epoch=0 epochs=4 steps_per_epoch=6" in \
+        library_runs["stdout"]
+    assert "training finished: step=24 epochs=4" in library_runs["stdout"]
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_fit_under_ps_trains_and_reports_as_keras_fit_on_one_node(runs, optimizer):
     ours, keras_fit = runs[f"ps_{optimizer}"], runs[f"fit_{optimizer}"]
