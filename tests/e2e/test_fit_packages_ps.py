@@ -1,6 +1,7 @@
 """Users' `model.fit` scripts as packages under chief + 2 workers + 1 ps
 (tests/support/fit_packages_ps.py): TensorFlow's "Parameter server training" tutorial's
-`model.fit` part and keras.io's timeseries classifier with its callbacks. Each job
+`model.fit` part, and keras.io's timeseries classifier with its callbacks (its strategy
+from TF_CONFIG, so the same script also runs on a chief and a worker and on one node). Each job
 SUCCEEDS and leaves on the chief what `fit` leaves: the History, a checkpoint by epoch
 (or the best one), TensorBoard's epoch scalars, the CSV rows; `EarlyStopping` stops
 the run at its epoch."""
@@ -14,15 +15,26 @@ import pytest
 
 from mljob.procs import pid_alive
 from submit import jobs as records
-from tests.support.fit_packages_ps import write_fit_package
+from tests.support.fit_packages_ps import CONFIG_PS, write_fit_package
 from tests.support.submit_cli import run as submit_in_process
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("tensorflow")
 
 
-def _submit(capsys, tmp_path, monkeypatch, name: str, *args):
-    monkeypatch.chdir(write_fit_package(str(tmp_path / "project"), name))
+CONFIGS = {  # the replicas each configuration gives the job
+    "ps": (CONFIG_PS, ["master-replica-0", "ps-replica-0", "worker-replica-0",
+                       "worker-replica-1"]),
+    "chief_and_worker": ("trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"
+                         "  workerType: standard\n  workerCount: 1\n",
+                         ["master-replica-0", "worker-replica-0"]),
+    "basic": ("trainingInput:\n  scaleTier: BASIC\n", ["master-replica-0"]),
+}
+
+
+def _submit(capsys, tmp_path, monkeypatch, name: str, *args, where: str = "ps"):
+    config, replicas = CONFIGS[where]
+    monkeypatch.chdir(write_fit_package(str(tmp_path / "project"), name, config))
     job_dir = tmp_path / "job"
     status, out, err = submit_in_process(
         capsys, f"{name}01", "--package-path", name + "job", "--module-name",
@@ -30,8 +42,7 @@ def _submit(capsys, tmp_path, monkeypatch, name: str, *args):
     assert status == 0, err + out[-4000:]
     record = records.load(f"{name}01")
     assert record.state == records.SUCCEEDED, out[-4000:]
-    assert sorted(r.label for r in record.replicas) == [
-        "master-replica-0", "ps-replica-0", "worker-replica-0", "worker-replica-1"]
+    assert sorted(r.label for r in record.replicas) == replicas
     for replica in record.replicas:  # nothing of the job is left
         assert replica.pid and not pid_alive(replica.pid), replica.label
     return job_dir, out
@@ -67,9 +78,10 @@ def test_the_parameter_server_tutorial_s_fit_runs_with_its_callbacks(
     assert "worker-replica-1\tworker 1: server.join()" in out
 
 
+@pytest.mark.parametrize("where", ["ps", "chief_and_worker", "basic"])
 def test_a_keras_io_example_s_callbacks_run_on_the_chief_and_early_stopping_stops_it(
-        capsys, tmp_path, monkeypatch):
-    job_dir, out = _submit(capsys, tmp_path, monkeypatch, "timeseries")
+        capsys, tmp_path, monkeypatch, where):
+    job_dir, out = _submit(capsys, tmp_path, monkeypatch, "timeseries", where=where)
     history = json.loads((job_dir / "history.json").read_text())
     # EarlyStopping (patience 2, no epoch improving by min_delta) stopped 20 epochs at 3.
     assert history["epoch"] == [0, 1, 2]

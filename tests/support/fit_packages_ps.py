@@ -95,7 +95,9 @@ if __name__ == "__main__":
 # CSVLogger and TensorBoard added. FordA's download is replaced by series of its shape
 # (shorter), validation_split (which a dataset read on the workers cannot take) by
 # validation_data, and the arrays by a repeated dataset; EarlyStopping's patience is
-# 2 with a min_delta no epoch reaches, so it stops the run at its third epoch.
+# 2 with a min_delta no epoch reaches, so it stops the run at its third epoch. The
+# strategy comes from TF_CONFIG as the tutorials make it (parameter servers, several
+# workers, or one node), so the same script runs under every configuration.
 TIMESERIES = '''\
 import argparse
 import json
@@ -144,11 +146,17 @@ def main():
     parser.add_argument("--job-dir", required=True)
     args = parser.parse_args()
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    if resolver.task_type in ("worker", "ps"):
-        tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
-                             task_index=resolver.task_id, protocol="grpc").join()
-        return
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    cluster = resolver.cluster_spec().as_dict()
+    if "ps" in cluster:
+        if resolver.task_type in ("worker", "ps"):
+            tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                                 task_index=resolver.task_id, protocol="grpc").join()
+            return
+        strategy = tf.distribute.ParameterServerStrategy(resolver)
+    elif cluster.get("worker"):
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    else:
+        strategy = tf.distribute.get_strategy()
     x_train, y_train = readucr(256, 64, 0)
     x_test, y_test = readucr(64, 64, 1)
     x_train = x_train.reshape((x_train.shape[0], x_train.shape[1], 1))
@@ -203,9 +211,9 @@ CONFIG_PS = ("trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard\n"
              "  workerCount: 2\n  parameterServerCount: 1\n  useChiefInTfConfig: true\n")
 
 
-def write_fit_package(folder: str, name: str) -> str:
+def write_fit_package(folder: str, name: str, config: str = CONFIG_PS) -> str:
     """`folder/<name>job/` (setup.py, task.py: PS_TUTORIAL or TIMESERIES by `name`) and
-    its config.yaml; returns the folder."""
+    its config.yaml (`config`); returns the folder."""
     source = {"pstutorial": PS_TUTORIAL, "timeseries": TIMESERIES}[name]
     package = f"{name}job"
     os.makedirs(os.path.join(folder, package), exist_ok=True)
@@ -216,7 +224,7 @@ def write_fit_package(folder: str, name: str) -> str:
         with open(os.path.join(folder, package, file), "w") as f:
             f.write(text)
     with open(os.path.join(folder, "config.yaml"), "w") as f:
-        f.write(CONFIG_PS)
+        f.write(config)
     return folder
 
 
