@@ -222,7 +222,7 @@ def fit_arguments(original, model, args: tuple, kwargs: dict) -> dict[str, Any]:
     return arguments
 
 
-def _fit(model, original, args: tuple, kwargs: dict):
+def _fit(model, original, args: tuple, kwargs: dict, sidecar_epochs: bool = True):
     info = _CONTEXT.get("info")
     if info is not None and info.is_evaluator:
         from mljob.fitting import sidecar
@@ -231,7 +231,8 @@ def _fit(model, original, args: tuple, kwargs: dict):
             model, _epochs_url(), arguments, summaries=sidecar.summaries_url(
                 _CONTEXT.get("environ", {}), _CONTEXT.get("args", ()))))
     kind = strategy_kind(model.distribute_strategy)
-    publish = info is not None and info.has_evaluator and (kind != "keras" or info.is_chief)
+    publish = sidecar_epochs and info is not None and info.has_evaluator and (
+        kind != "keras" or info.is_chief)
     if kind == "keras" and not publish:
         return original(model, *args, **kwargs)
     arguments = fit_arguments(original, model, args, kwargs)
@@ -274,10 +275,12 @@ def _with_publisher(model, callbacks):
 
 def dispatch_fit(model, **kwargs):
     """`model.fit(**kwargs)` as the patched `fit` runs it, whether the patch is
-    installed or not (`mljob.training`'s epoch mode calls this)."""
+    installed or not (`mljob.training`'s epoch mode calls this; its evaluator replica
+    follows the library's own per-epoch checkpoints, so no epochs are published for a
+    sidecar)."""
     import keras
     original = getattr(keras.Model.fit, _PATCHED, keras.Model.fit)
-    return _fit(model, original, (), kwargs)
+    return _fit(model, original, (), kwargs, sidecar_epochs=False)
 
 
 def _evaluate(model, original, args: tuple, kwargs: dict):
