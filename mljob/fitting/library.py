@@ -40,13 +40,13 @@ from mljob.training import export as export_lib
 from mljob.training import own_steps
 from mljob.training.checkpoints import CheckpointStore
 from mljob.training.config import Epochs, Program, RunConfig
-from mljob.training.errors import PeerUnavailableError, Preempted, UsageError
+from mljob.training.errors import Preempted, UsageError
 from mljob.training.loop import InputContext
 from mljob.training.losses import compiled_optimizer, one_replica
 from mljob.training.optimizers import make_optimizer
 from mljob.training.signals import StopSignal
 from mljob.training.steps import export_model, replicas_of, start_strategy
-from mljob.training.strategies import peer_named_in
+from mljob.training.strategies import peers_answering
 from mljob.training.summaries import Progress, SummaryWriters
 
 BACKUP = "backup"  # BackupAndRestore's folder under the checkpoints
@@ -100,14 +100,9 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
         arguments["batch_size"] = config.batch_size  # each worker's pipeline's batch
     began = time.monotonic()
     try:
-        history = fitting.dispatch_fit(model, **arguments)
-    except (tf.errors.UnavailableError, tf.errors.AbortedError,
-            tf.errors.DeadlineExceededError) as exc:
-        if kind not in ("ps", "multiworker"):
-            raise
-        raise PeerUnavailableError(
-            f"{peer_named_in(str(exc), info)} stopped answering; run the job again to "
-            "resume from the epoch it reached") from None
+        with peers_answering(info, kind, "run the job again to resume from the epoch it "
+                             "reached"):
+            history = fitting.dispatch_fit(model, **arguments)
     finally:
         writers.close()
         store.close()

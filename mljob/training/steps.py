@@ -19,12 +19,12 @@ from mljob.cluster import ClusterInfo
 from mljob.errors import EXIT_OK
 from mljob.training.checkpoints import CheckpointStore, finalize
 from mljob.training.config import Program, RunConfig
-from mljob.training.errors import PeerUnavailableError, Preempted, UsageError
+from mljob.training.errors import Preempted, UsageError
 from mljob.training.evaluator import evaluate
 from mljob.training.loop import Replica
 from mljob.training.signals import StopSignal
 from mljob.training.strategies import check_collectives_can_start, make_strategy, \
-    peer_named_in, wait_for_leader, wait_for_peers, weights_numpy
+    peers_answering, wait_for_leader, wait_for_peers, weights_numpy
 from mljob.training.summaries import NO_LOSS, Progress, SummaryWriters
 
 
@@ -73,15 +73,9 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
                             seed=((config.seed or 0) + start) % (2**31 - 1))
         startup.mark("input")
         loop = _Loop(replica, program, config, store, writers, progress, chief)
-        try:
+        with peers_answering(info, kind, "restart the job to resume from the latest "
+                             "checkpoint"):
             step = loop.run(start, stop)
-        except (tf.errors.UnavailableError, tf.errors.AbortedError,
-                tf.errors.DeadlineExceededError) as exc:
-            if kind not in ("ps", "multiworker"):
-                raise
-            raise PeerUnavailableError(
-                f"{peer_named_in(str(exc), info)} stopped answering; restart the job to "
-                "resume from the latest checkpoint") from None
         if step < config.train_steps:
             why = stop.reason() if stop.requested() else "another replica was stopped"
             raise Preempted(f"stopped at step {step} ({why}); checkpoint saved, "

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import time
@@ -156,6 +157,20 @@ def peer_named_in(text: str, info: ClusterInfo) -> str:
     return "a member of the cluster"
 
 
+@contextlib.contextmanager
+def peers_answering(info: ClusterInfo, kind: str, then: str):
+    """TensorFlow's errors of a peer that stopped answering, under ps and multiworker,
+    as one PeerUnavailableError naming the peer and what to do (`then`)."""
+    try:
+        yield
+    except (tf.errors.UnavailableError, tf.errors.AbortedError,
+            tf.errors.DeadlineExceededError) as exc:
+        if kind not in ("ps", "multiworker"):
+            raise
+        raise PeerUnavailableError(
+            f"{peer_named_in(str(exc), info)} stopped answering; {then}") from None
+
+
 __all__ = ["MIN_SHARD_BYTES", "PEER_WAIT_SECONDS", "check_collectives_can_start",
            "make_strategy", "make_partitioner", "wait_for_peers", "weight_parts",
-           "weights_numpy", "peer_named_in"]
+           "weights_numpy", "peer_named_in", "peers_answering"]

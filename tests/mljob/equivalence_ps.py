@@ -183,18 +183,29 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         status = 1
     finally:
-        for proc in procs:  # every replica this run started, by its PID
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_replicas(procs)
+    end_run(out, results, status)
+
+
+def stop_replicas(procs) -> None:
+    """Stop every replica a run started, by its PID."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def end_run(out: str, results: dict, status: int) -> None:
+    """Write the results and end the process at once: the coordinator's threads would
+    keep the interpreter waiting."""
     with open(out, "w") as f:
         json.dump(results, f)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(status)  # the coordinator's threads would keep the interpreter waiting
+    os._exit(status)
 
 
 def _runs(results, workers, procs, single, momentum, adam, clipped, cosine) -> None:

@@ -33,7 +33,7 @@ import keras
 import numpy as np
 
 from mljob.fitting import ps_fit
-from tests.mljob.equivalence_ps import _cluster
+from tests.mljob.equivalence_ps import _cluster, end_run, stop_replicas
 
 EPOCHS, STEPS, BATCH = 4, 6, 8
 
@@ -175,18 +175,8 @@ def library_main(out: str) -> int:
         traceback.print_exc()
         status = 1
     finally:
-        for proc in procs:  # every replica this run started, by its PID
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    with open(out, "w") as f:
-        json.dump(results, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)  # the coordinator's threads would keep the interpreter waiting
+        stop_replicas(procs)
+    end_run(out, results, status)
 
 
 def main(argv: list[str]) -> int:
@@ -230,18 +220,8 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         status = 1
     finally:
-        for proc in procs:  # every replica this run started, by its PID
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    with open(out, "w") as f:
-        json.dump(results, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)  # the coordinator's threads would keep the interpreter waiting
+        stop_replicas(procs)
+    end_run(out, results, status)
 
 
 if __name__ == "__main__":
