@@ -8,10 +8,14 @@ and dicts of them.
   (`ClusterCoordinator.create_per_worker_dataset`). Every worker reads all of the
   examples: with `shuffle=True` in an order of its own, reshuffled at each pass (as a
   dataset given to `fit` is read under ps), in order with `shuffle=False`, whole
-  batches shuffled with `shuffle="batch"`; batched by `batch_size` (Keras's default 32,
-  the last batch of a pass partial), read endlessly.
-- `steps_per_epoch` defaults to ceil(examples / batch_size), as Keras computes it (given:
-  as given); with one worker and `shuffle=False` an epoch is one pass in order, Keras's.
+  batches shuffled with `shuffle="batch"`; batched by `batch_size` (without it, Keras's:
+  ceil(examples / steps_per_epoch) when the steps are given, else 32; the last batch
+  of a pass partial), read endlessly.
+- `steps_per_epoch` defaults to ceil(examples / batch_size), as Keras computes it; given,
+  an epoch is as many steps but ends early where a pass ends, as Keras's epoch iterator
+  ends it (with its warning that the input ran out), the next epoch going on with the
+  next pass (`ps_fit` counts the passes' steps as Keras does); with one worker and
+  `shuffle=False` the epochs read the batches Keras's read.
 - `validation_split`: the last fraction of the examples, before any shuffling, split off
   as Keras splits them (`train_validation_split`), evaluated on the chief as
   `validation_data` is.
@@ -48,6 +52,7 @@ class Arrays:
     validation: tuple | None   # (x_val, y_val[, w_val]) split off by validation_split
     steps_per_epoch: int
     batch_size: int
+    pass_steps: int            # the batches of one pass over the training examples
 
 
 def given(x) -> bool:
@@ -105,8 +110,10 @@ def prepare(x, y, sample_weight, *, batch_size, shuffle, validation_split,
             f"{MAX_BYTES >> 20} MiB parameter servers ship to every worker in a graph: "
             "give x as a function (tf.distribute.InputContext) -> tf.data.Dataset that "
             "reads the examples from files on each worker")
-    if batch_size is None:
-        batch_size = DEFAULT_BATCH_SIZE
+    if batch_size is None:  # Keras's: from the steps when given, else 32
+        batch_size = math.ceil(count / steps_per_epoch) \
+            if isinstance(steps_per_epoch, int) and steps_per_epoch > 0 \
+            else DEFAULT_BATCH_SIZE
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise UsageError(f"batch_size must be a positive integer, got {batch_size!r}")
     if shuffle not in (True, False, "batch"):
@@ -130,7 +137,7 @@ def prepare(x, y, sample_weight, *, batch_size, shuffle, validation_split,
 
     steps = steps_per_epoch if steps_per_epoch is not None else \
         math.ceil(count / batch_size)
-    return Arrays(per_worker, validation, steps, batch_size)
+    return Arrays(per_worker, validation, steps, batch_size, math.ceil(count / batch_size))
 
 
 def _as_array(value):

@@ -31,6 +31,8 @@ In the user's script (TensorFlow's tutorial "Parameter server training", its
 """
 from __future__ import annotations
 
+import warnings
+
 import keras
 import tensorflow as tf
 
@@ -101,8 +103,10 @@ def fit(model, strategy, *, x=None, y=None, batch_size=None, epochs=1, verbose="
                        ps_wire_dtype="float32")  # the reference's values, not bfloat16's
     replica = Replica(strategy, coordinator, program, config, num_workers=workers)
     replica.start_input(train_fn, seed=0)
-    return _Loop(replica, model, callback_list, verbose, epochs, steps_per_epoch,
-                 val_data, validation_freq).run(initial_epoch)
+    loop = _Loop(replica, model, callback_list, verbose, epochs, steps_per_epoch,
+                 val_data, validation_freq)
+    loop.pass_steps = arrays.pass_steps if arrays is not None else None
+    return loop.run(initial_epoch)
 
 
 class _Loop:
@@ -113,6 +117,10 @@ class _Loop:
         self.replica, self.model, self.epochs = replica, model, epochs
         self.steps_per_epoch, self.val_data = steps_per_epoch, val_data
         self.validation_freq = validation_freq
+        # Arrays: the batches of one pass. Keras's fit ends an epoch early where a pass
+        # ends (a steps_per_epoch that does not divide it), saying its input ran out.
+        self.pass_steps: int | None = None
+        self._pass_seen = 0
         verbose = 1 if verbose == "auto" else verbose
         self.callbacks = keras.callbacks.CallbackList(
             callbacks, add_history=True, add_progbar=verbose != 0, model=model,
@@ -144,8 +152,16 @@ class _Loop:
 
     def _train_epoch(self) -> dict:
         replica, done, handles = self.replica, 0, []
-        while done < self.steps_per_epoch:
-            num = min(replica.steps_per_execution, self.steps_per_epoch - done)
+        steps = self.steps_per_epoch
+        if self.pass_steps is not None:  # as Keras's epoch iterator over arrays
+            steps = min(steps, self.pass_steps - self._pass_seen)
+            if steps < self.steps_per_epoch:
+                warnings.warn("Your input ran out of data; interrupting training. Make "
+                              "sure that your dataset or generator can generate at least "
+                              "`steps_per_epoch * epochs` batches.", stacklevel=2)
+            self._pass_seen = (self._pass_seen + steps) % self.pass_steps
+        while done < steps:
+            num = min(replica.steps_per_execution, steps - done)
             handles.append(replica.run_chunk(num))
             done += num
         replica.sync()  # every step of the epoch has run: the callbacks see all of it

@@ -174,6 +174,17 @@ def arrays_run(model, fit) -> dict:
             "iterations": int(np.asarray(model.optimizer.iterations))}
 
 
+def arrays_steps_run(model, fit) -> dict:
+    """A steps_per_epoch of 3 against a pass of 5 batches: Keras's epochs end where a
+    pass ends (3, 2, then 3 steps)."""
+    x, y = array_data()
+    history = fit(model, x, y=y, batch_size=8, steps_per_epoch=3, epochs=3,
+                  validation_split=0.25, verbose=0)
+    return {"weights": [np.asarray(w).tolist() for w in model.get_weights()],
+            "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+            "iterations": int(np.asarray(model.optimizer.iterations))}
+
+
 def class_weight_run(model, fit) -> dict:
     """Arrays with class_weight, Keras's default batch size (32: batches of 32 and 16
     of the 48 kept) and validation_split=0.2."""
@@ -252,6 +263,8 @@ def main(argv: list[str]) -> int:
             x, shuffle=False, **kw))
         results["fit_arrays"] = arrays_run(build(optimizers["sgd"]), lambda m, x, **kw:
                                            m.fit(x, shuffle=False, **kw))
+        results["fit_arrays_steps"] = arrays_steps_run(
+            build(optimizers["sgd"]), lambda m, x, **kw: m.fit(x, shuffle=False, **kw))
         results["fit_class_weight"] = class_weight_run(
             build_classifier(), lambda m, x, **kw: m.fit(x, shuffle=False, **kw))
         results["fit_backup"] = resumed(lambda: build(optimizers["adam"]), lambda m, x, **kw:
@@ -271,6 +284,10 @@ def main(argv: list[str]) -> int:
         with strategy.scope():
             model = build(optimizers["sgd"])
         results["ps_arrays"] = arrays_run(model, lambda m, x, **kw: ps_fit.fit(
+            m, strategy, x=x, shuffle=False, **kw))
+        with strategy.scope():
+            model = build(optimizers["sgd"])
+        results["ps_arrays_steps"] = arrays_steps_run(model, lambda m, x, **kw: ps_fit.fit(
             m, strategy, x=x, shuffle=False, **kw))
         with strategy.scope():
             model = build_classifier()

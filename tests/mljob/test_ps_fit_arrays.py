@@ -42,7 +42,9 @@ def test_in_order_without_shuffle_keras_s_batches_and_steps_pass_after_pass():
 def test_keras_s_default_batch_size_and_a_given_steps_per_epoch():
     x = np.zeros((100, 3), "float32")
     assert _prepare(x, np.zeros(100)).steps_per_epoch == 4  # batches of 32
-    assert _prepare(x, np.zeros(100), steps_per_epoch=7).steps_per_epoch == 7
+    given = _prepare(x, np.zeros(100), steps_per_epoch=7)
+    assert (given.steps_per_epoch, given.batch_size) == (7, 15)  # Keras's ceil(100 / 7)
+    assert _prepare(x, np.zeros(100), steps_per_epoch=7, batch_size=10).batch_size == 10
 
 
 def test_validation_split_is_keras_s_the_last_examples_before_any_shuffling():

@@ -111,6 +111,15 @@ def test_fit_on_arrays_with_validation_split_under_ps_is_keras_fit_on_one_node(r
         assert np.allclose(a, b, atol=1e-5)
 
 
+def test_a_steps_per_epoch_across_a_pass_of_arrays_ends_epochs_where_keras_s_do(runs):
+    ours, keras_fit = runs["ps_arrays_steps"], runs["fit_arrays_steps"]
+    assert ours["iterations"] == keras_fit["iterations"] == 8  # 3 + 2 + 3
+    for key, values in keras_fit["history"].items():
+        assert ours["history"][key] == pytest.approx(values, rel=1e-4, abs=1e-6), key
+    for a, b in zip(ours["weights"], keras_fit["weights"], strict=True):
+        assert np.allclose(a, b, atol=1e-5)
+
+
 def test_class_weight_on_arrays_under_ps_weighs_as_keras_fit_does(runs):
     ours, keras_fit = runs["ps_class_weight"], runs["fit_class_weight"]
     assert ours["iterations"] == keras_fit["iterations"] == 4  # 2 epochs of 32 + 16
