@@ -87,6 +87,8 @@ def test_dicts_lists_and_sample_weights_keep_keras_s_structure():
     assert set(features) == {"a", "b"} and isinstance(labels, tuple)
     assert weights.tolist() == [2.0, 2.0, 2.0]
     assert ps_arrays.given(x) and ps_arrays.given(tf.zeros((3, 2)))
+    tensors = _prepare(tf.zeros((6, 2)), tf.range(6), batch_size=4)  # tensors as arrays
+    assert [b[1].tolist() for b in _batches(tensors, 2)] == [[0, 1, 2, 3], [4, 5]]
     assert not ps_arrays.given([[1.0, 2.0]]) and not ps_arrays.given(lambda c: None)
 
 
