@@ -8,8 +8,10 @@ In the user's script (TensorFlow's tutorial "Parameter server training", its
 `strategy.scope()`, and calls `fit`:
 
 - `x`: a `tf.data.Dataset` or a function of a `tf.distribute.InputContext`, each
-  worker's input pipeline (`ps_inputs`); `steps_per_epoch` is required (one line
-  otherwise, as tf.keras 2 required it);
+  worker's input pipeline (`ps_inputs`), `steps_per_epoch` required (one line
+  otherwise, as tf.keras 2 required it); or arrays (`y`, `sample_weight`,
+  `validation_split`, `batch_size`, `shuffle` as Keras takes them), each worker's
+  pipeline made from them, `steps_per_epoch` by default Keras's (`ps_arrays`);
 - each step is mljob's parameter-server step, the one the equivalence suite checks
   against Keras's `fit` on one node (`mljob.training.loop.Replica`: Keras's losses and
   metrics as compile resolved them, every optimizer option, the layers' state and the
@@ -24,14 +26,17 @@ In the user's script (TensorFlow's tutorial "Parameter server training", its
   write on the chief; `History` is returned;
 - what cannot run as Keras runs it is refused before training, in one line: a
   batch-level callback, a model with its own `train_step`, EMA or gradient accumulation,
-  `y`/`sample_weight`/`validation_split`.
+  `y`/`sample_weight`/`validation_split` with a dataset or a function (as Keras refuses
+  them), arrays larger than `ps_arrays.MAX_BYTES`.
 """
 from __future__ import annotations
+
+import warnings
 
 import keras
 import tensorflow as tf
 
-from mljob.fitting import ps_inputs
+from mljob.fitting import ps_arrays, ps_inputs
 from mljob.training import keras_private
 from mljob.training.config import Program, RunConfig
 from mljob.training.errors import UsageError
@@ -48,15 +53,26 @@ def fit(model, strategy, *, x=None, y=None, batch_size=None, epochs=1, verbose="
         validation_steps=None, validation_batch_size=None,
         validation_freq=1) -> keras.callbacks.History:
     """`model.fit(...)` on the chief of a ParameterServerStrategy cluster (module doc);
-    the keywords are Keras 3's `Model.fit`'s. `batch_size` and `shuffle` belong to the
-    dataset under ps (tf.keras 2 ignored them for datasets too)."""
-    del shuffle  # the dataset's own
+    the keywords are Keras 3's `Model.fit`'s. For a dataset or a function, `batch_size`
+    and `shuffle` are the dataset's own (tf.keras 2 ignored them for datasets too); for
+    arrays they are Keras's (`ps_arrays`)."""
+    arrays = None
+    if ps_arrays.given(x):  # as Keras's fit takes arrays (ps_arrays)
+        arrays = ps_arrays.prepare(
+            x, y, sample_weight, batch_size=batch_size, shuffle=shuffle,
+            validation_split=validation_split, validation_data=validation_data,
+            class_weight=class_weight, steps_per_epoch=steps_per_epoch)
+        x, y, sample_weight, validation_split = arrays.per_worker, None, None, 0.0
+        steps_per_epoch, batch_size = arrays.steps_per_epoch, arrays.batch_size
+        if arrays.validation is not None:
+            validation_data = arrays.validation
+        validation_batch_size = validation_batch_size or batch_size
     ps_inputs.check_arguments(y=y, sample_weight=sample_weight,
                               validation_split=validation_split,
                               steps_per_epoch=steps_per_epoch, epochs=epochs,
                               initial_epoch=initial_epoch, validation_freq=validation_freq)
     if x is None:
-        raise UsageError("fit needs x: a tf.data.Dataset or a function "
+        raise UsageError("fit needs x: arrays, a tf.data.Dataset or a function "
                          "(tf.distribute.InputContext) -> tf.data.Dataset")
     if not isinstance(model, keras.Model):
         raise UsageError(f"fit is a keras.Model's; got {type(model).__name__}")
@@ -87,8 +103,10 @@ def fit(model, strategy, *, x=None, y=None, batch_size=None, epochs=1, verbose="
                        ps_wire_dtype="float32")  # the reference's values, not bfloat16's
     replica = Replica(strategy, coordinator, program, config, num_workers=workers)
     replica.start_input(train_fn, seed=0)
-    return _Loop(replica, model, callback_list, verbose, epochs, steps_per_epoch,
-                 val_data, validation_freq).run(initial_epoch)
+    loop = _Loop(replica, model, callback_list, verbose, epochs, steps_per_epoch,
+                 val_data, validation_freq)
+    loop.pass_steps = arrays.pass_steps if arrays is not None else None
+    return loop.run(initial_epoch)
 
 
 class _Loop:
@@ -99,6 +117,10 @@ class _Loop:
         self.replica, self.model, self.epochs = replica, model, epochs
         self.steps_per_epoch, self.val_data = steps_per_epoch, val_data
         self.validation_freq = validation_freq
+        # Arrays: the batches of one pass. Keras's fit ends an epoch early where a pass
+        # ends (a steps_per_epoch that does not divide it), saying its input ran out.
+        self.pass_steps: int | None = None
+        self._pass_seen = 0
         verbose = 1 if verbose == "auto" else verbose
         self.callbacks = keras.callbacks.CallbackList(
             callbacks, add_history=True, add_progbar=verbose != 0, model=model,
@@ -130,8 +152,16 @@ class _Loop:
 
     def _train_epoch(self) -> dict:
         replica, done, handles = self.replica, 0, []
-        while done < self.steps_per_epoch:
-            num = min(replica.steps_per_execution, self.steps_per_epoch - done)
+        steps = self.steps_per_epoch
+        if self.pass_steps is not None:  # as Keras's epoch iterator over arrays
+            steps = min(steps, self.pass_steps - self._pass_seen)
+            if steps < self.steps_per_epoch:
+                warnings.warn("Your input ran out of data; interrupting training. Make "
+                              "sure that your dataset or generator can generate at least "
+                              "`steps_per_epoch * epochs` batches.", stacklevel=2)
+            self._pass_seen = (self._pass_seen + steps) % self.pass_steps
+        while done < steps:
+            num = min(replica.steps_per_execution, steps - done)
             handles.append(replica.run_chunk(num))
             done += num
         replica.sync()  # every step of the epoch has run: the callbacks see all of it

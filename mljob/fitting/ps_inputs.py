@@ -2,7 +2,8 @@
 pipeline, the validation data the chief evaluates, and the callbacks the coordinator
 can run as Keras runs them.
 
-Data (`x`, as tf.keras 2's `fit` took it under ParameterServerStrategy):
+Data (`x`, as tf.keras 2's `fit` took it under ParameterServerStrategy; arrays are
+`ps_arrays`'):
 - a `tf.data.Dataset` made on the chief: serialized and rebuilt on every worker (as
   `ClusterCoordinator.create_per_worker_dataset` does with a dataset), each worker
   reading all of it in its own order;
@@ -60,9 +61,10 @@ def per_worker(x) -> Callable[[Any], tf.data.Dataset]:
     if callable(x) and not isinstance(x, (tf.Tensor, tf.Variable)):
         return x
     raise UsageError(
-        f"x is a {type(x).__name__}: under ParameterServerStrategy fit takes a "
-        "tf.data.Dataset or a function (tf.distribute.InputContext) -> tf.data.Dataset, "
-        "run on each worker (Keras 3 has no DatasetCreator: pass the function itself)")
+        f"x is a {type(x).__name__}: under ParameterServerStrategy fit takes NumPy "
+        "arrays (or tensors, lists or dicts of them), a tf.data.Dataset or a function "
+        "(tf.distribute.InputContext) -> tf.data.Dataset run on each worker (Keras 3 has "
+        "no DatasetCreator: pass the function itself)")
 
 
 def sample(x) -> tf.data.Dataset:
@@ -113,12 +115,12 @@ def check_arguments(*, y, sample_weight, validation_split, steps_per_epoch, epoc
         raise UsageError(f"steps_per_epoch must be a positive integer, got "
                          f"{steps_per_epoch!r}")
     if y is not None or sample_weight is not None:
-        raise UsageError("under ParameterServerStrategy the labels (and sample weights) "
-                         "come in the dataset's elements, (features, labels[, weights]); "
-                         "leave y and sample_weight out")
+        raise UsageError("x is a dataset or a function: its elements hold the labels (and "
+                         "sample weights), (features, labels[, weights]), as Keras's fit "
+                         "takes them; leave y and sample_weight out")
     if validation_split:
-        raise UsageError("validation_split cannot split a dataset read on the workers; "
-                         "give validation_data")
+        raise UsageError("validation_split splits arrays only (Keras's fit refuses it for "
+                         "a dataset too): give validation_data")
     for name, value in (("epochs", epochs), ("validation_freq", validation_freq)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise UsageError(f"{name} must be a positive integer under "

@@ -1,7 +1,8 @@
 """A user's unchanged `model.fit` script in a job whose config gives it an evaluator
 replica (`evaluatorCount: 1`): under parameter servers (keras.io's timeseries classifier,
-chief + 2 workers + 1 ps + 1 evaluator) and under MultiWorkerMirrored (keras.io's fit
-guide, chief + 1 worker + 1 evaluator). The job SUCCEEDS; the script's strategy on the
+chief + 2 workers + 1 ps + 1 evaluator; keras.io's fit guide, its arrays and
+validation_split, too) and under MultiWorkerMirrored (keras.io's fit guide, chief + 1
+worker + 1 evaluator). The job SUCCEEDS; the script's strategy on the
 evaluator is the default one (TensorFlow's would join the training cluster: the job
 failed with "Could not start gRPC server" under ps, with KeyError 'evaluator' under
 MultiWorkerMirrored); the evaluator's `fit` evaluates the chief's published epochs, each
@@ -106,3 +107,18 @@ def test_multiworker_job_with_an_evaluator_evaluates_the_chief_s_epochs(capsys, 
                   "--epochs", "3")
     _check_evaluations(out, job_dir, job_dir / "logs", steps_per_epoch=None)
     assert "MultiWorkerMirroredStrategy is the default strategy" in out
+
+
+def test_ps_job_with_an_evaluator_evaluates_the_fit_guide_s_validation_split(capsys,
+                                                                             tmp_path):
+    """keras.io's fit guide (fit on arrays, validation_split=0.2) under parameter
+    servers: the chief trains Keras's 52 steps an epoch and validates the split; the
+    evaluator evaluates the same split of the same arrays on each published epoch."""
+    package = write_callbacks_package(str(tmp_path / "guide"))
+    config = tmp_path / "ps.yaml"
+    config.write_text(PS_WITH_EVALUATOR)
+    job_dir = tmp_path / "job"
+    out = _submit(capsys, "fgpse01", package, "fitguide.task", job_dir, str(config),
+                  "--epochs", "2")
+    _check_evaluations(out, job_dir, job_dir / "logs", steps_per_epoch=52)
+    assert "ParameterServerStrategy is the default strategy" in out

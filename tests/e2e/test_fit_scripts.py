@@ -13,6 +13,7 @@ import pytest
 
 from submit import jobs as records
 from tests.support.fit_packages import write_callbacks_package, write_tutorial
+from tests.support.fit_packages_ps import CONFIG_PS
 from tests.support.submit_cli import run as submit
 
 pytestmark = pytest.mark.slow  # TensorFlow replicas, a minute or more each
@@ -21,9 +22,9 @@ CHIEF_AND_WORKER = ("trainingInput:\n  scaleTier: CUSTOM\n  masterType: standard
                     "  workerType: standard\n  workerCount: 1\n")
 
 
-def config(tmp_path) -> str:
-    path = tmp_path / "mwms.yaml"
-    path.write_text(CHIEF_AND_WORKER)
+def config(tmp_path, text: str = CHIEF_AND_WORKER) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
     return str(path)
 
 
@@ -65,17 +66,20 @@ def epoch_scalars(folder: str, tag: str) -> list[float]:
 def fit_guide(capsys, tmp_path, job_id: str, *args: str, where: str = "chief_and_worker",
               resume: bool = False):
     pkg = write_callbacks_package(str(tmp_path / "guide"))
-    extra = ["--config", config(tmp_path)] if where == "chief_and_worker" else []
+    configs = {"chief_and_worker": CHIEF_AND_WORKER, "ps": CONFIG_PS}
+    extra = ["--config", config(tmp_path, configs[where])] if where in configs else []
     return submit(capsys, job_id, "--package-path", pkg, "--module-name", "fitguide.task",
                   "--job-dir", str(tmp_path / job_id), *extra,
                   *(["--resume"] if resume else []), "--", *args)
 
 
-@pytest.mark.parametrize("where", ["basic", "chief_and_worker"])
+@pytest.mark.parametrize("where", ["basic", "chief_and_worker", "ps"])
 def test_keras_io_callbacks_leave_on_the_chief_what_fit_leaves(capsys, tmp_path, where):
     """EarlyStopping (that never sees an improvement of 100) stops every worker after
     the third epoch; the chief holds History, a checkpoint per epoch, the CSV rows and
-    TensorBoard's epoch scalars."""
+    TensorBoard's epoch scalars. Under parameter servers (chief + 2 workers + 1 ps) the
+    guide's fit on arrays with validation_split runs as written: the workers serve in
+    server.join(), so the chief alone runs fit and its callbacks, and only it reports."""
     job_dir = tmp_path / "fit01"
     status, out, err = fit_guide(capsys, tmp_path, "fit01", "--epochs", "6", "--patience",
                                  "2", "--min-delta", "100", where=where)
@@ -84,7 +88,8 @@ def test_keras_io_callbacks_leave_on_the_chief_what_fit_leaves(capsys, tmp_path,
     history = json.loads((job_dir / "history.json").read_text())
     assert history["epoch"] == [0, 1, 2]  # stopped early, at the same epoch everywhere
     ended = replica_lines(out, "fit_ended")
-    replicas = ["master-replica-0"] + (["worker-replica-0"] if where != "basic" else [])
+    replicas = ["master-replica-0"] + (["worker-replica-0"] if where == "chief_and_worker"
+                                       else [])
     assert sorted(ended) == replicas
     for label in replicas:
         assert ended[label] == [f"fit_ended replica={'chief' if 'master' in label else 'worker'}"
@@ -94,6 +99,11 @@ def test_keras_io_callbacks_leave_on_the_chief_what_fit_leaves(capsys, tmp_path,
                     replica_lines(out, "epoch_end")[label]]
         assert reported == [f"{v:.6f}" for v in history["history"]["loss"]]
     assert "Epoch 3: early stopping" in out
+    if where == "ps":  # trained on the workers, the ps holding the variables
+        assert sorted(r.label for r in records.load("fit01").replicas) == [
+            "master-replica-0", "ps-replica-0", "worker-replica-0", "worker-replica-1"]
+        # Keras's steps an epoch: the 3276 examples validation_split=0.2 keeps, by 64
+        assert re.search(r"master-replica-0\t52/52 - ", out), out[-3000:]
     assert set(history["history"]) >= {"loss", "sparse_categorical_accuracy", "val_loss",
                                        "val_sparse_categorical_accuracy"}
     assert sorted(os.listdir(job_dir / "ckpt")) == [f"mymodel_{e}.keras" for e in (1, 2, 3)]

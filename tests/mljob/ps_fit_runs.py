@@ -9,7 +9,9 @@ start, `ReduceLROnPlateau` on `val_loss` at every epoch's end) and validation da
 SGD (the ps step one step at a time) and Adam (local steps). Written as JSON: the
 weights, the History, the learning rate each epoch ended with. And `BackupAndRestore`:
 a run stopped after its second epoch, fit again, resumes at the third, on one node and
-under ps alike.
+under ps alike. And `fit` on NumPy arrays as keras.io writes it (`y`, `batch_size`,
+`validation_split`, no `steps_per_epoch`; `class_weight`), `shuffle=False` on both
+sides so that one worker reads the examples in Keras's order.
 
 `python -m tests.mljob.ps_fit_runs OUT.json --library`: the SGD run as the library
 call's epoch mode (`training.fit(..., epochs=...)`) on a cluster of its own, every role
@@ -132,6 +134,68 @@ def siamese_run(model, fit) -> dict:
             "history": {k: [float(v) for v in vs] for k, vs in history.history.items()}}
 
 
+def array_data():
+    """50 examples: validation_split=0.25 keeps the first 37 (5 batches of 8 an epoch,
+    the last of 5) and evaluates the last 13."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(50, 4))  # float64, as NumPy makes it: Keras casts to floatx
+    y = np.tanh(x @ np.array([[1.], [-2.], [0.5], [1.5]]))
+    return x, y
+
+
+def classes_data():
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(60, 6)).astype("float32")
+    return x, np.argmax(x[:, :3], axis=1)
+
+
+def build_classifier():
+    """keras.io's guide's model, smaller: a softmax over classes, RMSprop."""
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input(shape=(6,), name="digits")
+    hidden = keras.layers.Dense(8, activation="relu", name="dense_1")(inputs)
+    outputs = keras.layers.Dense(3, activation="softmax", name="predictions")(hidden)
+    model = keras.Model(inputs=inputs, outputs=outputs)
+    model.compile(optimizer="rmsprop", loss="sparse_categorical_crossentropy",
+                  metrics=["sparse_categorical_accuracy"])
+    return model
+
+
+def arrays_run(model, fit) -> dict:
+    """fit on NumPy arrays as keras.io writes it: y, batch_size, validation_split (no
+    steps_per_epoch: Keras's ceil(37 / 8) = 5), with `run`'s callbacks."""
+    rates, cbs = callbacks()
+    x, y = array_data()
+    history = fit(model, x, y=y, batch_size=8, epochs=3, validation_split=0.25,
+                  callbacks=cbs, verbose=0)
+    return {"weights": [np.asarray(w).tolist() for w in model.get_weights()],
+            "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+            "epochs": list(history.epoch), "rates": rates.rates,
+            "iterations": int(np.asarray(model.optimizer.iterations))}
+
+
+def arrays_steps_run(model, fit) -> dict:
+    """A steps_per_epoch of 3 against a pass of 5 batches: Keras's epochs end where a
+    pass ends (3, 2, then 3 steps)."""
+    x, y = array_data()
+    history = fit(model, x, y=y, batch_size=8, steps_per_epoch=3, epochs=3,
+                  validation_split=0.25, verbose=0)
+    return {"weights": [np.asarray(w).tolist() for w in model.get_weights()],
+            "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+            "iterations": int(np.asarray(model.optimizer.iterations))}
+
+
+def class_weight_run(model, fit) -> dict:
+    """Arrays with class_weight, Keras's default batch size (32: batches of 32 and 16
+    of the 48 kept) and validation_split=0.2."""
+    x, y = classes_data()
+    history = fit(model, x, y=y, epochs=2, validation_split=0.2,
+                  class_weight={0: 0.5, 1: 2.0, 2: 1.0}, verbose=0)
+    return {"weights": [np.asarray(w).tolist() for w in model.get_weights()],
+            "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+            "iterations": int(np.asarray(model.optimizer.iterations))}
+
+
 def library(job: str):
     """`training.fit(..., epochs=...)`, the library call's epoch mode, with `run`'s
     model, data and callbacks; every role of the cluster TF_CONFIG names runs it (the
@@ -197,6 +261,12 @@ def main(argv: list[str]) -> int:
         from tests.mljob import keras_io_models as zoo
         results["fit_siamese"] = siamese_run(zoo.siamese(), lambda m, x, **kw: m.fit(
             x, shuffle=False, **kw))
+        results["fit_arrays"] = arrays_run(build(optimizers["sgd"]), lambda m, x, **kw:
+                                           m.fit(x, shuffle=False, **kw))
+        results["fit_arrays_steps"] = arrays_steps_run(
+            build(optimizers["sgd"]), lambda m, x, **kw: m.fit(x, shuffle=False, **kw))
+        results["fit_class_weight"] = class_weight_run(
+            build_classifier(), lambda m, x, **kw: m.fit(x, shuffle=False, **kw))
         results["fit_backup"] = resumed(lambda: build(optimizers["adam"]), lambda m, x, **kw:
                                         m.fit(x, shuffle=False, **kw), f"{out}.fit-backup")
         strategy, _ = _cluster(1, procs)
@@ -210,6 +280,19 @@ def main(argv: list[str]) -> int:
             siamese = zoo.siamese()
         results["ps_siamese"] = siamese_run(siamese, lambda m, x, **kw: ps_fit.fit(
             m, strategy, x=x, **kw))
+
+        with strategy.scope():
+            model = build(optimizers["sgd"])
+        results["ps_arrays"] = arrays_run(model, lambda m, x, **kw: ps_fit.fit(
+            m, strategy, x=x, shuffle=False, **kw))
+        with strategy.scope():
+            model = build(optimizers["sgd"])
+        results["ps_arrays_steps"] = arrays_steps_run(model, lambda m, x, **kw: ps_fit.fit(
+            m, strategy, x=x, shuffle=False, **kw))
+        with strategy.scope():
+            model = build_classifier()
+        results["ps_class_weight"] = class_weight_run(model, lambda m, x, **kw: ps_fit.fit(
+            m, strategy, x=x, shuffle=False, **kw))
 
         def in_scope():
             with strategy.scope():

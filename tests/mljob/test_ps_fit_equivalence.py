@@ -5,7 +5,9 @@ against `mljob.fitting.ps_fit.fit` on a real ps and worker over gRPC
 the same weights, the same History (the epoch's training metrics over every step,
 `val_` metrics, the rates the callbacks logged) and the same rates, for SGD with
 momentum (the ps step one at a time) and Adam (local steps); and `BackupAndRestore`
-resuming a stopped run at its epoch, with the optimizer's state, as on one node."""
+resuming a stopped run at its epoch, with the optimizer's state, as on one node; and
+`fit` on NumPy arrays with `validation_split` (and `class_weight`), the same split,
+batches and steps as Keras's."""
 from __future__ import annotations
 
 import json
@@ -92,3 +94,38 @@ def test_keras_io_s_siamese_network_trains_under_ps_as_keras_fit_trains_it(runs)
         assert np.allclose(a, b, atol=1e-5)
     for key, values in keras_fit["history"].items():
         assert ours["history"][key] == pytest.approx(values, rel=1e-4, abs=1e-6), key
+
+
+def test_fit_on_arrays_with_validation_split_under_ps_is_keras_fit_on_one_node(runs):
+    # Keras's split (the last 13 of 50 evaluated), its steps (ceil(37 / 8) = 5, the last
+    # batch of 5), floats cast to floatx, val_ logs from the chief's evaluation.
+    ours, keras_fit = runs["ps_arrays"], runs["fit_arrays"]
+    assert ours["iterations"] == keras_fit["iterations"] == 15
+    assert ours["epochs"] == keras_fit["epochs"] == [0, 1, 2]
+    assert set(ours["history"]) == set(keras_fit["history"]) == {
+        "loss", "mae", "val_loss", "val_mae", "learning_rate"}
+    for key, values in keras_fit["history"].items():
+        assert ours["history"][key] == pytest.approx(values, rel=1e-4, abs=1e-6), key
+    assert ours["rates"] == pytest.approx(keras_fit["rates"], rel=1e-6)
+    for a, b in zip(ours["weights"], keras_fit["weights"], strict=True):
+        assert np.allclose(a, b, atol=1e-5)
+
+
+def test_a_steps_per_epoch_across_a_pass_of_arrays_ends_epochs_where_keras_s_do(runs):
+    ours, keras_fit = runs["ps_arrays_steps"], runs["fit_arrays_steps"]
+    assert ours["iterations"] == keras_fit["iterations"] == 8  # 3 + 2 + 3
+    for key, values in keras_fit["history"].items():
+        assert ours["history"][key] == pytest.approx(values, rel=1e-4, abs=1e-6), key
+    for a, b in zip(ours["weights"], keras_fit["weights"], strict=True):
+        assert np.allclose(a, b, atol=1e-5)
+
+
+def test_class_weight_on_arrays_under_ps_weighs_as_keras_fit_does(runs):
+    ours, keras_fit = runs["ps_class_weight"], runs["fit_class_weight"]
+    assert ours["iterations"] == keras_fit["iterations"] == 4  # 2 epochs of 32 + 16
+    assert set(ours["history"]) == {"loss", "sparse_categorical_accuracy", "val_loss",
+                                    "val_sparse_categorical_accuracy"}
+    for key, values in keras_fit["history"].items():
+        assert ours["history"][key] == pytest.approx(values, rel=1e-4, abs=1e-6), key
+    for a, b in zip(ours["weights"], keras_fit["weights"], strict=True):
+        assert np.allclose(a, b, atol=1e-5)

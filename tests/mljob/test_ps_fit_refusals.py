@@ -45,9 +45,11 @@ def test_steps_per_epoch_is_required_as_tf_keras_2_required_it():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"x": [[1.0, 2.0, 3.0]]}, "fit takes a tf.data.Dataset or a function"),
+    ({"x": [[1.0, 2.0, 3.0]]}, "fit takes NumPy arrays .*, a tf.data.Dataset or a "
+                               "function"),
     ({"y": [1.0]}, "leave y and sample_weight out"),
-    ({"validation_split": 0.2}, "give validation_data"),
+    ({"validation_split": 0.2}, "validation_split splits arrays only.*give validation_data"),
+    ({"x": lambda context: _dataset(), "validation_split": 0.2}, "give validation_data"),
     ({"validation_data": _dataset()}, "give validation_steps"),
     ({"validation_data": 3}, "validation_data of type int"),
     ({"epochs": 0}, "epochs must be a positive integer"),

@@ -83,9 +83,12 @@ multi_worker_model.fit(multi_worker_dataset, epochs=3, steps_per_epoch=70)
 
 # keras.io/guides/training_with_built_in_methods: get_compiled_model, fit on arrays with
 # validation and the guide's callbacks, in a task module taking --job-dir; the strategy
-# from TF_CONFIG as TensorFlow's tutorials build it. Two callbacks of the test's own:
-# one prints each epoch's end (which replica, which epoch), one kills the chief once in
-# the middle of an epoch (--die-at-epoch), as a preempted machine would.
+# from TF_CONFIG as TensorFlow's tutorials build it (parameter servers when the cluster
+# has ps, the workers and ps joining their servers; MultiWorkerMirrored with several
+# workers; else the default). Two callbacks of the test's own: one prints each epoch's
+# end (which replica, which epoch), one kills the chief once in the middle of an epoch
+# (--die-at-epoch; a batch-level callback, added only then: parameter servers refuse
+# batch-level callbacks), as a preempted machine would.
 CALLBACKS_TASK = '''\
 import argparse
 import json
@@ -111,7 +114,13 @@ tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
 cluster, task = tf_config.get("cluster", {}), tf_config.get("task", {})
 me = f"{task.get('type', 'chief')}-{task.get('index', 0)}"
 chief = task.get("type", "chief") in ("chief", "master")
-if cluster.get("worker"):
+if "ps" in cluster:
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if resolver.task_type in ("worker", "ps"):
+        tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                             task_index=resolver.task_id, protocol="grpc").join()
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+elif cluster.get("worker"):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
 else:
     strategy = tf.distribute.get_strategy()
@@ -176,8 +185,9 @@ callbacks = [
     keras.callbacks.TensorBoard(log_dir=os.path.join(args.job_dir, "logs")),
     keras.callbacks.BackupAndRestore(backup_dir=os.path.join(args.job_dir, "backup")),
     EpochReport(),
-    Preempted(),
 ]
+if args.die_at_epoch >= 0:
+    callbacks.append(Preempted())
 history = model.fit(x_train, y_train, batch_size=64, epochs=args.epochs,
                     validation_split=0.2, callbacks=callbacks, verbose=2)
 print(f"fit_ended replica={me} epochs={history.epoch}", flush=True)
