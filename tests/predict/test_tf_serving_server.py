@@ -316,6 +316,8 @@ def test_rest_is_off_by_default_timeouts_and_tags(server, reaper):
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
         assert len(tf.make_ndarray(stub.Predict(request, timeout=60).outputs["outputs"])) == 3
     reaper.stop(proc)
+    # each start on ports of its own: the stopped server's may not be free again yet
+    grpc_port, rest_port = free_ports(2)
 
     params = server["root"] / "slow-batches.config"
     params.write_text("max_batch_size { value: 4 }\nbatch_timeout_micros { value: 3000000 }\n"
@@ -340,6 +342,7 @@ def test_rest_is_off_by_default_timeouts_and_tags(server, reaper):
         time.sleep(3)
         assert stub.Predict(request, timeout=60).model_spec.version.value == 1
     reaper.stop(proc)
+    grpc_port = free_ports(1)[0]
 
     proc, (out, err) = _serve(reaper, f"--model_dir={model}", f"--port={grpc_port}",
                               "--saved_model_tags=serve,gpu", "--max_num_load_retries=0",
