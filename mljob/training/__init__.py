@@ -58,6 +58,7 @@ from typing import Any
 
 from mljob import cluster as cluster_lib
 from mljob import startup
+from mljob.coordination import leave_together
 from mljob.errors import boundary
 from mljob.training import kernels
 from mljob.training.config import EPOCH_ARGUMENTS, STEPS_PER_EXECUTION, Epochs, Program, \
@@ -182,9 +183,13 @@ def run(program: Program, config: RunConfig, *, info: cluster_lib.ClusterInfo | 
         # Keras's fit and the fitting wing's dispatch, above this package's loop modules
         # (mljob.fitting imports them, never this one): see the module doc.
         from mljob.fitting import library
-        return library.run(info, program, config, kind, stop, epochs)
-    from mljob.training import steps
-    return steps.run(info, program, config, kind, stop)
+        done = library.run(info, program, config, kind, stop, epochs)
+    else:
+        from mljob.training import steps
+        done = steps.run(info, program, config, kind, stop)
+    if kind == "multiworker":  # no task ends while another still runs (coordination)
+        leave_together("mljob-training-end")
+    return done
 
 
 def serve_if_server(info: cluster_lib.ClusterInfo | None = None,

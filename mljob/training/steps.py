@@ -14,7 +14,6 @@ import time
 import tensorflow as tf
 
 from mljob import hypertune, startup, storage
-from mljob.coordination import leave_together
 from mljob.cluster import ClusterInfo
 from mljob.errors import EXIT_OK
 from mljob.training.checkpoints import CheckpointStore, finalize
@@ -83,8 +82,6 @@ def run(info: ClusterInfo, program: Program, config: RunConfig, kind: str,
         if chief and program.serving is not None:
             url = replica_export(replica, program, config)
             progress.line(f"exported model to {url}")
-        if kind == "multiworker":  # no task ends while another still runs (coordination)
-            leave_together("mljob-training-end")
         return EXIT_OK
     finally:
         writers.close()
